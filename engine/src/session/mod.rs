@@ -1,0 +1,35 @@
+//! L7: the DSH session model (validation, surface fold, messages, repair, seeds, forks).
+//!
+//! Pure code, no I/O. Mirrors DeepSeek Harness at commit `b150a551b8` (see
+//! `reference/dsh-session-model.md`): every error's `Display` is DSH's exact text.
+//!
+//! - [`event`]: `SessionEvent` (payload kept as exact JSON text) and the line parser.
+//! - [`surface`]: the always-on surface rules, incremental/windowed fold, `deriveMessages`.
+//! - [`seed`]: seed/restore validation, the cold-load pipeline, end-seed, fork boundaries.
+//! - [`legacy`]: read-side same-version migrations (never rewrite stored bytes).
+//! - [`repair`]: crash-repair closers with DSH's exact text and key order.
+//! - [`relational`]: the optional companions (turn/step invariant, tool pairing).
+
+pub mod error;
+pub mod event;
+pub mod json;
+pub mod legacy;
+pub mod message;
+pub mod relational;
+pub mod repair;
+pub mod seed;
+pub mod surface;
+
+pub use error::{ForkErrorCode, MessageProblem, SessionError};
+pub use event::{
+    is_known_event_type, is_surface_eligible_type, parse_event_line, parse_event_line_at, KeyOrder,
+    SessionEvent, SurfaceOp, KNOWN_EVENT_TYPES,
+};
+pub use legacy::{migrate_legacy, MigratedLog};
+pub use relational::{InvariantTracker, ToolPairing};
+pub use repair::interrupted_turn_closers;
+pub use seed::{
+    check_known_types, end_seed_marker, fork_seed, restore_session, validate_fork_boundary, validate_seed,
+    validate_seed_event, RestoredSession, SeedMode,
+};
+pub use surface::{fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldResult, SurfaceReplacement};

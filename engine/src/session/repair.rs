@@ -1,0 +1,165 @@
+//! Crash repair: DSH `interruptedTurnClosers` (model §6, persistence §5.6). The closers are
+//! ordinary events with DSH's exact payload text and key order, ready to append.
+
+use super::event::{SessionEvent, SurfaceOp, ASSISTANT_MESSAGE, TOOL_RESULT};
+use super::json::{js_number, raw_from_built, string_text, ObjectText};
+use serde_json::Value;
+
+pub const NOT_STARTED_TEXT: &str =
+    "The tool call was interrupted before the Harness recorded it as started. Retry it if it is still needed.";
+pub const OUTCOME_UNKNOWN_TEXT: &str = "The tool call was interrupted after it was recorded, but no result was durably recorded. Its outcome is unknown. Decide whether to retry from the tool semantics: retry only if the operation is read-only or idempotent; if it may have side effects, first verify external state or ask the user. Do not retry blindly.";
+
+/// A tool call from an assistant message still waiting for its result.
+struct PendingCall {
+    call_id: String,
+    step: Value,
+    call_seq: Option<u64>,
+}
+
+/// The repair scan state after folding a log.
+#[derive(Default)]
+struct RepairScan {
+    open_turn: Option<Value>,
+    open_step: Option<Value>,
+    pending: Vec<PendingCall>,
+}
+
+impl RepairScan {
+    fn observe(&mut self, event: &SessionEvent) {
+        let data = event.data_value();
+        match event.event_type.as_str() {
+            "turn/start" => {
+                self.open_turn = Some(data.get("turn").cloned().unwrap_or(Value::Null));
+                self.open_step = None;
+                self.pending.clear();
+            }
+            "turn/end" => *self = Self::default(),
+            "step/start" => self.open_step = Some(data.get("step").cloned().unwrap_or(Value::Null)),
+            "step/end" => {
+                self.pending.clear();
+                self.open_step = None;
+            }
+            ASSISTANT_MESSAGE => self.register_calls(&data),
+            "tool/call" => self.record_start(&data, event.seq),
+            TOOL_RESULT => self.resolve(&data),
+            _ => {}
+        }
+    }
+
+    fn register_calls(&mut self, data: &Value) {
+        let step = data.get("step").cloned().unwrap_or(Value::Null);
+        let blocks = data.pointer("/message/content").and_then(Value::as_array);
+        let calls = blocks.into_iter().flatten().filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"));
+        for block in calls {
+            let call_id = key_text(block.get("id"));
+            // A JS Map keeps the first insertion position when a key is set again.
+            match self.pending.iter_mut().find(|pending| pending.call_id == call_id) {
+                Some(existing) => existing.step = step.clone(),
+                None => self.pending.push(PendingCall { call_id, step: step.clone(), call_seq: None }),
+            }
+        }
+    }
+
+    fn record_start(&mut self, data: &Value, seq: u64) {
+        let call_id = key_text(data.get("callId"));
+        if let Some(pending) = self.pending.iter_mut().find(|pending| pending.call_id == call_id) {
+            pending.call_seq = Some(seq);
+        }
+    }
+
+    fn resolve(&mut self, data: &Value) {
+        let call_id = key_text(data.pointer("/message/source/callId"));
+        self.pending.retain(|pending| pending.call_id != call_id);
+    }
+}
+
+/// A call id as the JS template literal would print it (ids are strings in practice).
+fn key_text(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+        None => "undefined".to_owned(),
+    }
+}
+
+/// `JSON.stringify` of a scalar read back from a payload (numbers print as JS doubles).
+pub(crate) fn js_text(value: &Value) -> String {
+    if let Value::Number(number) = value {
+        if let Some(double) = js_number(&number.to_string()) {
+            if double.fract() == 0.0 && double.abs() < 1e21 {
+                return format!("{double:.0}");
+            }
+            return format!("{double}");
+        }
+    }
+    value.to_string()
+}
+
+/// The events DSH appends to close a trailing open turn; empty when the log is balanced.
+pub fn interrupted_turn_closers(events: &[SessionEvent]) -> Vec<SessionEvent> {
+    let mut scan = RepairScan::default();
+    events.iter().for_each(|event| scan.observe(event));
+    let (Some(open_turn), Some(last)) = (scan.open_turn.as_ref(), events.last()) else {
+        return Vec::new();
+    };
+    let turn = js_text(open_turn);
+    let mut seq = last.seq + 1;
+    let mut closers = Vec::new();
+    for pending in &scan.pending {
+        let mut result = closer(TOOL_RESULT, seq, last.time, tool_result_closer_data(&turn, pending, seq));
+        result.surface_op = Some(SurfaceOp::Append);
+        result.source_event_seqs = pending.call_seq.map(|call_seq| vec![call_seq]);
+        closers.push(result);
+        seq += 1;
+    }
+    if let Some(step) = &scan.open_step {
+        let data = ObjectText::new().raw("turn", &turn).raw("step", &js_text(step)).finish();
+        closers.push(closer("step/end", seq, last.time, data));
+        seq += 1;
+    }
+    let reason = ObjectText::new().string("kind", "interrupted").finish();
+    let data = ObjectText::new().raw("turn", &turn).raw("reason", &reason).finish();
+    closers.push(closer("turn/end", seq, last.time, data));
+    closers
+}
+
+fn closer(event_type: &str, seq: u64, time: i64, data: String) -> SessionEvent {
+    SessionEvent {
+        event_type: event_type.to_owned(),
+        seq,
+        time,
+        data: raw_from_built(data),
+        ignorable: false,
+        surface_op: None,
+        source_event_seqs: None,
+    }
+}
+
+fn tool_result_closer_data(turn: &str, pending: &PendingCall, seq: u64) -> String {
+    let (text, name, code) = match pending.call_seq {
+        Some(_) => (OUTCOME_UNKNOWN_TEXT, "ToolOutcomeUnknownError", "TOOL_OUTCOME_UNKNOWN"),
+        None => (NOT_STARTED_TEXT, "ToolNotStartedError", "TOOL_NOT_STARTED"),
+    };
+    let call_id = &pending.call_id;
+    let text_block = ObjectText::new().string("type", "text").string("text", text).finish();
+    let result_block = ObjectText::new()
+        .string("type", "tool-result")
+        .string("toolCallId", call_id)
+        .raw("isError", "true")
+        .raw("content", &format!("[{text_block}]"))
+        .finish();
+    let source = ObjectText::new().string("kind", "tool").string("callId", call_id).finish();
+    let message = ObjectText::new()
+        .raw("id", &string_text(&format!("interrupted-tool-result-{call_id}-{seq}")))
+        .string("role", "user")
+        .raw("source", &source)
+        .raw("content", &format!("[{result_block}]"))
+        .finish();
+    let error = ObjectText::new().string("name", name).string("code", code).finish();
+    ObjectText::new()
+        .raw("turn", turn)
+        .raw("step", &js_text(&pending.step))
+        .raw("message", &message)
+        .raw("error", &error)
+        .finish()
+}

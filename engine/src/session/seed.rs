@@ -1,0 +1,165 @@
+//! Seeding, cold restore, `session/end-seed` and fork boundaries (model §1.6, §6, §7;
+//! persistence §5.5). Pure: callers pass the clock (`now`) and own all I/O.
+
+use super::error::SessionError;
+use super::event::{is_known_event_type, SessionEvent, END_SEED};
+use super::json::{is_lossless, raw_from_built, MAX_SAFE_INTEGER};
+use super::legacy::migrate_legacy;
+use super::message::{check_message_shape, check_request_header, is_fallback_header};
+use super::repair::interrupted_turn_closers;
+use super::surface::SurfaceFold;
+
+/// Which DSH seeding path to mirror.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedMode {
+    /// `Session.create(id, seed)`: payloads must also be lossless JSON (no `-0`, no overflow).
+    Snapshot,
+    /// `Session.fromRestore` (cold load): the lossless walk is skipped, as in DSH.
+    Restore,
+}
+
+/// Validates a seed the way `Session` does, event by event, and returns its surface.
+pub fn validate_seed(events: &[SessionEvent], mode: SeedMode) -> Result<SurfaceFold, SessionError> {
+    let mut fold = SurfaceFold::new();
+    for (index, event) in events.iter().enumerate() {
+        validate_seed_event(index, event, mode)?;
+        fold.apply(event).map_err(|error| error.in_seed(index))?;
+    }
+    Ok(fold)
+}
+
+/// The per-event seed checks that precede the surface fold (model §1.6 steps 1-6).
+pub fn validate_seed_event(index: usize, event: &SessionEvent, mode: SeedMode) -> Result<(), SessionError> {
+    if mode == SeedMode::Snapshot && !is_lossless(event.data.get()) {
+        return Err(SessionError::NotLossless { index });
+    }
+    if event.event_type == "request/header-delta" {
+        return Err(SessionError::SeedHeaderDelta { index });
+    }
+    let data = event.data_value();
+    if event.event_type == "request/header" {
+        check_request_header(&data, index)?;
+    }
+    check_message_shape(&event.event_type, &data, &format!("seed {} at index {index}", event.event_type))?;
+    if is_fallback_header(&event.event_type, &data) {
+        return Err(SessionError::SeedHeaderFallback { index });
+    }
+    if event.seq != index as u64 {
+        return Err(SessionError::SeedNotContiguous { index, seq: event.seq });
+    }
+    Ok(())
+}
+
+/// The `session/end-seed` a seeded session appends, unless the seed already ends with one.
+pub fn end_seed_marker(seed: &[SessionEvent], now: i64) -> Option<SessionEvent> {
+    if seed.last().is_some_and(|last| last.event_type == END_SEED) {
+        return None;
+    }
+    Some(SessionEvent {
+        event_type: END_SEED.to_owned(),
+        seq: seed.len() as u64,
+        time: now,
+        data: raw_from_built("{}".to_owned()),
+        ignorable: false,
+        surface_op: None,
+        source_event_seqs: None,
+    })
+}
+
+/// A cold-loaded session, as DSH's `prepareCore` leaves it.
+#[derive(Debug, Clone)]
+pub struct RestoredSession {
+    /// Migrated stored events, then the repair closers, then the in-memory end-seed (if any).
+    pub events: Vec<SessionEvent>,
+    /// The closers to append durably (a suffix of `events` before the end-seed).
+    pub closers: Vec<SessionEvent>,
+    pub migrated_seqs: Vec<u64>,
+    /// Seq of the first event this lifecycle writes (= length of the restored seed).
+    pub first_live_seq: u64,
+    pub surface: SurfaceFold,
+}
+
+/// The pure part of a cold load (persistence §5.5 steps 3-6): legacy migration and import
+/// shape checks, the vocabulary check, crash repair, restore validation, end-seed.
+/// Validation failures are wrapped as DSH's `SessionPersistenceCorruptionError` text; the
+/// vocabulary refusal is not (DSH never wraps `SessionFormatUnsupportedError`).
+pub fn restore_session(session_id: &str, stored: &[SessionEvent], now: i64) -> Result<RestoredSession, SessionError> {
+    let corrupt = |error: SessionError| SessionError::StoredValidation {
+        session_id: session_id.to_owned(),
+        source: Box::new(error),
+    };
+    let migrated = migrate_legacy(session_id, stored).map_err(corrupt)?;
+    check_import_shapes(&migrated.events).map_err(corrupt)?;
+    check_known_types(session_id, &migrated.events)?;
+    let closers = interrupted_turn_closers(&migrated.events);
+    let mut events = migrated.events;
+    events.extend(closers.iter().cloned());
+    let mut surface = validate_seed(&events, SeedMode::Restore).map_err(corrupt)?;
+    let first_live_seq = events.len() as u64;
+    if let Some(marker) = end_seed_marker(&events, now) {
+        surface.apply(&marker).map_err(corrupt)?;
+        events.push(marker);
+    }
+    Ok(RestoredSession { events, closers, migrated_seqs: migrated.migrated_seqs, first_live_seq, surface })
+}
+
+/// `adoptStoredEvents` message-shape pass, with DSH's import subject.
+fn check_import_shapes(events: &[SessionEvent]) -> Result<(), SessionError> {
+    events.iter().try_for_each(|event| {
+        let subject = format!("session event at seq {}", event.seq);
+        check_message_shape(&event.event_type, &event.data_value(), &subject)
+    })
+}
+
+/// The read side refuses unknown types unless marked `ignorable` (persistence §2.9).
+pub fn check_known_types(session_id: &str, events: &[SessionEvent]) -> Result<(), SessionError> {
+    let unknown = events.iter().find(|event| !event.ignorable && !is_known_event_type(&event.event_type));
+    match unknown {
+        Some(event) => Err(SessionError::UnknownRequiredType {
+            session_id: session_id.to_owned(),
+            event_type: event.event_type.clone(),
+            seq: event.seq,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Validates a fork boundary like `SessionStore.fork` (§7 steps 3-4) and returns the
+/// effective boundary: `None` for the default boundary of an empty source (empty seed).
+pub fn validate_fork_boundary(session_id: &str, events: &[SessionEvent], boundary: Option<u64>) -> Result<Option<u64>, SessionError> {
+    let Some(boundary) = boundary.or_else(|| events.last().map(|event| event.seq)) else {
+        return Ok(None);
+    };
+    if boundary > MAX_SAFE_INTEGER {
+        let boundary = boundary.to_string();
+        return Err(SessionError::ForkBoundaryNotSafeInteger { session_id: session_id.to_owned(), boundary });
+    }
+    let Some(event) = usize::try_from(boundary).ok().and_then(|index| events.get(index)) else {
+        let last_seq = events.last().map(|event| event.seq);
+        return Err(SessionError::ForkBoundaryMissing { session_id: session_id.to_owned(), boundary, last_seq });
+    };
+    if event.seq != boundary {
+        return Err(SessionError::ForkBoundaryNotContiguous { session_id: session_id.to_owned(), boundary });
+    }
+    let prefix = &events[..=boundary as usize];
+    let last_bracket = prefix.iter().rev().find(|event| matches!(event.event_type.as_str(), "turn/start" | "turn/end"));
+    if let Some(open) = last_bracket.filter(|event| event.event_type == "turn/start") {
+        let turn = open.data_value().get("turn").map_or_else(|| "undefined".to_owned(), turn_text);
+        return Err(SessionError::ForkOpenTurn { session_id: session_id.to_owned(), boundary, turn });
+    }
+    Ok(Some(boundary))
+}
+
+fn turn_text(turn: &serde_json::Value) -> String {
+    match turn {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The child's seed for a fork: the source's events `0..=boundary`, copied verbatim. The
+/// child session appends its own end-seed (see [`end_seed_marker`]).
+pub fn fork_seed(session_id: &str, events: &[SessionEvent], boundary: Option<u64>) -> Result<Vec<SessionEvent>, SessionError> {
+    let boundary = validate_fork_boundary(session_id, events, boundary)?;
+    Ok(boundary.map_or_else(Vec::new, |boundary| events[..=boundary as usize].to_vec()))
+}

@@ -1,0 +1,278 @@
+//! The surface fold (model §3) and message derivation (§4).
+//!
+//! One transition serves both the incremental fold and the fold from scratch, and every
+//! candidate is validated before any state changes, so a rejected event leaves the fold as
+//! it was and both paths report identical errors (as DSH's `SurfaceManager` does).
+
+use super::error::SessionError;
+use super::event::{SessionEvent, SurfaceOp, ASSISTANT_MESSAGE, TOOL_RESULT, USER_MESSAGE};
+use super::json::{self, json_equal};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// One committed replacement, as DSH's `foldSurface` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SurfaceReplacement {
+    pub seq: u64,
+    pub start: u64,
+    pub end: u64,
+    pub shadowed_seqs: Vec<u64>,
+}
+
+/// What one event did to the surface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SurfaceChange {
+    /// A log-only event: the surface is unchanged.
+    Unchanged,
+    Appended,
+    Replaced(SurfaceReplacement),
+}
+
+/// DSH's `SurfaceFoldResult`: the visible node seqs and every replacement in log order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SurfaceFoldResult {
+    pub nodes: Vec<u64>,
+    pub replacements: Vec<SurfaceReplacement>,
+}
+
+/// A visible node and what later checks and derivation need from its event.
+#[derive(Debug, Clone)]
+struct SurfaceNode {
+    seq: u64,
+    /// The projected message text (§4); `None` when the event derives no message.
+    message: Option<Box<RawValue>>,
+    /// For `tool/result` nodes: the payload with the rewritable part nulled (§3.4).
+    rewrite_key: Option<Value>,
+}
+
+/// Incremental surface state over a contiguous window starting at `base_seq` (§3.2, §3.6).
+#[derive(Debug, Clone)]
+pub struct SurfaceFold {
+    next_seq: u64,
+    nodes: Vec<SurfaceNode>,
+    replace_generation: u64,
+}
+
+impl Default for SurfaceFold {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PartialEq for SurfaceFold {
+    fn eq(&self, other: &Self) -> bool {
+        self.next_seq == other.next_seq
+            && self.replace_generation == other.replace_generation
+            && self.nodes() == other.nodes()
+            && texts(&self.derive_message_texts()) == texts(&other.derive_message_texts())
+    }
+}
+
+impl SurfaceFold {
+    /// A fold over a log starting at seq 0.
+    pub fn new() -> Self {
+        Self::with_base_seq(0)
+    }
+
+    /// A fold over a window whose first event has absolute seq `base_seq`. Nodes before
+    /// the window are unknown, so a replace reaching them fails as "not found" (as in DSH).
+    pub fn with_base_seq(base_seq: u64) -> Self {
+        Self { next_seq: base_seq, nodes: Vec::new(), replace_generation: 0 }
+    }
+
+    /// The seqs visible to the model, in positional order (not necessarily sorted).
+    pub fn nodes(&self) -> Vec<u64> {
+        self.nodes.iter().map(|node| node.seq).collect()
+    }
+
+    /// Committed replaces so far; changes exactly when the surface was rewritten.
+    pub fn replace_generation(&self) -> u64 {
+        self.replace_generation
+    }
+
+    /// The seq the next event must carry.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Whether `seq` is currently a visible node.
+    pub fn contains(&self, seq: u64) -> bool {
+        self.nodes.iter().any(|node| node.seq == seq)
+    }
+
+    /// Validates `event` against every always-on surface rule and, if it passes, applies it.
+    pub fn apply(&mut self, event: &SessionEvent) -> Result<SurfaceChange, SessionError> {
+        let change = self.plan(event)?;
+        self.commit(event, &change);
+        Ok(change)
+    }
+
+    /// Validates `event` without changing anything (DSH `validateNext`).
+    pub fn validate_next(&self, event: &SessionEvent) -> Result<(), SessionError> {
+        self.plan(event).map(|_| ())
+    }
+
+    fn plan(&self, event: &SessionEvent) -> Result<SurfaceChange, SessionError> {
+        if event.seq != self.next_seq {
+            return Err(SessionError::SeqNotContiguous { seq: event.seq, expected: self.next_seq });
+        }
+        match surface_op_of(event)? {
+            None => Ok(SurfaceChange::Unchanged),
+            Some(SurfaceOp::Append) => {
+                check_provenance(event, &[])?;
+                Ok(SurfaceChange::Appended)
+            }
+            Some(SurfaceOp::Replace { start, end }) => self.plan_replace(event, start, end),
+        }
+    }
+
+    fn plan_replace(&self, event: &SessionEvent, start: u64, end: u64) -> Result<SurfaceChange, SessionError> {
+        let (start_index, end_index) = self.replacement_range(start, end)?;
+        let shadowed_seqs: Vec<u64> = self.nodes[start_index..=end_index].iter().map(|node| node.seq).collect();
+        check_provenance(event, &shadowed_seqs)?;
+        if event.event_type == TOOL_RESULT {
+            self.check_tool_result_rewrite(event, start_index, end_index)?;
+        }
+        Ok(SurfaceChange::Replaced(SurfaceReplacement { seq: event.seq, start, end, shadowed_seqs }))
+    }
+
+    fn replacement_range(&self, start: u64, end: u64) -> Result<(usize, usize), SessionError> {
+        let position = |seq: u64| self.nodes.iter().position(|node| node.seq == seq);
+        let start_index = position(start).ok_or(SessionError::ReplaceStartNotFound { start })?;
+        let end_index = position(end).ok_or(SessionError::ReplaceEndNotFound { end })?;
+        if start_index > end_index {
+            return Err(SessionError::ReplaceReversed { start, start_index, end, end_index });
+        }
+        Ok((start_index, end_index))
+    }
+
+    fn check_tool_result_rewrite(&self, event: &SessionEvent, start_index: usize, end_index: usize) -> Result<(), SessionError> {
+        if start_index != end_index {
+            return Err(SessionError::ToolResultRewriteNotSingle);
+        }
+        let Some(original) = &self.nodes[start_index].rewrite_key else {
+            return Err(SessionError::ToolResultRewriteWrongTarget);
+        };
+        if !json_equal(original, &rewrite_key(&event.data_value())) {
+            return Err(SessionError::ToolResultRewriteChangedMore);
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, event: &SessionEvent, change: &SurfaceChange) {
+        self.next_seq += 1;
+        let node = || SurfaceNode {
+            seq: event.seq,
+            message: projected_message(event),
+            rewrite_key: (event.event_type == TOOL_RESULT).then(|| rewrite_key(&event.data_value())),
+        };
+        match change {
+            SurfaceChange::Unchanged => {}
+            SurfaceChange::Appended => self.nodes.push(node()),
+            SurfaceChange::Replaced(replacement) => {
+                let position = |seq| self.nodes.iter().position(|node| node.seq == seq);
+                if let (Some(first), Some(last)) = (position(replacement.start), position(replacement.end)) {
+                    self.nodes.splice(first..=last, [node()]);
+                    self.replace_generation += 1;
+                }
+            }
+        }
+    }
+
+    /// `deriveMessages()`: the message of every visible node in order, exact JSON text.
+    pub fn derive_message_texts(&self) -> Vec<&RawValue> {
+        self.nodes.iter().filter_map(|node| node.message.as_deref()).collect()
+    }
+
+    /// `deriveMessages()` as values (lone surrogates become U+FFFD; use the texts for bytes).
+    pub fn derive_messages(&self) -> Vec<Value> {
+        let texts = self.derive_message_texts().into_iter();
+        texts.map(|text| json::value_lossy(text.get()).unwrap_or(Value::Null)).collect()
+    }
+}
+
+fn texts<'fold>(raws: &[&'fold RawValue]) -> Vec<&'fold str> {
+    raws.iter().map(|raw| raw.get()).collect()
+}
+
+/// DSH `foldSurface`: folds a log from seq 0 and reports every replacement.
+pub fn fold_surface(events: &[SessionEvent]) -> Result<SurfaceFoldResult, SessionError> {
+    let mut fold = SurfaceFold::new();
+    let mut replacements = Vec::new();
+    for event in events {
+        if let SurfaceChange::Replaced(replacement) = fold.apply(event)? {
+            replacements.push(replacement);
+        }
+    }
+    Ok(SurfaceFoldResult { nodes: fold.nodes(), replacements })
+}
+
+/// `surfaceOpOf` (§3.3 a): the marker of a surface event, `None` for a log-only event.
+fn surface_op_of(event: &SessionEvent) -> Result<Option<SurfaceOp>, SessionError> {
+    let event_type = || event.event_type.clone();
+    if !super::event::is_surface_eligible_type(&event.event_type) {
+        if event.surface_op.is_some() {
+            return Err(SessionError::SurfaceOpOnIneligible { event_type: event_type() });
+        }
+        if event.source_event_seqs.is_some() {
+            return Err(SessionError::SourcesOnIneligible { event_type: event_type() });
+        }
+        return Ok(None);
+    }
+    match event.surface_op {
+        None => Err(SessionError::MissingSurfaceOp { event_type: event_type() }),
+        some => Ok(some),
+    }
+}
+
+/// `assertProvenance` (§3.3 b); `shadowed` is empty for an append.
+fn check_provenance(event: &SessionEvent, shadowed: &[u64]) -> Result<(), SessionError> {
+    let sources: &[u64] = event.source_event_seqs.as_deref().unwrap_or(&[]);
+    if event.source_event_seqs.is_some() && sources.is_empty() && event.event_type != ASSISTANT_MESSAGE {
+        return Err(SessionError::SourcesEmpty);
+    }
+    let has_duplicates = sources.iter().enumerate().any(|(index, seq)| sources[..index].contains(seq));
+    if has_duplicates {
+        return Err(SessionError::SourcesDuplicate);
+    }
+    if let Some(offender) = sources.iter().find(|source| **source >= event.seq) {
+        return Err(SessionError::SourcesNotEarlier { offender: *offender, seq: event.seq });
+    }
+    let missing: Vec<u64> = shadowed.iter().copied().filter(|seq| !sources.contains(seq)).collect();
+    if !missing.is_empty() {
+        return Err(SessionError::ReplaceMissingShadowed { missing });
+    }
+    Ok(())
+}
+
+/// `deriveEventMessage` (§4): the raw text of the event's message, if it projects one.
+fn projected_message(event: &SessionEvent) -> Option<Box<RawValue>> {
+    let data = event.data.get();
+    match event.event_type.as_str() {
+        USER_MESSAGE => Some(event.data.clone()).filter(|_| data.trim() != "null"),
+        TOOL_RESULT => json::member(data, "message").map(ToOwned::to_owned),
+        ASSISTANT_MESSAGE => {
+            let message = json::member(data, "message")?;
+            let content = json::member(message.get(), "content")?;
+            let content: Vec<&RawValue> = serde_json::from_str(content.get()).ok()?;
+            (!content.is_empty()).then(|| message.to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// The tool-result payload with `message.content` reduced to its first block whose inner
+/// `content` is nulled: everything else must survive a rewrite unchanged (§3.4).
+fn rewrite_key(data: &Value) -> Value {
+    let mut key = data.clone();
+    let content = key.get_mut("message").and_then(|message| message.get_mut("content"));
+    if let Some(content) = content {
+        if let Some(mut block) = content.get(0).cloned() {
+            if let Some(block_map) = block.as_object_mut() {
+                block_map.insert("content".to_owned(), Value::Null);
+            }
+            *content = block;
+        }
+    }
+    key
+}
