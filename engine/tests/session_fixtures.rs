@@ -18,7 +18,9 @@ fn fixture_path(name: &str, suffix: &str) -> PathBuf {
 }
 
 fn read_optional(name: &str, suffix: &str) -> Option<String> {
-    fs::read(fixture_path(name, suffix)).ok().map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+    fs::read(fixture_path(name, suffix))
+        .ok()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
 }
 
 fn read_json(name: &str, suffix: &str) -> Option<Value> {
@@ -27,7 +29,8 @@ fn read_json(name: &str, suffix: &str) -> Option<Value> {
 
 /// Every case name (`NAME.input.jsonl`), sorted.
 fn case_names() -> Vec<String> {
-    let entries = fs::read_dir(FIXTURES).expect("fixture directory is readable (shared/ beside the repo)");
+    let entries =
+        fs::read_dir(FIXTURES).expect("fixture directory is readable (shared/ beside the repo)");
     let mut names: Vec<String> = entries
         .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
         .filter_map(|file| file.strip_suffix(".input.jsonl").map(str::to_owned))
@@ -44,10 +47,14 @@ struct ScannedLog {
 
 /// DSH's `SessionLogScanner` (persistence §5.2), reduced to what these fixtures need.
 fn scan_log(bytes: &[u8]) -> Result<ScannedLog, String> {
-    let header_end = bytes.iter().position(|byte| *byte == b'\n').ok_or("empty or header-less session log")?;
+    let header_end = bytes
+        .iter()
+        .position(|byte| *byte == b'\n')
+        .ok_or("empty or header-less session log")?;
     let header = value_lossy(&String::from_utf8_lossy(&bytes[..header_end]))
         .map_err(|_| "corrupt session log: header line is not valid JSON".to_owned())?;
-    let session_id = header_id(&header).ok_or("corrupt session log: first line is not a session header")?;
+    let session_id =
+        header_id(&header).ok_or("corrupt session log: first line is not a session header")?;
     let mut events: Vec<SessionEvent> = Vec::new();
     let mut issue: Option<String> = None;
     let mut rest = &bytes[header_end + 1..];
@@ -56,16 +63,29 @@ fn scan_log(bytes: &[u8]) -> Result<ScannedLog, String> {
         line_number += 1;
         let decoded = decode_record(&String::from_utf8_lossy(&rest[..end]));
         rest = &rest[end + 1..];
-        let has_turn_end = |row: &[SessionEvent]| row.iter().any(|event| event.event_type == "turn/end");
+        let has_turn_end =
+            |row: &[SessionEvent]| row.iter().any(|event| event.event_type == "turn/end");
         match (decoded, &issue) {
             (Ok(row), Some(issue)) if has_turn_end(&row) => return Err(issue.clone()),
             (_, Some(_)) => {}
-            (Err(()), None) => issue = Some(format!("corrupt session log: unparsable committed event at line {line_number}")),
+            (Err(()), None) => {
+                issue = Some(format!(
+                    "corrupt session log: unparsable committed event at line {line_number}"
+                ))
+            }
             (Ok(row), None) => {
                 let expected = events.len() as u64;
-                if let Some(bad) = row.iter().enumerate().find(|(offset, event)| event.seq != expected + *offset as u64) {
+                if let Some(bad) = row
+                    .iter()
+                    .enumerate()
+                    .find(|(offset, event)| event.seq != expected + *offset as u64)
+                {
                     let gap = format!("corrupt session log: seq gap in committed region at line {line_number} (expected {}, got {})", expected + bad.0 as u64, bad.1.seq);
-                    return if has_turn_end(&row) { Err(gap) } else { Ok(ScannedLog { session_id, events }) };
+                    return if has_turn_end(&row) {
+                        Err(gap)
+                    } else {
+                        Ok(ScannedLog { session_id, events })
+                    };
                 }
                 events.extend(row);
             }
@@ -76,33 +96,55 @@ fn scan_log(bytes: &[u8]) -> Result<ScannedLog, String> {
 
 /// `isHeaderLine` (persistence §2.3).
 fn header_id(header: &Value) -> Option<String> {
-    let non_negative = |key: &str| header.get(key).and_then(|value| js_safe_integer(&value.to_string())).is_some_and(|value| value >= 0);
-    let optional_string = |key: &str| header.get(key).is_none_or(Value::is_string);
-    let origin_ok = header.get("origin").is_none_or(|origin| origin == "subagent");
+    let non_negative = |key: &str| {
+        header
+            .get(key)
+            .and_then(|value| js_safe_integer(&value.to_string()))
+            .is_some_and(|value| value >= 0)
+    };
+    let optional_string = |key: &str| header.get(key).map_or(true, Value::is_string);
+    let origin_ok = header
+        .get("origin")
+        .map_or(true, |origin| origin == "subagent");
     let valid = header.get("type") == Some(&Value::from("session"))
         && header.get("version").is_some_and(Value::is_number)
         && non_negative("createdAt")
         && non_negative("delegationDepth")
         && origin_ok
         && optional_string("agentPreset");
-    valid.then(|| header.get("id")?.as_str().map(str::to_owned)).flatten()
+    valid
+        .then(|| header.get("id")?.as_str().map(str::to_owned))
+        .flatten()
 }
 
 /// `decodeStorageRecord`: a plain event, or a packed chunk row expanded to its members.
 fn decode_record(line: &str) -> Result<Vec<SessionEvent>, ()> {
     let value = value_lossy(line).map_err(|_| ())?;
-    let tag = value.get("type").and_then(Value::as_str).unwrap_or_default();
+    let tag = value
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     match tag {
         "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => expand_row(tag, &value),
-        _ => parse_event_line(line).map(|event| vec![event]).map_err(|_| ()),
+        _ => parse_event_line(line)
+            .map(|event| vec![event])
+            .map_err(|_| ()),
     }
 }
 
 fn expand_row(tag: &str, row: &Value) -> Result<Vec<SessionEvent>, ()> {
-    let number = |value: Option<&Value>| value.and_then(|value| js_safe_integer(&value.to_string())).ok_or(());
+    let number = |value: Option<&Value>| {
+        value
+            .and_then(|value| js_safe_integer(&value.to_string()))
+            .ok_or(())
+    };
     let data = row.get("data").ok_or(())?;
     let (seq0, mut time) = (number(row.get("seq0"))?, number(row.get("time0"))?);
-    let members_key = if tag == "tool-call-chunks" { "args" } else { "texts" };
+    let members_key = if tag == "tool-call-chunks" {
+        "args"
+    } else {
+        "texts"
+    };
     let members = data.get(members_key).and_then(Value::as_array).ok_or(())?;
     let gaps = data.get("dt").and_then(Value::as_array).ok_or(())?;
     if gaps.len() + 1 != members.len() {
@@ -114,7 +156,12 @@ fn expand_row(tag: &str, row: &Value) -> Result<Vec<SessionEvent>, ()> {
             time += number(gaps.get(offset - 1))?;
         }
         let chunk = chunk_json(tag, data, member);
-        let text = format!(r#"{{"type":"assistant/chunk","seq":{},"time":{time},"data":{{"turn":{},"step":{},"chunk":{chunk}}}}}"#, seq0 + offset as i64, data["turn"], data["step"]);
+        let text = format!(
+            r#"{{"type":"assistant/chunk","seq":{},"time":{time},"data":{{"turn":{},"step":{},"chunk":{chunk}}}}}"#,
+            seq0 + offset as i64,
+            data["turn"],
+            data["step"]
+        );
         events.push(parse_event_line(&text).map_err(|_| ())?);
     }
     Ok(events)
@@ -124,10 +171,18 @@ fn chunk_json(tag: &str, data: &Value, member: &Value) -> String {
     let index = &data["index"];
     match tag {
         "tool-call-chunks" => {
-            let name = data.get("name").map(|name| format!(r#","name":{name}"#)).unwrap_or_default();
-            format!(r#"{{"type":"tool-call-delta","index":{index},"id":{}{name},"argumentsDelta":{member}}}"#, data["id"])
+            let name = data
+                .get("name")
+                .map(|name| format!(r#","name":{name}"#))
+                .unwrap_or_default();
+            format!(
+                r#"{{"type":"tool-call-delta","index":{index},"id":{}{name},"argumentsDelta":{member}}}"#,
+                data["id"]
+            )
         }
-        "reasoning-chunks" => format!(r#"{{"type":"reasoning-delta","index":{index},"text":{member}}}"#),
+        "reasoning-chunks" => {
+            format!(r#"{{"type":"reasoning-delta","index":{index},"text":{member}}}"#)
+        }
         _ => format!(r#"{{"type":"text-delta","index":{index},"text":{member}}}"#),
     }
 }
@@ -137,12 +192,17 @@ fn chunk_json(tag: &str, data: &Value, member: &Value) -> String {
 fn js_normalized(value: &Value) -> Value {
     match value {
         Value::Number(number) => match js_number(&number.to_string()) {
-            Some(double) if double.is_finite() => serde_json::Number::from_f64(double + 0.0).map_or(Value::Null, Value::Number),
+            Some(double) if double.is_finite() => {
+                serde_json::Number::from_f64(double + 0.0).map_or(Value::Null, Value::Number)
+            }
             _ => Value::Null,
         },
         Value::Array(items) => Value::Array(items.iter().map(js_normalized).collect()),
         Value::Object(map) => {
-            let mut entries: Vec<(String, Value)> = map.iter().map(|(key, value)| (key.clone(), js_normalized(value))).collect();
+            let mut entries: Vec<(String, Value)> = map
+                .iter()
+                .map(|(key, value)| (key.clone(), js_normalized(value)))
+                .collect();
             entries.sort_by(|left, right| left.0.cmp(&right.0));
             Value::Object(entries.into_iter().collect())
         }
@@ -160,35 +220,51 @@ fn event_value(event: &SessionEvent) -> Value {
 
 /// The first `message:` line of a DSH error report.
 fn dsh_error_message(report: &str) -> String {
-    let line = report.lines().find_map(|line| line.strip_prefix("message: "));
+    let line = report
+        .lines()
+        .find_map(|line| line.strip_prefix("message: "));
     line.expect("error report has a message line").to_owned()
 }
 
 fn fixed_now(name: &str) -> i64 {
     let meta = read_json(name, "meta.json");
-    meta.and_then(|meta| meta.get("fixedNow")?.as_i64()).unwrap_or(1_790_000_000_000)
+    meta.and_then(|meta| meta.get("fixedNow")?.as_i64())
+        .unwrap_or(1_790_000_000_000)
 }
 
 #[test]
 fn fixture_directory_has_every_case() {
     let names = case_names();
-    assert!(names.len() >= 29, "expected the 29 DSH cases, found {}", names.len());
+    assert!(
+        names.len() >= 29,
+        "expected the 29 DSH cases, found {}",
+        names.len()
+    );
 }
 
 #[test]
 fn rejected_fixtures_fail_with_dsh_text() {
     let mut checked = 0;
     for name in case_names() {
-        let Some(report) = read_optional(&name, "error.txt") else { continue };
+        let Some(report) = read_optional(&name, "error.txt") else {
+            continue;
+        };
         let expected = dsh_error_message(&report);
         let bytes = fs::read(fixture_path(&name, "input.jsonl")).expect("input is readable");
         let actual = scan_log(&bytes).and_then(|log| {
-            restore_session(&log.session_id, &log.events, fixed_now(&name)).map(|_| ()).map_err(|error| error.to_string())
+            restore_session(&log.session_id, &log.events, fixed_now(&name))
+                .map(|_| ())
+                .map_err(|error| error.to_string())
         });
         let message = actual.expect_err(&format!("{name}: DSH rejected this log"));
         // DSH's JSONL backend appends the artifact location to format refusals.
-        let backend_suffix = expected.strip_prefix(&message).filter(|rest| rest.starts_with(" (raw log: "));
-        assert!(message == expected || backend_suffix.is_some(), "{name}:\n  ours: {message}\n  dsh:  {expected}");
+        let backend_suffix = expected
+            .strip_prefix(&message)
+            .filter(|rest| rest.starts_with(" (raw log: "));
+        assert!(
+            message == expected || backend_suffix.is_some(),
+            "{name}:\n  ours: {message}\n  dsh:  {expected}"
+        );
         checked += 1;
     }
     assert_eq!(checked, 4, "the four rejected cases");
@@ -198,9 +274,18 @@ fn rejected_fixtures_fail_with_dsh_text() {
 fn upstream_replay_scripts_are_not_logs() {
     let mut checked = 0;
     for name in case_names() {
-        let (Some(report), Ok(bytes)) = (read_optional(&name, "fixture-scan.error.txt"), fs::read(fixture_path(&name, "fixture.jsonl"))) else { continue };
+        let (Some(report), Ok(bytes)) = (
+            read_optional(&name, "fixture-scan.error.txt"),
+            fs::read(fixture_path(&name, "fixture.jsonl")),
+        ) else {
+            continue;
+        };
         let error = scan_log(&bytes).err();
-        assert_eq!(error.as_deref(), Some(dsh_error_message(&report).as_str()), "{name}");
+        assert_eq!(
+            error.as_deref(),
+            Some(dsh_error_message(&report).as_str()),
+            "{name}"
+        );
         checked += 1;
     }
     assert!(checked >= 20, "only {checked} replay scripts checked");
@@ -210,7 +295,9 @@ fn upstream_replay_scripts_are_not_logs() {
 fn loaded_fixtures_match_dsh_derivations() {
     let mut checked = 0;
     for name in case_names() {
-        let Some(surface) = read_json(&name, "surface.json") else { continue };
+        let Some(surface) = read_json(&name, "surface.json") else {
+            continue;
+        };
         check_loaded_case(&name, &surface);
         checked += 1;
     }
@@ -222,13 +309,21 @@ fn check_loaded_case(name: &str, dsh_surface: &Value) {
     let log = scan_log(&bytes).unwrap_or_else(|error| panic!("{name}: scan failed: {error}"));
     let decoded = read_json(name, "decoded.json").expect("decoded.json exists");
     let ours: Vec<Value> = log.events.iter().map(event_value).collect();
-    assert_same_json(&Value::Array(ours), &decoded, &format!("{name}: decoded events"));
+    assert_same_json(
+        &Value::Array(ours),
+        &decoded,
+        &format!("{name}: decoded events"),
+    );
 
     let restored = restore_session(&log.session_id, &log.events, fixed_now(name))
         .unwrap_or_else(|error| panic!("{name}: DSH accepted this log but we reject it: {error}"));
     let events: Vec<Value> = restored.events.iter().map(event_value).collect();
     let dsh_events = read_json(name, "events.json").expect("events.json exists");
-    assert_same_json(&Value::Array(events), &dsh_events, &format!("{name}: loaded events"));
+    assert_same_json(
+        &Value::Array(events),
+        &dsh_events,
+        &format!("{name}: loaded events"),
+    );
 
     let fold = fold_surface(&restored.events).expect("restored log folds");
     let replacements: Vec<Value> = fold.replacements.iter().map(|replacement| {
@@ -252,24 +347,53 @@ fn check_loaded_case(name: &str, dsh_surface: &Value) {
 fn check_meta(name: &str, restored: &dshdb::session::RestoredSession) {
     let meta = read_json(name, "meta.json").expect("meta.json exists");
     let migrated = serde_json::json!(restored.migrated_seqs);
-    assert_same_json(&migrated, &meta["migratedSeqs"], &format!("{name}: migrated seqs"));
-    assert_eq!(meta["firstLiveSeq"].as_u64(), Some(restored.first_live_seq), "{name}: firstLiveSeq");
-    let appended: Vec<Value> = restored.closers.iter().map(|closer| serde_json::json!({"seq": closer.seq, "type": closer.event_type})).collect();
-    assert_same_json(&Value::Array(appended), &meta["repair"]["appendedEvents"], &format!("{name}: repair"));
+    assert_same_json(
+        &migrated,
+        &meta["migratedSeqs"],
+        &format!("{name}: migrated seqs"),
+    );
+    assert_eq!(
+        meta["firstLiveSeq"].as_u64(),
+        Some(restored.first_live_seq),
+        "{name}: firstLiveSeq"
+    );
+    let appended: Vec<Value> = restored
+        .closers
+        .iter()
+        .map(|closer| serde_json::json!({"seq": closer.seq, "type": closer.event_type}))
+        .collect();
+    assert_same_json(
+        &Value::Array(appended),
+        &meta["repair"]["appendedEvents"],
+        &format!("{name}: repair"),
+    );
 }
 
 /// Where DSH wrote closers to disk, ours must be the same bytes in DSH's closer key order.
 fn check_repair_bytes(name: &str, stored_count: usize, closers: &[SessionEvent]) {
     let Some(disk) = read_optional(name, "disk-after-load.jsonl") else {
-        assert!(closers.is_empty(), "{name}: closers without a repaired file");
+        assert!(
+            closers.is_empty(),
+            "{name}: closers without a repaired file"
+        );
         return;
     };
     // Packed chunk rows hold several events per line, so the closers are the file's tail.
     let lines: Vec<&str> = disk.lines().collect();
-    assert!(lines.len() > closers.len() && stored_count > 0, "{name}: repaired file too short");
+    assert!(
+        lines.len() > closers.len() && stored_count > 0,
+        "{name}: repaired file too short"
+    );
     let written = &lines[lines.len() - closers.len()..];
-    let ours: Vec<String> = closers.iter().map(|closer| closer.to_json_line(KeyOrder::RepairCloser)).collect();
-    assert_eq!(written, ours.iter().map(String::as_str).collect::<Vec<_>>(), "{name}: closer bytes");
+    let ours: Vec<String> = closers
+        .iter()
+        .map(|closer| closer.to_json_line(KeyOrder::RepairCloser))
+        .collect();
+    assert_eq!(
+        written,
+        ours.iter().map(String::as_str).collect::<Vec<_>>(),
+        "{name}: closer bytes"
+    );
 }
 
 /// The incremental fold after each event equals a fold from scratch over that prefix, and
@@ -278,21 +402,41 @@ fn check_repair_bytes(name: &str, stored_count: usize, closers: &[SessionEvent])
 fn incremental_fold_equals_scratch_fold_on_every_prefix() {
     let mut prefixes = 0;
     for name in case_names() {
-        let Ok(bytes) = fs::read(fixture_path(&name, "input.jsonl")) else { continue };
+        let Ok(bytes) = fs::read(fixture_path(&name, "input.jsonl")) else {
+            continue;
+        };
         let Ok(log) = scan_log(&bytes) else { continue };
-        let Ok(restored) = restore_session(&log.session_id, &log.events, fixed_now(&name)) else { continue };
+        let Ok(restored) = restore_session(&log.session_id, &log.events, fixed_now(&name)) else {
+            continue;
+        };
         let mut incremental = SurfaceFold::new();
         for length in 1..=restored.events.len() {
-            incremental.apply(&restored.events[length - 1]).expect("accepted log applies");
+            incremental
+                .apply(&restored.events[length - 1])
+                .expect("accepted log applies");
             let mut scratch = SurfaceFold::new();
-            restored.events[..length].iter().try_for_each(|event| scratch.apply(event).map(|_| ())).expect("prefix folds");
+            restored.events[..length]
+                .iter()
+                .try_for_each(|event| scratch.apply(event).map(|_| ()))
+                .expect("prefix folds");
             assert!(incremental == scratch, "{name}: prefix {length} differs");
             let from_scratch = fold_surface(&restored.events[..length]).expect("prefix folds");
-            assert_eq!(incremental.nodes(), from_scratch.nodes, "{name}: prefix {length}");
-            assert_eq!(incremental.derive_messages(), scratch.derive_messages(), "{name}: prefix {length}");
+            assert_eq!(
+                incremental.nodes(),
+                from_scratch.nodes,
+                "{name}: prefix {length}"
+            );
+            assert_eq!(
+                incremental.derive_messages(),
+                scratch.derive_messages(),
+                "{name}: prefix {length}"
+            );
             prefixes += 1;
         }
-        assert!(incremental == restored.surface, "{name}: restore surface differs from replay");
+        assert!(
+            incremental == restored.surface,
+            "{name}: restore surface differs from replay"
+        );
     }
     assert!(prefixes > 1000, "only {prefixes} prefixes folded");
 }

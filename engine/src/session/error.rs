@@ -37,7 +37,9 @@ impl fmt::Display for MessageProblem {
             Self::NotOneToolResultBlock => {
                 formatter.write_str("message must contain one tool-result block")
             }
-            Self::MismatchedToolCallIds => formatter.write_str("message has mismatched tool call ids"),
+            Self::MismatchedToolCallIds => {
+                formatter.write_str("message has mismatched tool call ids")
+            }
         }
     }
 }
@@ -69,11 +71,15 @@ pub enum SessionError {
     NonJsonData { event_type: String },
     #[error("seed event at index {index} uses unsupported legacy request/header-delta format")]
     SeedHeaderDelta { index: usize },
-    #[error("seed event at index {index} uses unsupported legacy request/header reason \"fallback\"")]
+    #[error(
+        "seed event at index {index} uses unsupported legacy request/header reason \"fallback\""
+    )]
     SeedHeaderFallback { index: usize },
     #[error("session event \"{event_type}\" uses unsupported legacy request/header-delta format")]
     AppendHeaderDelta { event_type: String },
-    #[error("session event \"{event_type}\" uses unsupported legacy request/header reason \"fallback\"")]
+    #[error(
+        "session event \"{event_type}\" uses unsupported legacy request/header reason \"fallback\""
+    )]
     AppendHeaderFallback { event_type: String },
     #[error("seed request/header at index {index} lacks provider/model")]
     HeaderLacksProviderModel { index: usize },
@@ -83,19 +89,27 @@ pub enum SessionError {
     HeaderInvalidAdapterDefaults { index: usize },
     /// `subject` is `seed <type> at index <i>` (seed/restore) or `session event at seq <n>` (import).
     #[error("{subject} {problem}")]
-    MessageShape { subject: String, problem: MessageProblem },
+    MessageShape {
+        subject: String,
+        problem: MessageProblem,
+    },
     #[error("seed event at index {index} has seq {seq} (expected {index}); seed must be contiguous from 0")]
     SeedNotContiguous { index: usize, seq: u64 },
     /// A surface failure during seeding, wrapped the way `Session` re-throws it.
     #[error("invalid seed event at index {index}: {source}")]
-    InvalidSeedEvent { index: usize, source: Box<SessionError> },
+    InvalidSeedEvent {
+        index: usize,
+        source: Box<SessionError>,
+    },
 
     // ---- surface (§3.3, §3.4) ------------------------------------------------------------
     #[error("session event seq {seq} is not contiguous; expected {expected}")]
     SeqNotContiguous { seq: u64, expected: u64 },
     #[error("session event \"{event_type}\" is not surface-eligible and cannot carry surfaceOp")]
     SurfaceOpOnIneligible { event_type: String },
-    #[error("session event \"{event_type}\" is not surface-eligible and cannot carry sourceEventSeqs")]
+    #[error(
+        "session event \"{event_type}\" is not surface-eligible and cannot carry sourceEventSeqs"
+    )]
     SourcesOnIneligible { event_type: String },
     #[error("session event \"{event_type}\" is surface-eligible and requires a surfaceOp marker")]
     MissingSurfaceOp { event_type: String },
@@ -121,7 +135,12 @@ pub enum SessionError {
     #[error("surface replace: end seq {end} not found in surface")]
     ReplaceEndNotFound { end: u64 },
     #[error("surface replace: start seq {start} (index {start_index}) is after end seq {end} (index {end_index})")]
-    ReplaceReversed { start: u64, start_index: usize, end: u64, end_index: usize },
+    ReplaceReversed {
+        start: u64,
+        start_index: usize,
+        end: u64,
+        end_index: usize,
+    },
     #[error("tool/result surface replacement must rewrite exactly one current node")]
     ToolResultRewriteNotSingle,
     #[error("tool/result surface replacement must target a current tool/result")]
@@ -130,8 +149,14 @@ pub enum SessionError {
     ToolResultRewriteChangedMore,
 
     // ---- persistence read path (dsh-persistence §2.9, §2.10, §5.5) -----------------------
-    #[error("session \"{session_id}\" contains unsupported legacy {event_type} event at seq {seq}")]
-    LegacyUnsupportedType { session_id: String, event_type: String, seq: u64 },
+    #[error(
+        "session \"{session_id}\" contains unsupported legacy {event_type} event at seq {seq}"
+    )]
+    LegacyUnsupportedType {
+        session_id: String,
+        event_type: String,
+        seq: u64,
+    },
     #[error("session \"{session_id}\" contains unsupported legacy request/header reason \"fallback\" at seq {seq}")]
     LegacyFallbackReason { session_id: String, seq: u64 },
     /// A pre-current shape that cannot be migrated (`malformed pre-react-loop turn/start`, …).
@@ -139,20 +164,38 @@ pub enum SessionError {
     MalformedLegacy { event_type: String },
     /// DSH `SessionFormatUnsupportedError` (the backend may append ` (raw log: <path>)`).
     #[error("session \"{session_id}\" contains event type \"{event_type}\" (seq {seq}) unknown to this harness and not marked ignorable; refusing to interpret the log — it was likely written by a newer harness")]
-    UnknownRequiredType { session_id: String, event_type: String, seq: u64 },
+    UnknownRequiredType {
+        session_id: String,
+        event_type: String,
+        seq: u64,
+    },
     /// DSH `SessionPersistenceCorruptionError`: `String(err)` of a JS `Error` prefixes `Error: `.
     #[error("stored session \"{session_id}\" failed validation: Error: {source}")]
-    StoredValidation { session_id: String, source: Box<SessionError> },
+    StoredValidation {
+        session_id: String,
+        source: Box<SessionError>,
+    },
 
     // ---- fork (§7) -------------------------------------------------------------------------
     #[error("fork boundary for session \"{session_id}\" must be a non-negative safe integer, got {boundary}")]
-    ForkBoundaryNotSafeInteger { session_id: String, boundary: String },
+    ForkBoundaryNotSafeInteger {
+        session_id: String,
+        boundary: String,
+    },
     #[error("fork boundary {boundary} does not exist in session \"{session_id}\" (last seq: {})", last_seq_text(*.last_seq))]
-    ForkBoundaryMissing { session_id: String, boundary: u64, last_seq: Option<u64> },
+    ForkBoundaryMissing {
+        session_id: String,
+        boundary: u64,
+        last_seq: Option<u64>,
+    },
     #[error("fork boundary {boundary} does not match a contiguous event seq in session \"{session_id}\"")]
     ForkBoundaryNotContiguous { session_id: String, boundary: u64 },
     #[error("fork boundary {boundary} in session \"{session_id}\" ends inside open turn {turn}")]
-    ForkOpenTurn { session_id: String, boundary: u64, turn: String },
+    ForkOpenTurn {
+        session_id: String,
+        boundary: u64,
+        turn: String,
+    },
 
     // ---- optional relational companions (§3.7, §5.6) -------------------------------------
     /// A session-invariant or tool-pairing violation; the text is DSH's, built at the check.
@@ -174,7 +217,10 @@ impl SessionError {
 
     /// Wraps a surface failure met while seeding, as `Session.create`/`fromRestore` do.
     pub(crate) fn in_seed(self, index: usize) -> Self {
-        Self::InvalidSeedEvent { index, source: Box::new(self) }
+        Self::InvalidSeedEvent {
+            index,
+            source: Box::new(self),
+        }
     }
 
     pub(crate) fn invariant(message: String) -> Self {
@@ -190,7 +236,10 @@ fn envelope_text(index: Option<usize>) -> String {
 }
 
 fn join_seqs(seqs: &[u64]) -> String {
-    seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+    seqs.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn last_seq_text(last_seq: Option<u64>) -> String {

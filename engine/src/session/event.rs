@@ -11,17 +11,54 @@ pub const END_SEED: &str = "session/end-seed";
 
 /// `KNOWN_SESSION_EVENT_TYPES` at DSH `b150a551b8` (48 entries, sorted).
 pub const KNOWN_EVENT_TYPES: [&str; 48] = [
-    "agent-preset/selected", "agent/inbox/spliced", "approval/asked", "approval/decided",
-    "approval/policy", "assistant/chunk", "assistant/message", "command/done", "command/run",
-    "compaction/end", "compaction/prune", "compaction/start", "compaction/summary",
-    "feedback/record", "goal/change", "hook/invoked", "hook/result", "llm/retry",
-    "llm/retry-started", "permission/preset", "plan/mode", "request/context", "request/header",
-    "sandbox/mode", "schedule/change", "session/end-seed", "session/title",
-    "session/title-llm-request", "step/end", "step/start", "subagent/descriptor", "team/member",
-    "team/message/delivered", "team/message/queued", "team/task", "todo/write",
-    "tool-workflow/agent-end", "tool-workflow/agent-start", "tool-workflow/run-end",
-    "tool-workflow/run-start", "tool/call", "tool/code-dispatch", "tool/code-dispatch-start",
-    "tool/result", "turn/end", "turn/start", "user/message", "web/deepseek-search-llm-request",
+    "agent-preset/selected",
+    "agent/inbox/spliced",
+    "approval/asked",
+    "approval/decided",
+    "approval/policy",
+    "assistant/chunk",
+    "assistant/message",
+    "command/done",
+    "command/run",
+    "compaction/end",
+    "compaction/prune",
+    "compaction/start",
+    "compaction/summary",
+    "feedback/record",
+    "goal/change",
+    "hook/invoked",
+    "hook/result",
+    "llm/retry",
+    "llm/retry-started",
+    "permission/preset",
+    "plan/mode",
+    "request/context",
+    "request/header",
+    "sandbox/mode",
+    "schedule/change",
+    "session/end-seed",
+    "session/title",
+    "session/title-llm-request",
+    "step/end",
+    "step/start",
+    "subagent/descriptor",
+    "team/member",
+    "team/message/delivered",
+    "team/message/queued",
+    "team/task",
+    "todo/write",
+    "tool-workflow/agent-end",
+    "tool-workflow/agent-start",
+    "tool-workflow/run-end",
+    "tool-workflow/run-start",
+    "tool/call",
+    "tool/code-dispatch",
+    "tool/code-dispatch-start",
+    "tool/result",
+    "turn/end",
+    "turn/start",
+    "user/message",
+    "web/deepseek-search-llm-request",
 ];
 
 /// Whether the persistence read path knows `event_type` (unknown types need `ignorable`).
@@ -39,7 +76,10 @@ pub fn is_surface_eligible_type(event_type: &str) -> bool {
 pub enum SurfaceOp {
     Append,
     /// Replace the nodes from seq `start` to seq `end` (positions, inclusive) with this event.
-    Replace { start: u64, end: u64 },
+    Replace {
+        start: u64,
+        end: u64,
+    },
 }
 
 impl SurfaceOp {
@@ -89,9 +129,16 @@ impl PartialEq for SessionEvent {
 
 impl SessionEvent {
     /// A log-only or appended event with `data` given as JSON text (rejected if not JSON).
-    pub fn new(event_type: &str, seq: u64, time: i64, data_text: &str) -> Result<Self, SessionError> {
+    pub fn new(
+        event_type: &str,
+        seq: u64,
+        time: i64,
+        data_text: &str,
+    ) -> Result<Self, SessionError> {
         let data = RawValue::from_string(data_text.to_owned()).map_err(|error| {
-            SessionError::UnparsableLine { reason: error.to_string() }
+            SessionError::UnparsableLine {
+                reason: error.to_string(),
+            }
         })?;
         Ok(Self {
             event_type: event_type.to_owned(),
@@ -115,7 +162,10 @@ impl SessionEvent {
         if self.ignorable {
             line = line.raw("ignorable", "true");
         }
-        let sources = self.source_event_seqs.as_ref().map(|seqs| seq_list_text(seqs));
+        let sources = self
+            .source_event_seqs
+            .as_ref()
+            .map(|seqs| seq_list_text(seqs));
         let surface_op = self.surface_op.map(SurfaceOp::to_json);
         let (first, second) = match order {
             KeyOrder::LiveAppend => (("sourceEventSeqs", sources), ("surfaceOp", surface_op)),
@@ -152,8 +202,15 @@ pub fn parse_event_line_at(line: &str, index: usize) -> Result<SessionEvent, Ses
     parse_line(line, Some(index))
 }
 
-const ENVELOPE_KEYS: [&str; 7] =
-    ["type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs", "ignorable"];
+const ENVELOPE_KEYS: [&str; 7] = [
+    "type",
+    "seq",
+    "time",
+    "data",
+    "surfaceOp",
+    "sourceEventSeqs",
+    "ignorable",
+];
 
 fn parse_line(line: &str, index: Option<usize>) -> Result<SessionEvent, SessionError> {
     let members = json::object_members(line).ok_or_else(|| SessionError::UnparsableLine {
@@ -161,7 +218,12 @@ fn parse_line(line: &str, index: Option<usize>) -> Result<SessionEvent, SessionE
             .err()
             .map_or_else(|| "not an object".to_owned(), |error| error.to_string()),
     })?;
-    let field = |key: &str| members.iter().find(|(name, _)| name == key).map(|(_, value)| value);
+    let field = |key: &str| {
+        members
+            .iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, value)| &**value)
+    };
     let invalid = || SessionError::InvalidEnvelope { index };
     let event_type: String = field("type")
         .and_then(|raw| serde_json::from_str(raw.get()).ok())
@@ -172,10 +234,15 @@ fn parse_line(line: &str, index: Option<usize>) -> Result<SessionEvent, SessionE
         }
         return Err(SessionError::AppendHeaderDelta { event_type });
     }
-    if members.iter().any(|(name, _)| !ENVELOPE_KEYS.contains(&name.as_str())) {
+    if members
+        .iter()
+        .any(|(name, _)| !ENVELOPE_KEYS.contains(&name.as_str()))
+    {
         return Err(invalid());
     }
-    let seq = field("seq").and_then(|raw| js_safe_integer(raw.get())).filter(|seq| *seq >= 0);
+    let seq = field("seq")
+        .and_then(|raw| js_safe_integer(raw.get()))
+        .filter(|seq| *seq >= 0);
     let time = field("time").and_then(|raw| js_safe_integer(raw.get()));
     let (Some(seq), Some(time), Some(data)) = (seq, time, field("data")) else {
         return Err(invalid());
@@ -186,16 +253,21 @@ fn parse_line(line: &str, index: Option<usize>) -> Result<SessionEvent, SessionE
         Some(_) => return Err(invalid()),
     };
     let seq = seq as u64;
-    let surface = parse_surface_metadata(&event_type, seq, field("surfaceOp"), field("sourceEventSeqs"))
-        .map_err(|error| match index {
-            Some(index) => error.in_seed(index),
-            None => error,
-        })?;
+    let surface = parse_surface_metadata(
+        &event_type,
+        seq,
+        field("surfaceOp"),
+        field("sourceEventSeqs"),
+    )
+    .map_err(|error| match index {
+        Some(index) => error.in_seed(index),
+        None => error,
+    })?;
     Ok(SessionEvent {
         event_type,
         seq,
         time,
-        data: data.clone(),
+        data: data.to_owned(),
         ignorable,
         surface_op: surface.0,
         source_event_seqs: surface.1,
@@ -211,19 +283,27 @@ type SurfaceMetadata = (Option<SurfaceOp>, Option<Vec<u64>>);
 fn parse_surface_metadata(
     event_type: &str,
     seq: u64,
-    surface_op: Option<&Box<RawValue>>,
-    sources: Option<&Box<RawValue>>,
+    surface_op: Option<&RawValue>,
+    sources: Option<&RawValue>,
 ) -> Result<SurfaceMetadata, SessionError> {
     let eligible = is_surface_eligible_type(event_type);
     let owned = || event_type.to_owned();
     let surface_op = match surface_op {
         None => None,
-        Some(_) if !eligible => return Err(SessionError::SurfaceOpOnIneligible { event_type: owned() }),
+        Some(_) if !eligible => {
+            return Err(SessionError::SurfaceOpOnIneligible {
+                event_type: owned(),
+            })
+        }
         Some(raw) => Some(parse_surface_op(event_type, raw.get())?),
     };
     let sources = match sources {
         None => None,
-        Some(_) if !eligible => return Err(SessionError::SourcesOnIneligible { event_type: owned() }),
+        Some(_) if !eligible => {
+            return Err(SessionError::SourcesOnIneligible {
+                event_type: owned(),
+            })
+        }
         Some(raw) => Some(parse_sources(event_type, seq, raw.get())?),
     };
     Ok((surface_op, sources))
@@ -234,12 +314,24 @@ fn parse_surface_op(event_type: &str, text: &str) -> Result<SurfaceOp, SessionEr
         return Ok(SurfaceOp::Append);
     }
     let Some(members) = json::object_members(text) else {
-        return Err(SessionError::InvalidSurfaceOp { event_type: event_type.to_owned() });
+        return Err(SessionError::InvalidSurfaceOp {
+            event_type: event_type.to_owned(),
+        });
     };
-    let invalid_replace = || SessionError::InvalidReplaceSurfaceOp { event_type: event_type.to_owned() };
-    let field = |key: &str| members.iter().find(|(name, _)| name == key).map(|(_, value)| value.get());
+    let invalid_replace = || SessionError::InvalidReplaceSurfaceOp {
+        event_type: event_type.to_owned(),
+    };
+    let field = |key: &str| {
+        members
+            .iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, value)| value.get())
+    };
     let bound = |key: &str| {
-        field(key).and_then(js_safe_integer).filter(|value| *value >= 0).map(|value| value as u64)
+        field(key)
+            .and_then(js_safe_integer)
+            .filter(|value| *value >= 0)
+            .map(|value| value as u64)
     };
     let is_replace = field("op").map(str::trim) == Some("\"replace\"");
     match (members.len(), is_replace, bound("start"), bound("end")) {
@@ -249,13 +341,17 @@ fn parse_surface_op(event_type: &str, text: &str) -> Result<SurfaceOp, SessionEr
 }
 
 fn parse_sources(event_type: &str, seq: u64, text: &str) -> Result<Vec<u64>, SessionError> {
-    let items: Vec<Box<RawValue>> = serde_json::from_str(text)
-        .map_err(|_| SessionError::SourcesNotArray { seq: seq.to_string() })?;
+    let items: Vec<Box<RawValue>> =
+        serde_json::from_str(text).map_err(|_| SessionError::SourcesNotArray {
+            seq: seq.to_string(),
+        })?;
     items
         .iter()
         .map(|item| match js_safe_integer(item.get()) {
             Some(value) if value >= 0 && value as u64 <= MAX_SAFE_INTEGER => Ok(value as u64),
-            _ => Err(SessionError::SourcesNotDense { event_type: event_type.to_owned() }),
+            _ => Err(SessionError::SourcesNotDense {
+                event_type: event_type.to_owned(),
+            }),
         })
         .collect()
 }
@@ -288,11 +384,23 @@ mod tests {
             r#"{"type":"turn/start","seq":0,"time":1,"data":{},"ignorable":"yes"}"#,
         ];
         for line in cases {
-            let error = parse_event_line_at(line, 0).err().map(|error| error.to_string());
-            assert_eq!(error.as_deref(), Some("seed event at index 0 has an invalid event envelope"), "{line}");
+            let error = parse_event_line_at(line, 0)
+                .err()
+                .map(|error| error.to_string());
+            assert_eq!(
+                error.as_deref(),
+                Some("seed event at index 0 has an invalid event envelope"),
+                "{line}"
+            );
         }
         let accepted = parse_event_line_at(&BASE.replace("}}", "},\"ignorable\":true}"), 0);
-        assert!(matches!(accepted, Ok(SessionEvent { ignorable: true, .. })));
+        assert!(matches!(
+            accepted,
+            Ok(SessionEvent {
+                ignorable: true,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -300,7 +408,9 @@ mod tests {
         let line = r#"{"type":"x/y","seq":1.0,"time":-0,"data": {"a":1.0,"s":"\ud800","a":2} }"#;
         let event = parse_event_line(line);
         assert!(matches!(&event, Ok(event) if event.seq == 1 && event.time == 0));
-        let data = event.map(|event| event.data.get().to_owned()).unwrap_or_default();
+        let data = event
+            .map(|event| event.data.get().to_owned())
+            .unwrap_or_default();
         assert_eq!(data, r#"{"a":1.0,"s":"\ud800","a":2}"#);
     }
 
@@ -310,12 +420,29 @@ mod tests {
             format!(r#"{{"type":"user/message","seq":0,"time":1,"data":{{}}{extra}}}"#)
         };
         let message = |extra: &str| parse_event_line(&line(extra)).err().map(|e| e.to_string());
-        assert_eq!(message(r#","surfaceOp":"invalid""#).as_deref(), Some("session event \"user/message\" carries an invalid surfaceOp"));
-        assert_eq!(message(r#","surfaceOp":{"op":"replace","start":-1,"end":0}"#).as_deref(), Some("session event \"user/message\" carries an invalid replace surfaceOp"));
-        assert_eq!(message(r#","surfaceOp":"append","sourceEventSeqs":"x""#).as_deref(), Some("sourceEventSeqs on event at seq 0 must be an array when present"));
+        assert_eq!(
+            message(r#","surfaceOp":"invalid""#).as_deref(),
+            Some("session event \"user/message\" carries an invalid surfaceOp")
+        );
+        assert_eq!(
+            message(r#","surfaceOp":{"op":"replace","start":-1,"end":0}"#).as_deref(),
+            Some("session event \"user/message\" carries an invalid replace surfaceOp")
+        );
+        assert_eq!(
+            message(r#","surfaceOp":"append","sourceEventSeqs":"x""#).as_deref(),
+            Some("sourceEventSeqs on event at seq 0 must be an array when present")
+        );
         assert_eq!(message(r#","surfaceOp":"append","sourceEventSeqs":[0,-1]"#).as_deref(), Some("session event \"user/message\" sourceEventSeqs must densely contain non-negative safe integers"));
-        let replace = parse_event_line(&line(r#","sourceEventSeqs":[],"surfaceOp":{"end":2,"op":"replace","start":1}"#));
-        assert!(matches!(replace, Ok(SessionEvent { surface_op: Some(SurfaceOp::Replace { start: 1, end: 2 }), .. })));
+        let replace = parse_event_line(&line(
+            r#","sourceEventSeqs":[],"surfaceOp":{"end":2,"op":"replace","start":1}"#,
+        ));
+        assert!(matches!(
+            replace,
+            Ok(SessionEvent {
+                surface_op: Some(SurfaceOp::Replace { start: 1, end: 2 }),
+                ..
+            })
+        ));
     }
 
     #[test]

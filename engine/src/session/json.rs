@@ -65,7 +65,8 @@ fn number_is_lossless(number_text: &str) -> bool {
 
 fn number_end(bytes: &[u8], start: usize) -> usize {
     let mut end = start;
-    while end < bytes.len() && matches!(bytes[end], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+    while end < bytes.len() && matches!(bytes[end], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+    {
         end += 1;
     }
     end
@@ -99,7 +100,11 @@ fn replace_lone_surrogates(text: &str) -> String {
     let mut output = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("\\u") {
-        let backslashes = rest[..at].bytes().rev().take_while(|byte| *byte == b'\\').count();
+        let backslashes = rest[..at]
+            .bytes()
+            .rev()
+            .take_while(|byte| *byte == b'\\')
+            .count();
         output.push_str(&rest[..at]);
         let escape = &rest[at..];
         if backslashes % 2 == 1 {
@@ -140,12 +145,18 @@ fn hex_unit(text: &str) -> Option<u32> {
 /// The members of a JSON object text, in first-appearance order with the last duplicate's
 /// value (JS `JSON.parse` semantics). `None` if the text is not an object.
 pub fn object_members(text: &str) -> Option<Vec<(String, Box<RawValue>)>> {
-    serde_json::from_str::<ObjectMembers>(text).ok().map(|members| members.0)
+    serde_json::from_str::<ObjectMembers>(text)
+        .ok()
+        .map(|members| members.0)
 }
 
 /// The raw text of member `key` of an object text (last duplicate wins).
 pub fn member<'text>(text: &'text str, key: &str) -> Option<&'text RawValue> {
-    serde_json::from_str::<BorrowedMembers<'text>>(text).ok()?.0.into_iter().rev()
+    serde_json::from_str::<BorrowedMembers<'text>>(text)
+        .ok()?
+        .0
+        .into_iter()
+        .rev()
         .find(|(name, _)| name == key)
         .map(|(_, value)| value)
 }
@@ -251,13 +262,16 @@ pub fn null_raw() -> Box<RawValue> {
 /// compare as JS doubles (so `1.0` equals `1`).
 pub fn json_equal(left: &Value, right: &Value) -> bool {
     match (left, right) {
-        (Value::Number(a), Value::Number(b)) => js_number(&a.to_string()) == js_number(&b.to_string()),
+        (Value::Number(a), Value::Number(b)) => {
+            js_number(&a.to_string()) == js_number(&b.to_string())
+        }
         (Value::Array(a), Value::Array(b)) => {
             a.len() == b.len() && a.iter().zip(b).all(|(x, y)| json_equal(x, y))
         }
         (Value::Object(a), Value::Object(b)) => {
             a.len() == b.len()
-                && a.iter().all(|(key, x)| b.get(key).is_some_and(|y| json_equal(x, y)))
+                && a.iter()
+                    .all(|(key, x)| b.get(key).is_some_and(|y| json_equal(x, y)))
         }
         _ => left == right,
     }
@@ -286,11 +300,19 @@ mod tests {
     #[test]
     fn members_resolve_duplicates_last_wins_at_first_position() {
         let members = object_members(r#"{"a":1,"b":"\ud800","a":3}"#).unwrap_or_default();
-        let rendered: Vec<(String, String)> =
-            members.iter().map(|(key, value)| (key.clone(), value.get().to_owned())).collect();
-        let expected = vec![("a".to_owned(), "3".to_owned()), ("b".to_owned(), r#""\ud800""#.to_owned())];
+        let rendered: Vec<(String, String)> = members
+            .iter()
+            .map(|(key, value)| (key.clone(), value.get().to_owned()))
+            .collect();
+        let expected = vec![
+            ("a".to_owned(), "3".to_owned()),
+            ("b".to_owned(), r#""\ud800""#.to_owned()),
+        ];
         assert_eq!(rendered, expected);
-        assert_eq!(member(r#"{"m":1,"m":{"x":2}}"#, "m").map(RawValue::get), Some(r#"{"x":2}"#));
+        assert_eq!(
+            member(r#"{"m":1,"m":{"x":2}}"#, "m").map(RawValue::get),
+            Some(r#"{"x":2}"#)
+        );
     }
 
     #[test]
@@ -307,7 +329,9 @@ mod tests {
     fn deep_equality_is_order_insensitive_and_numeric() {
         let left = serde_json::from_str::<Value>(r#"{"a":1.0,"b":[1,{"c":null}]}"#).ok();
         let right = serde_json::from_str::<Value>(r#"{"b":[1,{"c":null}],"a":1}"#).ok();
-        let (Some(left), Some(right)) = (left, right) else { panic!("fixture JSON") };
+        let (Some(left), Some(right)) = (left, right) else {
+            panic!("fixture JSON")
+        };
         assert!(json_equal(&left, &right));
         assert!(!json_equal(&left, &serde_json::json!({"a": 1})));
     }

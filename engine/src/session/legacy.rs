@@ -18,8 +18,14 @@ pub struct MigratedLog {
 }
 
 /// Upgrades pre-current shapes and refuses removed ones, like DSH's `adoptStoredEvents`.
-pub fn migrate_legacy(session_id: &str, stored: &[SessionEvent]) -> Result<MigratedLog, SessionError> {
-    let mut log = MigratedLog { events: Vec::with_capacity(stored.len()), migrated_seqs: Vec::new() };
+pub fn migrate_legacy(
+    session_id: &str,
+    stored: &[SessionEvent],
+) -> Result<MigratedLog, SessionError> {
+    let mut log = MigratedLog {
+        events: Vec::with_capacity(stored.len()),
+        migrated_seqs: Vec::new(),
+    };
     for event in stored {
         refuse_removed(session_id, event)?;
         let migrated = migrate_event(session_id, event, &log.events)?;
@@ -42,7 +48,10 @@ fn refuse_removed(session_id: &str, event: &SessionEvent) -> Result<(), SessionE
     match event.event_type.as_str() {
         "request/header-delta" | "mode/set" => Err(unsupported(&event.event_type)),
         "request/header" if is_string_member(event.data.get(), "reason", "fallback") => {
-            Err(SessionError::LegacyFallbackReason { session_id: session_id.to_owned(), seq: event.seq })
+            Err(SessionError::LegacyFallbackReason {
+                session_id: session_id.to_owned(),
+                seq: event.seq,
+            })
         }
         _ => Ok(()),
     }
@@ -57,7 +66,11 @@ fn legacy_id(session_id: &str, seq: u64) -> String {
 }
 
 /// The migrated copy of `event`, or `None` when it already has the current shape.
-fn migrate_event(session_id: &str, event: &SessionEvent, earlier: &[SessionEvent]) -> Result<Option<SessionEvent>, SessionError> {
+fn migrate_event(
+    session_id: &str,
+    event: &SessionEvent,
+    earlier: &[SessionEvent],
+) -> Result<Option<SessionEvent>, SessionError> {
     let Some(members) = object_members(event.data.get()) else {
         return Ok(None);
     };
@@ -66,42 +79,63 @@ fn migrate_event(session_id: &str, event: &SessionEvent, earlier: &[SessionEvent
         "turn/start" if has("trigger") => Some(migrate_turn_start(&members)?),
         "turn/end" => migrate_turn_end(&members)?,
         "steering/message" => Some(migrate_steering(session_id, event.seq, &members)?),
-        USER_MESSAGE if !has("id") || !has("role") => Some(identify_user(session_id, event.seq, &members)),
+        USER_MESSAGE if !has("id") || !has("role") => {
+            Some(identify_user(session_id, event.seq, &members))
+        }
         ASSISTANT_MESSAGE if !has("message") && has("content") => {
             Some(identify_assistant(session_id, event.seq, &members))
         }
         TOOL_RESULT if !has("message") && has("callId") => {
-            let id = inherited_id(event, earlier).unwrap_or_else(|| json::string_text(&legacy_id(session_id, event.seq)));
+            let id = inherited_id(event, earlier)
+                .unwrap_or_else(|| json::string_text(&legacy_id(session_id, event.seq)));
             Some(identify_tool_result(&id, &members))
         }
         _ => None,
     };
     Ok(data.map(|data| {
-        let event_type = if event.event_type == "steering/message" { USER_MESSAGE } else { &event.event_type };
-        SessionEvent { event_type: event_type.to_owned(), data: raw_from_built(data), ..event.clone() }
+        let event_type = if event.event_type == "steering/message" {
+            USER_MESSAGE
+        } else {
+            &event.event_type
+        };
+        SessionEvent {
+            event_type: event_type.to_owned(),
+            data: raw_from_built(data),
+            ..event.clone()
+        }
     }))
 }
 
 fn value_of<'members>(members: &'members Members, key: &str) -> Option<&'members str> {
-    members.iter().find(|(name, _)| name == key).map(|(_, value)| value.get())
+    members
+        .iter()
+        .find(|(name, _)| name == key)
+        .map(|(_, value)| value.get())
 }
 
 fn without(members: &Members, keys: &[&str]) -> ObjectText {
     members
         .iter()
         .filter(|(name, _)| !keys.contains(&name.as_str()))
-        .fold(ObjectText::new(), |object, (name, value)| object.raw(name, value.get()))
+        .fold(ObjectText::new(), |object, (name, value)| {
+            object.raw(name, value.get())
+        })
 }
 
 /// `turn/start {turn, trigger}` → `{turn}`; turn ≥ 1 and a non-empty `trigger.kind`.
 fn migrate_turn_start(members: &Members) -> Result<String, SessionError> {
-    let malformed = || SessionError::MalformedLegacy { event_type: "turn/start".to_owned() };
+    let malformed = || SessionError::MalformedLegacy {
+        event_type: "turn/start".to_owned(),
+    };
     let turn = value_of(members, "turn").ok_or_else(malformed)?;
     let trigger_kind = value_of(members, "trigger")
         .and_then(|trigger| json::member(trigger, "kind"))
         .and_then(|kind| serde_json::from_str::<String>(kind.get()).ok());
     let turn_ok = json::js_number(turn).is_some_and(|number| number >= 1.0);
-    if members.len() != 2 || !turn_ok || !matches!(trigger_kind.as_deref(), Some(kind) if !kind.is_empty()) {
+    if members.len() != 2
+        || !turn_ok
+        || !matches!(trigger_kind.as_deref(), Some(kind) if !kind.is_empty())
+    {
         return Err(malformed());
     }
     Ok(ObjectText::new().raw("turn", turn).finish())
@@ -109,31 +143,56 @@ fn migrate_turn_start(members: &Members) -> Result<String, SessionError> {
 
 /// Old `turn/end` reasons → the current `TurnEndReason` (unknown kinds pass through).
 fn migrate_turn_end(members: &Members) -> Result<Option<String>, SessionError> {
-    let malformed = || SessionError::MalformedLegacy { event_type: "turn/end".to_owned() };
+    let malformed = || SessionError::MalformedLegacy {
+        event_type: "turn/end".to_owned(),
+    };
     let Some(reason) = value_of(members, "reason").and_then(object_members) else {
         return Ok(None);
     };
     let kind = value_of(&reason, "kind").and_then(|kind| serde_json::from_str::<String>(kind).ok());
     let has = |key: &str| reason.iter().any(|(name, _)| name == key);
     let new_reason = match kind.as_deref() {
-        Some("completed" | "blocked" | "max-tokens" | "interrupted") if reason.len() != 1 => return Err(malformed()),
-        Some("aborted") if !has("reason") => r#"{"kind":"aborted","reason":{"kind":"legacy"}}"#.to_owned(),
+        Some("completed" | "blocked" | "max-tokens" | "interrupted") if reason.len() != 1 => {
+            return Err(malformed())
+        }
+        Some("aborted") if !has("reason") => {
+            r#"{"kind":"aborted","reason":{"kind":"legacy"}}"#.to_owned()
+        }
         Some("disposed") => r#"{"kind":"aborted","reason":{"kind":"disposed"}}"#.to_owned(),
         Some("error") if has("failure") => {
             let failure = value_of(&reason, "failure").ok_or_else(malformed)?;
-            ObjectText::new().string("kind", "error").raw("error", failure).finish()
+            ObjectText::new()
+                .string("kind", "error")
+                .raw("error", failure)
+                .finish()
         }
         Some("error") if has("message") => {
             let message = value_of(&reason, "message").ok_or_else(malformed)?;
-            let code = value_of(&reason, "code").map_or_else(|| json::string_text("UNKNOWN"), str::to_owned);
-            let error = ObjectText::new().raw("message", message).raw("code", &code).finish();
-            ObjectText::new().string("kind", "error").raw("error", &error).finish()
+            let code = value_of(&reason, "code")
+                .map_or_else(|| json::string_text("UNKNOWN"), str::to_owned);
+            let error = ObjectText::new()
+                .raw("message", message)
+                .raw("code", &code)
+                .finish();
+            ObjectText::new()
+                .string("kind", "error")
+                .raw("error", &error)
+                .finish()
         }
         _ => return Ok(None),
     };
-    let rebuilt = members.iter().fold(ObjectText::new(), |object, (name, value)| {
-        object.raw(name, if name == "reason" { &new_reason } else { value.get() })
-    });
+    let rebuilt = members
+        .iter()
+        .fold(ObjectText::new(), |object, (name, value)| {
+            object.raw(
+                name,
+                if name == "reason" {
+                    &new_reason
+                } else {
+                    value.get()
+                },
+            )
+        });
     Ok(Some(rebuilt.finish()))
 }
 
@@ -150,7 +209,9 @@ fn migrate_steering(session_id: &str, seq: u64, members: &Members) -> Result<Str
             .string("id", &legacy_id(session_id, seq))
             .string("role", "user")
             .finish()),
-        _ => Err(SessionError::MalformedLegacy { event_type: "steering/message".to_owned() }),
+        _ => Err(SessionError::MalformedLegacy {
+            event_type: "steering/message".to_owned(),
+        }),
     }
 }
 
@@ -167,14 +228,22 @@ fn identify_user(session_id: &str, seq: u64, members: &Members) -> String {
 
 /// `{…rest, content, provenance}` → `{…rest, message:{id, role, content, source:{…provenance, kind}}}`.
 fn identify_assistant(session_id: &str, seq: u64, members: &Members) -> String {
-    let provenance = value_of(members, "provenance").and_then(object_members).unwrap_or_default();
+    let provenance = value_of(members, "provenance")
+        .and_then(object_members)
+        .unwrap_or_default();
     let mut source = without(&provenance, &[]);
     let kind_position = provenance.iter().position(|(name, _)| name == "kind");
     if kind_position.is_some() {
         // JS spread keeps an existing `kind` in place while overwriting its value.
-        source = provenance.iter().fold(ObjectText::new(), |object, (name, value)| {
-            if name == "kind" { object.string("kind", "model") } else { object.raw(name, value.get()) }
-        });
+        source = provenance
+            .iter()
+            .fold(ObjectText::new(), |object, (name, value)| {
+                if name == "kind" {
+                    object.string("kind", "model")
+                } else {
+                    object.raw(name, value.get())
+                }
+            });
     } else {
         source = source.string("kind", "model");
     }
@@ -184,7 +253,9 @@ fn identify_assistant(session_id: &str, seq: u64, members: &Members) -> String {
         .raw("content", value_of(members, "content").unwrap_or("[]"))
         .raw("source", &source.finish())
         .finish();
-    without(members, &["content", "provenance"]).raw("message", &message).finish()
+    without(members, &["content", "provenance"])
+        .raw("message", &message)
+        .finish()
 }
 
 /// `{…rest, callId, content, isError}` → `{…rest, message:{id, role, content:[tool-result], source}}`.
@@ -197,14 +268,19 @@ fn identify_tool_result(id_text: &str, members: &Members) -> String {
     if let Some(is_error) = value_of(members, "isError") {
         block = block.raw("isError", is_error);
     }
-    let source = ObjectText::new().string("kind", "tool").raw("callId", call_id).finish();
+    let source = ObjectText::new()
+        .string("kind", "tool")
+        .raw("callId", call_id)
+        .finish();
     let message = ObjectText::new()
         .raw("id", id_text)
         .string("role", "user")
         .raw("content", &format!("[{}]", block.finish()))
         .raw("source", &source)
         .finish();
-    without(members, &["callId", "content", "isError"]).raw("message", &message).finish()
+    without(members, &["callId", "content", "isError"])
+        .raw("message", &message)
+        .finish()
 }
 
 /// A legacy replacement result keeps the message id of the result it replaces.
@@ -212,7 +288,10 @@ fn inherited_id(event: &SessionEvent, earlier: &[SessionEvent]) -> Option<String
     let Some(SurfaceOp::Replace { start, .. }) = event.surface_op else {
         return None;
     };
-    let target = earlier.iter().rev().find(|candidate| candidate.seq == start)?;
+    let target = earlier
+        .iter()
+        .rev()
+        .find(|candidate| candidate.seq == start)?;
     let message = json::member(target.data.get(), "message")?;
     json::member(message.get(), "id").map(|id| id.get().to_owned())
 }
@@ -233,38 +312,88 @@ mod tests {
     #[test]
     fn turn_end_reasons_upgrade_like_dsh() {
         let cases = [
-            (r#"{"turn":1,"reason":{"kind":"aborted"}}"#, r#"{"turn":1,"reason":{"kind":"aborted","reason":{"kind":"legacy"}}}"#),
-            (r#"{"turn":1,"reason":{"kind":"disposed"}}"#, r#"{"turn":1,"reason":{"kind":"aborted","reason":{"kind":"disposed"}}}"#),
-            (r#"{"turn":1,"reason":{"kind":"error","step":2,"message":"m"}}"#, r#"{"turn":1,"reason":{"kind":"error","error":{"message":"m","code":"UNKNOWN"}}}"#),
-            (r#"{"turn":1,"reason":{"kind":"error","step":2,"failure":{"message":"m","code":"C"}}}"#, r#"{"turn":1,"reason":{"kind":"error","error":{"message":"m","code":"C"}}}"#),
-            (r#"{"turn":1,"reason":{"kind":"future-kind","x":1}}"#, r#"{"turn":1,"reason":{"kind":"future-kind","x":1}}"#),
+            (
+                r#"{"turn":1,"reason":{"kind":"aborted"}}"#,
+                r#"{"turn":1,"reason":{"kind":"aborted","reason":{"kind":"legacy"}}}"#,
+            ),
+            (
+                r#"{"turn":1,"reason":{"kind":"disposed"}}"#,
+                r#"{"turn":1,"reason":{"kind":"aborted","reason":{"kind":"disposed"}}}"#,
+            ),
+            (
+                r#"{"turn":1,"reason":{"kind":"error","step":2,"message":"m"}}"#,
+                r#"{"turn":1,"reason":{"kind":"error","error":{"message":"m","code":"UNKNOWN"}}}"#,
+            ),
+            (
+                r#"{"turn":1,"reason":{"kind":"error","step":2,"failure":{"message":"m","code":"C"}}}"#,
+                r#"{"turn":1,"reason":{"kind":"error","error":{"message":"m","code":"C"}}}"#,
+            ),
+            (
+                r#"{"turn":1,"reason":{"kind":"future-kind","x":1}}"#,
+                r#"{"turn":1,"reason":{"kind":"future-kind","x":1}}"#,
+            ),
         ];
         for (input, expected) in cases {
-            assert_eq!(migrated_data("turn/end", input).ok().as_deref(), Some(expected));
+            assert_eq!(
+                migrated_data("turn/end", input).ok().as_deref(),
+                Some(expected)
+            );
         }
-        let extra = migrated_data("turn/end", r#"{"turn":1,"reason":{"kind":"completed","x":1}}"#);
-        assert_eq!(extra.err().map(|e| e.to_string()).as_deref(), Some("malformed pre-react-loop turn/end"));
+        let extra = migrated_data(
+            "turn/end",
+            r#"{"turn":1,"reason":{"kind":"completed","x":1}}"#,
+        );
+        assert_eq!(
+            extra.err().map(|e| e.to_string()).as_deref(),
+            Some("malformed pre-react-loop turn/end")
+        );
     }
 
     #[test]
     fn removed_shapes_are_refused_with_dsh_texts() {
-        let error = migrate_legacy("s", &[event("mode/set", 4, "{}")]).err().map(|e| e.to_string());
-        assert_eq!(error.as_deref(), Some("session \"s\" contains unsupported legacy mode/set event at seq 4"));
+        let error = migrate_legacy("s", &[event("mode/set", 4, "{}")])
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some("session \"s\" contains unsupported legacy mode/set event at seq 4")
+        );
         let fallback = event("request/header", 2, r#"{"reason":"fallback"}"#);
-        let error = migrate_legacy("s", &[fallback]).err().map(|e| e.to_string());
+        let error = migrate_legacy("s", &[fallback])
+            .err()
+            .map(|e| e.to_string());
         assert_eq!(error.as_deref(), Some("session \"s\" contains unsupported legacy request/header reason \"fallback\" at seq 2"));
     }
 
     #[test]
     fn steering_and_replacement_results_migrate() {
-        let steering = migrated_data("steering/message", r#"{"turn":1,"content":[],"source":{"kind":"user"}}"#);
-        assert_eq!(steering.ok().as_deref(), Some(r#"{"content":[],"source":{"kind":"user"},"id":"legacy-message:s:3","role":"user"}"#));
+        let steering = migrated_data(
+            "steering/message",
+            r#"{"turn":1,"content":[],"source":{"kind":"user"}}"#,
+        );
+        assert_eq!(
+            steering.ok().as_deref(),
+            Some(
+                r#"{"content":[],"source":{"kind":"user"},"id":"legacy-message:s:3","role":"user"}"#
+            )
+        );
         let original = event("tool/result", 0, r#"{"callId":"c","content":[]}"#);
-        let mut replacement = event("tool/result", 1, r#"{"callId":"c","content":[{"type":"text","text":"x"}]}"#);
+        let mut replacement = event(
+            "tool/result",
+            1,
+            r#"{"callId":"c","content":[{"type":"text","text":"x"}]}"#,
+        );
         replacement.surface_op = Some(SurfaceOp::Replace { start: 0, end: 0 });
         let log = migrate_legacy("s", &[original, replacement]);
-        let texts: Vec<String> = log.map(|log| log.events.iter().map(|e| e.data.get().to_owned()).collect()).unwrap_or_default();
+        let texts: Vec<String> = log
+            .map(|log| log.events.iter().map(|e| e.data.get().to_owned()).collect())
+            .unwrap_or_default();
         assert_eq!(texts.len(), 2);
-        assert!(texts.iter().all(|text| text.contains(r#""id":"legacy-message:s:0""#)), "{texts:?}");
+        assert!(
+            texts
+                .iter()
+                .all(|text| text.contains(r#""id":"legacy-message:s:0""#)),
+            "{texts:?}"
+        );
     }
 }

@@ -15,16 +15,25 @@ pub fn carried_message<'data>(event_type: &str, data: &'data Value) -> Option<&'
 }
 
 fn non_empty_string(value: Option<&Value>) -> bool {
-    value.and_then(Value::as_str).is_some_and(|text| !text.is_empty())
+    value
+        .and_then(Value::as_str)
+        .is_some_and(|text| !text.is_empty())
 }
 
 /// DSH `assertMessageEventShape` for the three surface types; other types pass.
-pub fn check_message_shape(event_type: &str, data: &Value, subject: &str) -> Result<(), SessionError> {
+pub fn check_message_shape(
+    event_type: &str,
+    data: &Value,
+    subject: &str,
+) -> Result<(), SessionError> {
     if !super::event::is_surface_eligible_type(event_type) {
         return Ok(());
     }
     message_problem(event_type, data).map_or(Ok(()), |problem| {
-        Err(SessionError::MessageShape { subject: subject.to_owned(), problem })
+        Err(SessionError::MessageShape {
+            subject: subject.to_owned(),
+            problem,
+        })
     })
 }
 
@@ -35,7 +44,11 @@ fn message_problem(event_type: &str, data: &Value) -> Option<MessageProblem> {
     if !non_empty_string(message.get("id")) {
         return Some(MessageProblem::Unidentified);
     }
-    let role = if event_type == ASSISTANT_MESSAGE { "assistant" } else { "user" };
+    let role = if event_type == ASSISTANT_MESSAGE {
+        "assistant"
+    } else {
+        "user"
+    };
     if message.get("role").and_then(Value::as_str) != Some(role) {
         return Some(MessageProblem::WrongRole(role));
     }
@@ -69,11 +82,16 @@ fn tool_result_problem(source: &Map<String, Value>, content: &[Value]) -> Option
         return Some(MessageProblem::NotToolSource);
     }
     let block = match content {
-        [block] if block.get("type").and_then(Value::as_str) == Some("tool-result")
-            && block.get("content").is_some_and(Value::is_array) => block,
+        [block]
+            if block.get("type").and_then(Value::as_str) == Some("tool-result")
+                && block.get("content").is_some_and(Value::is_array) =>
+        {
+            block
+        }
         _ => return Some(MessageProblem::NotOneToolResultBlock),
     };
-    (block.get("toolCallId") != source.get("callId")).then_some(MessageProblem::MismatchedToolCallIds)
+    (block.get("toolCallId") != source.get("callId"))
+        .then_some(MessageProblem::MismatchedToolCallIds)
 }
 
 /// Seed checks of a `request/header` payload (model §1.6 step 3).
@@ -85,10 +103,16 @@ pub fn check_request_header(data: &Value, index: usize) -> Result<(), SessionErr
     let Some(config) = config.filter(|_| has_route) else {
         return Err(SessionError::HeaderLacksProviderModel { index });
     };
-    if config.get("reasoningEffort").is_some_and(|effort| !non_empty_string(Some(effort))) {
+    if config
+        .get("reasoningEffort")
+        .is_some_and(|effort| !non_empty_string(Some(effort)))
+    {
         return Err(SessionError::HeaderInvalidReasoningEffort { index });
     }
-    match data.get("header").and_then(|header| header.get("adapterDefaults")) {
+    match data
+        .get("header")
+        .and_then(|header| header.get("adapterDefaults"))
+    {
         Some(defaults) if !adapter_defaults_valid(defaults, config) => {
             Err(SessionError::HeaderInvalidAdapterDefaults { index })
         }
@@ -133,18 +157,53 @@ mod tests {
         };
         let cases = [
             ("user/message", Value::Null, "lacks an identified message"),
-            ("user/message", user(json!({"role":"assistant"})), "message must have role \"user\""),
-            ("user/message", user(json!({"source":null})), "message has invalid source"),
-            ("user/message", user(json!({"content":"not-an-array"})), "message has invalid content"),
-            ("assistant/message", json!({"message":{"id":"a","role":"assistant","content":[],"source":{"kind":"user"}}}), "message must have model source"),
-            ("tool/result", json!({"message":user(json!({}))}), "message must have tool source"),
-            ("tool/result", json!({"message":user(json!({"source":{"kind":"tool","callId":"call"},"content":[{"type":"text","text":"not a result"}]}))}), "message must contain one tool-result block"),
-            ("tool/result", json!({"message":user(json!({"source":{"kind":"tool","callId":"other-call"},"content":[{"type":"tool-result","toolCallId":"call","content":[]}]}))}), "message has mismatched tool call ids"),
-            ("assistant/message", json!({"turn":1,"step":1,"content":[]}), "lacks an identified message"),
+            (
+                "user/message",
+                user(json!({"role":"assistant"})),
+                "message must have role \"user\"",
+            ),
+            (
+                "user/message",
+                user(json!({"source":null})),
+                "message has invalid source",
+            ),
+            (
+                "user/message",
+                user(json!({"content":"not-an-array"})),
+                "message has invalid content",
+            ),
+            (
+                "assistant/message",
+                json!({"message":{"id":"a","role":"assistant","content":[],"source":{"kind":"user"}}}),
+                "message must have model source",
+            ),
+            (
+                "tool/result",
+                json!({"message":user(json!({}))}),
+                "message must have tool source",
+            ),
+            (
+                "tool/result",
+                json!({"message":user(json!({"source":{"kind":"tool","callId":"call"},"content":[{"type":"text","text":"not a result"}]}))}),
+                "message must contain one tool-result block",
+            ),
+            (
+                "tool/result",
+                json!({"message":user(json!({"source":{"kind":"tool","callId":"other-call"},"content":[{"type":"tool-result","toolCallId":"call","content":[]}]}))}),
+                "message has mismatched tool call ids",
+            ),
+            (
+                "assistant/message",
+                json!({"turn":1,"step":1,"content":[]}),
+                "lacks an identified message",
+            ),
         ];
         for (event_type, data, problem) in cases {
             let expected = format!("seed {event_type} at index 0 {problem}");
-            assert_eq!(shape_error(event_type, data).as_deref(), Some(expected.as_str()));
+            assert_eq!(
+                shape_error(event_type, data).as_deref(),
+                Some(expected.as_str())
+            );
         }
         assert_eq!(shape_error("user/message", user(json!({}))), None);
     }
@@ -158,14 +217,40 @@ mod tests {
             }
             json!({"header": header, "reason": "initial"})
         };
-        let check = |data: Value| check_request_header(&data, 0).err().map(|error| error.to_string());
+        let check = |data: Value| {
+            check_request_header(&data, 0)
+                .err()
+                .map(|error| error.to_string())
+        };
         let route = json!({"provider":"p","model":"m"});
-        assert_eq!(check(header(json!({"model":"old-model"}), None)).as_deref(), Some("seed request/header at index 0 lacks provider/model"));
-        assert_eq!(check(header(json!({"provider":"p","model":"m","reasoningEffort":""}), None)).as_deref(), Some("seed request/header at index 0 has an invalid reasoningEffort"));
-        for defaults in [Value::Null, json!([]), json!({"unknown":true}), json!({"maxTokens":false}), json!({"reasoningEffort":true})] {
-            assert_eq!(check(header(route.clone(), Some(defaults))).as_deref(), Some("seed request/header at index 0 has invalid adapterDefaults"));
+        assert_eq!(
+            check(header(json!({"model":"old-model"}), None)).as_deref(),
+            Some("seed request/header at index 0 lacks provider/model")
+        );
+        assert_eq!(
+            check(header(
+                json!({"provider":"p","model":"m","reasoningEffort":""}),
+                None
+            ))
+            .as_deref(),
+            Some("seed request/header at index 0 has an invalid reasoningEffort")
+        );
+        for defaults in [
+            Value::Null,
+            json!([]),
+            json!({"unknown":true}),
+            json!({"maxTokens":false}),
+            json!({"reasoningEffort":true}),
+        ] {
+            assert_eq!(
+                check(header(route.clone(), Some(defaults))).as_deref(),
+                Some("seed request/header at index 0 has invalid adapterDefaults")
+            );
         }
         let with_tokens = json!({"provider":"p","model":"m","maxTokens":5});
-        assert_eq!(check(header(with_tokens, Some(json!({"maxTokens":true})))), None);
+        assert_eq!(
+            check(header(with_tokens, Some(json!({"maxTokens":true})))),
+            None
+        );
     }
 }

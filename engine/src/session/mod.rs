@@ -29,7 +29,9 @@ pub use legacy::{migrate_legacy, MigratedLog};
 pub use relational::{InvariantTracker, ToolPairing};
 pub use repair::interrupted_turn_closers;
 pub use seed::{
-    check_known_types, end_seed_marker, fork_seed, restore_session, validate_fork_boundary, validate_seed,
-    validate_seed_event, RestoredSession, SeedMode,
+    check_known_types, end_seed_marker, fork_seed, restore_session, validate_fork_boundary,
+    validate_seed, validate_seed_event, RestoredSession, SeedMode,
 };
-pub use surface::{fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldResult, SurfaceReplacement};
+pub use surface::{
+    fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldResult, SurfaceReplacement,
+};

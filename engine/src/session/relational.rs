@@ -21,15 +21,25 @@ pub struct InvariantTracker {
 
 impl Default for InvariantTracker {
     fn default() -> Self {
-        Self { last_seq: None, open_turn: None, open_step: None, next_turn: 1, next_step: 1, pending_calls: Vec::new() }
+        Self {
+            last_seq: None,
+            open_turn: None,
+            open_step: None,
+            next_turn: 1,
+            next_step: 1,
+            pending_calls: Vec::new(),
+        }
     }
 }
 
 fn text_of(value: Option<&Value>) -> String {
-    value.map_or_else(|| "undefined".to_owned(), |value| match value {
-        Value::String(text) => text.clone(),
-        other => js_text(other),
-    })
+    value.map_or_else(
+        || "undefined".to_owned(),
+        |value| match value {
+            Value::String(text) => text.clone(),
+            other => js_text(other),
+        },
+    )
 }
 
 fn number_equals(value: Option<&Value>, expected: u64) -> bool {
@@ -51,7 +61,10 @@ impl InvariantTracker {
 
     fn observe(&mut self, event: &SessionEvent) -> Result<(), SessionError> {
         if let Some(last) = self.last_seq.filter(|last| event.seq <= *last) {
-            return Err(fail(format!("seq must strictly increase: saw {} after {last}", event.seq)));
+            return Err(fail(format!(
+                "seq must strictly increase: saw {} after {last}",
+                event.seq
+            )));
         }
         self.last_seq = Some(event.seq);
         let data = event.data_value();
@@ -60,7 +73,9 @@ impl InvariantTracker {
             "turn/start" => self.turn_start(&data),
             "turn/end" => self.turn_end(&data),
             "step/start" => self.step_start(&data),
-            TOOL_RESULT if replaced => self.require_turn("tool/result surface replacement appended outside any open turn"),
+            TOOL_RESULT if replaced => {
+                self.require_turn("tool/result surface replacement appended outside any open turn")
+            }
             "step/end" | "assistant/chunk" | ASSISTANT_MESSAGE | "tool/call" | TOOL_RESULT => {
                 self.in_step(&event.event_type, &data)
             }
@@ -73,16 +88,27 @@ impl InvariantTracker {
     }
 
     fn require_turn(&self, message: &str) -> Result<(), SessionError> {
-        self.open_turn.as_ref().map(|_| ()).ok_or_else(|| fail(message.to_owned()))
+        self.open_turn
+            .as_ref()
+            .map(|_| ())
+            .ok_or_else(|| fail(message.to_owned()))
     }
 
     fn turn_start(&mut self, data: &Value) -> Result<(), SessionError> {
         let turn = data.get("turn");
         if let Some(open) = &self.open_turn {
-            return Err(fail(format!("turn/start {} while turn {} is still open", text_of(turn), text_of(Some(open)))));
+            return Err(fail(format!(
+                "turn/start {} while turn {} is still open",
+                text_of(turn),
+                text_of(Some(open))
+            )));
         }
         if !number_equals(turn, self.next_turn) {
-            return Err(fail(format!("turn/start expected turn {}, got {}", self.next_turn, text_of(turn))));
+            return Err(fail(format!(
+                "turn/start expected turn {}, got {}",
+                self.next_turn,
+                text_of(turn)
+            )));
         }
         self.open_turn = turn.cloned();
         self.next_step = 1;
@@ -92,10 +118,18 @@ impl InvariantTracker {
     fn turn_end(&mut self, data: &Value) -> Result<(), SessionError> {
         let turn = data.get("turn");
         if self.open_turn.is_none() || turn != self.open_turn.as_ref() {
-            return Err(fail(format!("turn/end {} does not match open turn {}", text_of(turn), text_of(self.open_turn.as_ref()))));
+            return Err(fail(format!(
+                "turn/end {} does not match open turn {}",
+                text_of(turn),
+                text_of(self.open_turn.as_ref())
+            )));
         }
         if let Some(step) = &self.open_step {
-            return Err(fail(format!("turn/end {} while step {} is still open", text_of(turn), text_of(Some(step)))));
+            return Err(fail(format!(
+                "turn/end {} while step {} is still open",
+                text_of(turn),
+                text_of(Some(step))
+            )));
         }
         self.open_turn = None;
         self.next_turn += 1;
@@ -106,13 +140,26 @@ impl InvariantTracker {
     fn step_start(&mut self, data: &Value) -> Result<(), SessionError> {
         let (turn, step) = (data.get("turn"), data.get("step"));
         if self.open_turn.is_none() || turn != self.open_turn.as_ref() {
-            return Err(fail(format!("step/start in turn {} but open turn is {}", text_of(turn), text_of(self.open_turn.as_ref()))));
+            return Err(fail(format!(
+                "step/start in turn {} but open turn is {}",
+                text_of(turn),
+                text_of(self.open_turn.as_ref())
+            )));
         }
         if let Some(open) = &self.open_step {
-            return Err(fail(format!("step/start {} while step {} is still open", text_of(step), text_of(Some(open)))));
+            return Err(fail(format!(
+                "step/start {} while step {} is still open",
+                text_of(step),
+                text_of(Some(open))
+            )));
         }
         if !number_equals(step, self.next_step) {
-            let message = format!("step/start expected step {} in turn {}, got {}", self.next_step, text_of(turn), text_of(step));
+            let message = format!(
+                "step/start expected step {} in turn {}, got {}",
+                self.next_step,
+                text_of(turn),
+                text_of(step)
+            );
             return Err(fail(message));
         }
         self.open_step = step.cloned();
@@ -123,11 +170,20 @@ impl InvariantTracker {
     /// appended `tool/result` maintain the pending calls of the step.
     fn in_step(&mut self, kind: &str, data: &Value) -> Result<(), SessionError> {
         let (turn, step) = (data.get("turn"), data.get("step"));
-        let names_open = self.open_turn.is_some() && self.open_step.is_some()
-            && turn == self.open_turn.as_ref() && step == self.open_step.as_ref();
+        let names_open = self.open_turn.is_some()
+            && self.open_step.is_some()
+            && turn == self.open_turn.as_ref()
+            && step == self.open_step.as_ref();
         if !names_open {
-            let (open_turn, open_step) = (text_of(self.open_turn.as_ref()), text_of(self.open_step.as_ref()));
-            let message = format!("{kind} names turn {}/step {} but open is turn {open_turn}/step {open_step}", text_of(turn), text_of(step));
+            let (open_turn, open_step) = (
+                text_of(self.open_turn.as_ref()),
+                text_of(self.open_step.as_ref()),
+            );
+            let message = format!(
+                "{kind} names turn {}/step {} but open is turn {open_turn}/step {open_step}",
+                text_of(turn),
+                text_of(step)
+            );
             return Err(fail(message));
         }
         match kind {
@@ -150,7 +206,9 @@ impl InvariantTracker {
         if self.pending_calls.contains(&call_id) || not_started {
             return Ok(());
         }
-        Err(fail(format!("tool/result for {call_id} with no prior tool/call in this step")))
+        Err(fail(format!(
+            "tool/result for {call_id} with no prior tool/call in this step"
+        )))
     }
 }
 
@@ -167,11 +225,18 @@ pub struct ToolPairing {
 
 impl ToolPairing {
     /// Walks `nodes` (positional order); `events` is the log window starting at `base_seq`.
-    pub fn build(nodes: &[u64], events: &[SessionEvent], base_seq: u64) -> Result<Self, SessionError> {
+    pub fn build(
+        nodes: &[u64],
+        events: &[SessionEvent],
+        base_seq: u64,
+    ) -> Result<Self, SessionError> {
         let mut total = 0_i64;
         let mut totals = Vec::with_capacity(nodes.len());
         for &seq in nodes {
-            let event = seq.checked_sub(base_seq).and_then(|offset| events.get(offset as usize)).filter(|event| event.seq == seq);
+            let event = seq
+                .checked_sub(base_seq)
+                .and_then(|offset| events.get(offset as usize))
+                .filter(|event| event.seq == seq);
             let Some(event) = event else {
                 return Err(fail(format!("tool-pairing balance: surface seq {seq} has no matching session event (corrupt surface)")));
             };
@@ -207,7 +272,10 @@ fn node_delta(event: &SessionEvent) -> i64 {
         ASSISTANT_MESSAGE => {
             let data = event.data_value();
             let blocks = data.pointer("/message/content").and_then(Value::as_array);
-            let calls = blocks.into_iter().flatten().filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"));
+            let calls = blocks
+                .into_iter()
+                .flatten()
+                .filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"));
             calls.count() as i64
         }
         TOOL_RESULT => -1,

@@ -49,20 +49,35 @@ impl RepairScan {
     fn register_calls(&mut self, data: &Value) {
         let step = data.get("step").cloned().unwrap_or(Value::Null);
         let blocks = data.pointer("/message/content").and_then(Value::as_array);
-        let calls = blocks.into_iter().flatten().filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"));
+        let calls = blocks
+            .into_iter()
+            .flatten()
+            .filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"));
         for block in calls {
             let call_id = key_text(block.get("id"));
             // A JS Map keeps the first insertion position when a key is set again.
-            match self.pending.iter_mut().find(|pending| pending.call_id == call_id) {
+            match self
+                .pending
+                .iter_mut()
+                .find(|pending| pending.call_id == call_id)
+            {
                 Some(existing) => existing.step = step.clone(),
-                None => self.pending.push(PendingCall { call_id, step: step.clone(), call_seq: None }),
+                None => self.pending.push(PendingCall {
+                    call_id,
+                    step: step.clone(),
+                    call_seq: None,
+                }),
             }
         }
     }
 
     fn record_start(&mut self, data: &Value, seq: u64) {
         let call_id = key_text(data.get("callId"));
-        if let Some(pending) = self.pending.iter_mut().find(|pending| pending.call_id == call_id) {
+        if let Some(pending) = self
+            .pending
+            .iter_mut()
+            .find(|pending| pending.call_id == call_id)
+        {
             pending.call_seq = Some(seq);
         }
     }
@@ -106,19 +121,30 @@ pub fn interrupted_turn_closers(events: &[SessionEvent]) -> Vec<SessionEvent> {
     let mut seq = last.seq + 1;
     let mut closers = Vec::new();
     for pending in &scan.pending {
-        let mut result = closer(TOOL_RESULT, seq, last.time, tool_result_closer_data(&turn, pending, seq));
+        let mut result = closer(
+            TOOL_RESULT,
+            seq,
+            last.time,
+            tool_result_closer_data(&turn, pending, seq),
+        );
         result.surface_op = Some(SurfaceOp::Append);
         result.source_event_seqs = pending.call_seq.map(|call_seq| vec![call_seq]);
         closers.push(result);
         seq += 1;
     }
     if let Some(step) = &scan.open_step {
-        let data = ObjectText::new().raw("turn", &turn).raw("step", &js_text(step)).finish();
+        let data = ObjectText::new()
+            .raw("turn", &turn)
+            .raw("step", &js_text(step))
+            .finish();
         closers.push(closer("step/end", seq, last.time, data));
         seq += 1;
     }
     let reason = ObjectText::new().string("kind", "interrupted").finish();
-    let data = ObjectText::new().raw("turn", &turn).raw("reason", &reason).finish();
+    let data = ObjectText::new()
+        .raw("turn", &turn)
+        .raw("reason", &reason)
+        .finish();
     closers.push(closer("turn/end", seq, last.time, data));
     closers
 }
@@ -137,25 +163,41 @@ fn closer(event_type: &str, seq: u64, time: i64, data: String) -> SessionEvent {
 
 fn tool_result_closer_data(turn: &str, pending: &PendingCall, seq: u64) -> String {
     let (text, name, code) = match pending.call_seq {
-        Some(_) => (OUTCOME_UNKNOWN_TEXT, "ToolOutcomeUnknownError", "TOOL_OUTCOME_UNKNOWN"),
+        Some(_) => (
+            OUTCOME_UNKNOWN_TEXT,
+            "ToolOutcomeUnknownError",
+            "TOOL_OUTCOME_UNKNOWN",
+        ),
         None => (NOT_STARTED_TEXT, "ToolNotStartedError", "TOOL_NOT_STARTED"),
     };
     let call_id = &pending.call_id;
-    let text_block = ObjectText::new().string("type", "text").string("text", text).finish();
+    let text_block = ObjectText::new()
+        .string("type", "text")
+        .string("text", text)
+        .finish();
     let result_block = ObjectText::new()
         .string("type", "tool-result")
         .string("toolCallId", call_id)
         .raw("isError", "true")
         .raw("content", &format!("[{text_block}]"))
         .finish();
-    let source = ObjectText::new().string("kind", "tool").string("callId", call_id).finish();
+    let source = ObjectText::new()
+        .string("kind", "tool")
+        .string("callId", call_id)
+        .finish();
     let message = ObjectText::new()
-        .raw("id", &string_text(&format!("interrupted-tool-result-{call_id}-{seq}")))
+        .raw(
+            "id",
+            &string_text(&format!("interrupted-tool-result-{call_id}-{seq}")),
+        )
         .string("role", "user")
         .raw("source", &source)
         .raw("content", &format!("[{result_block}]"))
         .finish();
-    let error = ObjectText::new().string("name", name).string("code", code).finish();
+    let error = ObjectText::new()
+        .string("name", name)
+        .string("code", code)
+        .finish();
     ObjectText::new()
         .raw("turn", turn)
         .raw("step", &js_text(&pending.step))

@@ -29,7 +29,11 @@ pub fn validate_seed(events: &[SessionEvent], mode: SeedMode) -> Result<SurfaceF
 }
 
 /// The per-event seed checks that precede the surface fold (model §1.6 steps 1-6).
-pub fn validate_seed_event(index: usize, event: &SessionEvent, mode: SeedMode) -> Result<(), SessionError> {
+pub fn validate_seed_event(
+    index: usize,
+    event: &SessionEvent,
+    mode: SeedMode,
+) -> Result<(), SessionError> {
     if mode == SeedMode::Snapshot && !is_lossless(event.data.get()) {
         return Err(SessionError::NotLossless { index });
     }
@@ -40,12 +44,19 @@ pub fn validate_seed_event(index: usize, event: &SessionEvent, mode: SeedMode) -
     if event.event_type == "request/header" {
         check_request_header(&data, index)?;
     }
-    check_message_shape(&event.event_type, &data, &format!("seed {} at index {index}", event.event_type))?;
+    check_message_shape(
+        &event.event_type,
+        &data,
+        &format!("seed {} at index {index}", event.event_type),
+    )?;
     if is_fallback_header(&event.event_type, &data) {
         return Err(SessionError::SeedHeaderFallback { index });
     }
     if event.seq != index as u64 {
-        return Err(SessionError::SeedNotContiguous { index, seq: event.seq });
+        return Err(SessionError::SeedNotContiguous {
+            index,
+            seq: event.seq,
+        });
     }
     Ok(())
 }
@@ -83,7 +94,11 @@ pub struct RestoredSession {
 /// shape checks, the vocabulary check, crash repair, restore validation, end-seed.
 /// Validation failures are wrapped as DSH's `SessionPersistenceCorruptionError` text; the
 /// vocabulary refusal is not (DSH never wraps `SessionFormatUnsupportedError`).
-pub fn restore_session(session_id: &str, stored: &[SessionEvent], now: i64) -> Result<RestoredSession, SessionError> {
+pub fn restore_session(
+    session_id: &str,
+    stored: &[SessionEvent],
+    now: i64,
+) -> Result<RestoredSession, SessionError> {
     let corrupt = |error: SessionError| SessionError::StoredValidation {
         session_id: session_id.to_owned(),
         source: Box::new(error),
@@ -100,7 +115,13 @@ pub fn restore_session(session_id: &str, stored: &[SessionEvent], now: i64) -> R
         surface.apply(&marker).map_err(corrupt)?;
         events.push(marker);
     }
-    Ok(RestoredSession { events, closers, migrated_seqs: migrated.migrated_seqs, first_live_seq, surface })
+    Ok(RestoredSession {
+        events,
+        closers,
+        migrated_seqs: migrated.migrated_seqs,
+        first_live_seq,
+        surface,
+    })
 }
 
 /// `adoptStoredEvents` message-shape pass, with DSH's import subject.
@@ -113,7 +134,9 @@ fn check_import_shapes(events: &[SessionEvent]) -> Result<(), SessionError> {
 
 /// The read side refuses unknown types unless marked `ignorable` (persistence §2.9).
 pub fn check_known_types(session_id: &str, events: &[SessionEvent]) -> Result<(), SessionError> {
-    let unknown = events.iter().find(|event| !event.ignorable && !is_known_event_type(&event.event_type));
+    let unknown = events
+        .iter()
+        .find(|event| !event.ignorable && !is_known_event_type(&event.event_type));
     match unknown {
         Some(event) => Err(SessionError::UnknownRequiredType {
             session_id: session_id.to_owned(),
@@ -126,26 +149,53 @@ pub fn check_known_types(session_id: &str, events: &[SessionEvent]) -> Result<()
 
 /// Validates a fork boundary like `SessionStore.fork` (§7 steps 3-4) and returns the
 /// effective boundary: `None` for the default boundary of an empty source (empty seed).
-pub fn validate_fork_boundary(session_id: &str, events: &[SessionEvent], boundary: Option<u64>) -> Result<Option<u64>, SessionError> {
+pub fn validate_fork_boundary(
+    session_id: &str,
+    events: &[SessionEvent],
+    boundary: Option<u64>,
+) -> Result<Option<u64>, SessionError> {
     let Some(boundary) = boundary.or_else(|| events.last().map(|event| event.seq)) else {
         return Ok(None);
     };
     if boundary > MAX_SAFE_INTEGER {
         let boundary = boundary.to_string();
-        return Err(SessionError::ForkBoundaryNotSafeInteger { session_id: session_id.to_owned(), boundary });
+        return Err(SessionError::ForkBoundaryNotSafeInteger {
+            session_id: session_id.to_owned(),
+            boundary,
+        });
     }
-    let Some(event) = usize::try_from(boundary).ok().and_then(|index| events.get(index)) else {
+    let Some(event) = usize::try_from(boundary)
+        .ok()
+        .and_then(|index| events.get(index))
+    else {
         let last_seq = events.last().map(|event| event.seq);
-        return Err(SessionError::ForkBoundaryMissing { session_id: session_id.to_owned(), boundary, last_seq });
+        return Err(SessionError::ForkBoundaryMissing {
+            session_id: session_id.to_owned(),
+            boundary,
+            last_seq,
+        });
     };
     if event.seq != boundary {
-        return Err(SessionError::ForkBoundaryNotContiguous { session_id: session_id.to_owned(), boundary });
+        return Err(SessionError::ForkBoundaryNotContiguous {
+            session_id: session_id.to_owned(),
+            boundary,
+        });
     }
     let prefix = &events[..=boundary as usize];
-    let last_bracket = prefix.iter().rev().find(|event| matches!(event.event_type.as_str(), "turn/start" | "turn/end"));
+    let last_bracket = prefix
+        .iter()
+        .rev()
+        .find(|event| matches!(event.event_type.as_str(), "turn/start" | "turn/end"));
     if let Some(open) = last_bracket.filter(|event| event.event_type == "turn/start") {
-        let turn = open.data_value().get("turn").map_or_else(|| "undefined".to_owned(), turn_text);
-        return Err(SessionError::ForkOpenTurn { session_id: session_id.to_owned(), boundary, turn });
+        let turn = open
+            .data_value()
+            .get("turn")
+            .map_or_else(|| "undefined".to_owned(), turn_text);
+        return Err(SessionError::ForkOpenTurn {
+            session_id: session_id.to_owned(),
+            boundary,
+            turn,
+        });
     }
     Ok(Some(boundary))
 }
@@ -159,7 +209,11 @@ fn turn_text(turn: &serde_json::Value) -> String {
 
 /// The child's seed for a fork: the source's events `0..=boundary`, copied verbatim. The
 /// child session appends its own end-seed (see [`end_seed_marker`]).
-pub fn fork_seed(session_id: &str, events: &[SessionEvent], boundary: Option<u64>) -> Result<Vec<SessionEvent>, SessionError> {
+pub fn fork_seed(
+    session_id: &str,
+    events: &[SessionEvent],
+    boundary: Option<u64>,
+) -> Result<Vec<SessionEvent>, SessionError> {
     let boundary = validate_fork_boundary(session_id, events, boundary)?;
     Ok(boundary.map_or_else(Vec::new, |boundary| events[..=boundary as usize].to_vec()))
 }

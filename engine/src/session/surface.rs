@@ -77,7 +77,11 @@ impl SurfaceFold {
     /// A fold over a window whose first event has absolute seq `base_seq`. Nodes before
     /// the window are unknown, so a replace reaching them fails as "not found" (as in DSH).
     pub fn with_base_seq(base_seq: u64) -> Self {
-        Self { next_seq: base_seq, nodes: Vec::new(), replace_generation: 0 }
+        Self {
+            next_seq: base_seq,
+            nodes: Vec::new(),
+            replace_generation: 0,
+        }
     }
 
     /// The seqs visible to the model, in positional order (not necessarily sorted).
@@ -114,7 +118,10 @@ impl SurfaceFold {
 
     fn plan(&self, event: &SessionEvent) -> Result<SurfaceChange, SessionError> {
         if event.seq != self.next_seq {
-            return Err(SessionError::SeqNotContiguous { seq: event.seq, expected: self.next_seq });
+            return Err(SessionError::SeqNotContiguous {
+                seq: event.seq,
+                expected: self.next_seq,
+            });
         }
         match surface_op_of(event)? {
             None => Ok(SurfaceChange::Unchanged),
@@ -126,14 +133,27 @@ impl SurfaceFold {
         }
     }
 
-    fn plan_replace(&self, event: &SessionEvent, start: u64, end: u64) -> Result<SurfaceChange, SessionError> {
+    fn plan_replace(
+        &self,
+        event: &SessionEvent,
+        start: u64,
+        end: u64,
+    ) -> Result<SurfaceChange, SessionError> {
         let (start_index, end_index) = self.replacement_range(start, end)?;
-        let shadowed_seqs: Vec<u64> = self.nodes[start_index..=end_index].iter().map(|node| node.seq).collect();
+        let shadowed_seqs: Vec<u64> = self.nodes[start_index..=end_index]
+            .iter()
+            .map(|node| node.seq)
+            .collect();
         check_provenance(event, &shadowed_seqs)?;
         if event.event_type == TOOL_RESULT {
             self.check_tool_result_rewrite(event, start_index, end_index)?;
         }
-        Ok(SurfaceChange::Replaced(SurfaceReplacement { seq: event.seq, start, end, shadowed_seqs }))
+        Ok(SurfaceChange::Replaced(SurfaceReplacement {
+            seq: event.seq,
+            start,
+            end,
+            shadowed_seqs,
+        }))
     }
 
     fn replacement_range(&self, start: u64, end: u64) -> Result<(usize, usize), SessionError> {
@@ -141,12 +161,22 @@ impl SurfaceFold {
         let start_index = position(start).ok_or(SessionError::ReplaceStartNotFound { start })?;
         let end_index = position(end).ok_or(SessionError::ReplaceEndNotFound { end })?;
         if start_index > end_index {
-            return Err(SessionError::ReplaceReversed { start, start_index, end, end_index });
+            return Err(SessionError::ReplaceReversed {
+                start,
+                start_index,
+                end,
+                end_index,
+            });
         }
         Ok((start_index, end_index))
     }
 
-    fn check_tool_result_rewrite(&self, event: &SessionEvent, start_index: usize, end_index: usize) -> Result<(), SessionError> {
+    fn check_tool_result_rewrite(
+        &self,
+        event: &SessionEvent,
+        start_index: usize,
+        end_index: usize,
+    ) -> Result<(), SessionError> {
         if start_index != end_index {
             return Err(SessionError::ToolResultRewriteNotSingle);
         }
@@ -164,14 +194,17 @@ impl SurfaceFold {
         let node = || SurfaceNode {
             seq: event.seq,
             message: projected_message(event),
-            rewrite_key: (event.event_type == TOOL_RESULT).then(|| rewrite_key(&event.data_value())),
+            rewrite_key: (event.event_type == TOOL_RESULT)
+                .then(|| rewrite_key(&event.data_value())),
         };
         match change {
             SurfaceChange::Unchanged => {}
             SurfaceChange::Appended => self.nodes.push(node()),
             SurfaceChange::Replaced(replacement) => {
                 let position = |seq| self.nodes.iter().position(|node| node.seq == seq);
-                if let (Some(first), Some(last)) = (position(replacement.start), position(replacement.end)) {
+                if let (Some(first), Some(last)) =
+                    (position(replacement.start), position(replacement.end))
+                {
                     self.nodes.splice(first..=last, [node()]);
                     self.replace_generation += 1;
                 }
@@ -181,13 +214,18 @@ impl SurfaceFold {
 
     /// `deriveMessages()`: the message of every visible node in order, exact JSON text.
     pub fn derive_message_texts(&self) -> Vec<&RawValue> {
-        self.nodes.iter().filter_map(|node| node.message.as_deref()).collect()
+        self.nodes
+            .iter()
+            .filter_map(|node| node.message.as_deref())
+            .collect()
     }
 
     /// `deriveMessages()` as values (lone surrogates become U+FFFD; use the texts for bytes).
     pub fn derive_messages(&self) -> Vec<Value> {
         let texts = self.derive_message_texts().into_iter();
-        texts.map(|text| json::value_lossy(text.get()).unwrap_or(Value::Null)).collect()
+        texts
+            .map(|text| json::value_lossy(text.get()).unwrap_or(Value::Null))
+            .collect()
     }
 }
 
@@ -204,7 +242,10 @@ pub fn fold_surface(events: &[SessionEvent]) -> Result<SurfaceFoldResult, Sessio
             replacements.push(replacement);
         }
     }
-    Ok(SurfaceFoldResult { nodes: fold.nodes(), replacements })
+    Ok(SurfaceFoldResult {
+        nodes: fold.nodes(),
+        replacements,
+    })
 }
 
 /// `surfaceOpOf` (§3.3 a): the marker of a surface event, `None` for a log-only event.
@@ -212,15 +253,21 @@ fn surface_op_of(event: &SessionEvent) -> Result<Option<SurfaceOp>, SessionError
     let event_type = || event.event_type.clone();
     if !super::event::is_surface_eligible_type(&event.event_type) {
         if event.surface_op.is_some() {
-            return Err(SessionError::SurfaceOpOnIneligible { event_type: event_type() });
+            return Err(SessionError::SurfaceOpOnIneligible {
+                event_type: event_type(),
+            });
         }
         if event.source_event_seqs.is_some() {
-            return Err(SessionError::SourcesOnIneligible { event_type: event_type() });
+            return Err(SessionError::SourcesOnIneligible {
+                event_type: event_type(),
+            });
         }
         return Ok(None);
     }
     match event.surface_op {
-        None => Err(SessionError::MissingSurfaceOp { event_type: event_type() }),
+        None => Err(SessionError::MissingSurfaceOp {
+            event_type: event_type(),
+        }),
         some => Ok(some),
     }
 }
@@ -228,17 +275,30 @@ fn surface_op_of(event: &SessionEvent) -> Result<Option<SurfaceOp>, SessionError
 /// `assertProvenance` (§3.3 b); `shadowed` is empty for an append.
 fn check_provenance(event: &SessionEvent, shadowed: &[u64]) -> Result<(), SessionError> {
     let sources: &[u64] = event.source_event_seqs.as_deref().unwrap_or(&[]);
-    if event.source_event_seqs.is_some() && sources.is_empty() && event.event_type != ASSISTANT_MESSAGE {
+    if event.source_event_seqs.is_some()
+        && sources.is_empty()
+        && event.event_type != ASSISTANT_MESSAGE
+    {
         return Err(SessionError::SourcesEmpty);
     }
-    let has_duplicates = sources.iter().enumerate().any(|(index, seq)| sources[..index].contains(seq));
+    let has_duplicates = sources
+        .iter()
+        .enumerate()
+        .any(|(index, seq)| sources[..index].contains(seq));
     if has_duplicates {
         return Err(SessionError::SourcesDuplicate);
     }
     if let Some(offender) = sources.iter().find(|source| **source >= event.seq) {
-        return Err(SessionError::SourcesNotEarlier { offender: *offender, seq: event.seq });
+        return Err(SessionError::SourcesNotEarlier {
+            offender: *offender,
+            seq: event.seq,
+        });
     }
-    let missing: Vec<u64> = shadowed.iter().copied().filter(|seq| !sources.contains(seq)).collect();
+    let missing: Vec<u64> = shadowed
+        .iter()
+        .copied()
+        .filter(|seq| !sources.contains(seq))
+        .collect();
     if !missing.is_empty() {
         return Err(SessionError::ReplaceMissingShadowed { missing });
     }
@@ -265,7 +325,9 @@ fn projected_message(event: &SessionEvent) -> Option<Box<RawValue>> {
 /// `content` is nulled: everything else must survive a rewrite unchanged (§3.4).
 fn rewrite_key(data: &Value) -> Value {
     let mut key = data.clone();
-    let content = key.get_mut("message").and_then(|message| message.get_mut("content"));
+    let content = key
+        .get_mut("message")
+        .and_then(|message| message.get_mut("content"));
     if let Some(content) = content {
         if let Some(mut block) = content.get(0).cloned() {
             if let Some(block_map) = block.as_object_mut() {
