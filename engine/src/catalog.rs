@@ -1,0 +1,150 @@
+//! L4: the in-memory catalog: sessions, interned event types, and the seq index
+//! `(session, seq) → position` (rebuilt by the recovery scan on open).
+
+use std::collections::HashMap;
+
+/// Where one event's frame lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub segment: u64,
+    pub offset: u64,
+    /// Header plus payload, in bytes.
+    pub frame_bytes: u32,
+}
+
+impl Position {
+    pub fn end(&self) -> u64 {
+        self.offset + u64::from(self.frame_bytes)
+    }
+}
+
+/// One session in the catalog.
+#[derive(Debug, Clone)]
+pub struct SessionEntry {
+    pub id: String,
+    pub number: u32,
+    /// The header exactly as it was given (JSON text).
+    pub header_json: String,
+    /// Position of every event, indexed by seq.
+    pub positions: Vec<Position>,
+    /// Whether a writer handle is alive for this session.
+    pub has_writer: bool,
+}
+
+/// Sessions and event types known to the store.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub sessions: HashMap<u32, SessionEntry>,
+    pub by_id: HashMap<String, u32>,
+    pub type_names: HashMap<u32, String>,
+    pub type_by_name: HashMap<String, u32>,
+    next_session: u32,
+    next_type: u32,
+}
+
+/// Extracts the `id` string of a session header.
+pub fn header_id(header_json: &[u8]) -> Result<String, String> {
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        id: String,
+    }
+    serde_json::from_slice::<IdOnly>(header_json)
+        .map(|header| header.id)
+        .map_err(|error| format!("session header has no string id: {error}"))
+}
+
+impl Catalog {
+    /// Records a session header found in the log (or re-emitted in a later segment).
+    pub fn define_session(&mut self, number: u32, header_json: &[u8]) -> Result<(), String> {
+        if let Some(existing) = self.sessions.get(&number) {
+            if existing.header_json.as_bytes() != header_json {
+                return Err(format!("session {number} redefined with another header"));
+            }
+            return Ok(());
+        }
+        let text = std::str::from_utf8(header_json)
+            .map_err(|_| "session header is not UTF-8".to_string())?;
+        let id = header_id(header_json)?;
+        if self.by_id.contains_key(&id) {
+            return Err(format!("session id {id:?} defined twice"));
+        }
+        self.insert_session(number, id, text.to_string());
+        Ok(())
+    }
+
+    fn insert_session(&mut self, number: u32, id: String, header_json: String) {
+        self.by_id.insert(id.clone(), number);
+        self.sessions.insert(
+            number,
+            SessionEntry {
+                id,
+                number,
+                header_json,
+                positions: Vec::new(),
+                has_writer: false,
+            },
+        );
+        self.next_session = self.next_session.max(number.saturating_add(1));
+    }
+
+    /// Reserves a number for a new session (before its header is committed).
+    pub fn reserve_session(&mut self, id: String, header_json: String) -> u32 {
+        let number = self.next_session;
+        self.insert_session(number, id, header_json);
+        number
+    }
+
+    /// Forgets a reserved session whose header could not be committed.
+    pub fn unreserve_session(&mut self, number: u32) {
+        if let Some(entry) = self.sessions.remove(&number) {
+            self.by_id.remove(&entry.id);
+        }
+    }
+
+    /// Records a type definition found in the log.
+    pub fn define_type(&mut self, number: u32, name: &[u8]) -> Result<(), String> {
+        let name = std::str::from_utf8(name).map_err(|_| "type name is not UTF-8".to_string())?;
+        if let Some(existing) = self.type_names.get(&number) {
+            if existing != name {
+                return Err(format!("type {number} redefined as {name:?}"));
+            }
+            return Ok(());
+        }
+        if self.type_by_name.contains_key(name) {
+            return Err(format!("type {name:?} defined twice"));
+        }
+        self.type_names.insert(number, name.to_string());
+        self.type_by_name.insert(name.to_string(), number);
+        self.next_type = self.next_type.max(number.saturating_add(1));
+        Ok(())
+    }
+
+    /// The number of an event type, interning it when new.
+    pub fn intern_type(&mut self, name: &str) -> u32 {
+        if let Some(number) = self.type_by_name.get(name) {
+            return *number;
+        }
+        let number = self.next_type;
+        self.next_type += 1;
+        self.type_names.insert(number, name.to_string());
+        self.type_by_name.insert(name.to_string(), number);
+        number
+    }
+
+    /// Indexes a committed event; its seq must be the session's next.
+    pub fn push_event(&mut self, session: u32, seq: u64, position: Position) -> Result<(), String> {
+        let entry = self
+            .sessions
+            .get_mut(&session)
+            .ok_or_else(|| format!("event for undefined session {session}"))?;
+        if seq != entry.positions.len() as u64 {
+            return Err(format!(
+                "session {:?} seq {seq} is not contiguous; expected {}",
+                entry.id,
+                entry.positions.len()
+            ));
+        }
+        entry.positions.push(position);
+        Ok(())
+    }
+}

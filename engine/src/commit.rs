@@ -1,0 +1,613 @@
+//! L3: group commit (format-spec/05-commit-and-recovery.md).
+//!
+//! Appenders encode their batch under the log's lock (so the bytes know their segment, salt
+//! and offset) and queue them; one committer thread writes everything queued with one write
+//! per segment and one `fdatasync`, then wakes the waiters. A failed write or sync poisons the
+//! log: nothing after it is acknowledged.
+
+use crate::error::{Error, Result};
+use crate::frame::Record;
+use crate::io::{Storage, StorageFile};
+use crate::manifest::{Manifest, SegmentEntry};
+use crate::segment::{create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How durable an append is when it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Returns once the batch is on stable storage (`fdatasync` done).
+    Sync,
+    /// Returns at once; a sync follows within `max_delay` or once `max_bytes` are queued.
+    /// `flush()` waits for it.
+    Batched {
+        max_delay: Duration,
+        max_bytes: usize,
+    },
+    /// Returns once the batch is written to the operating system, never synced by itself:
+    /// survives a process crash, not a power cut.
+    Buffered,
+}
+
+/// Settings of the log.
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    /// Preallocated size of one segment, in bytes.
+    pub segment_bytes: u64,
+    /// Queued bytes above which appenders wait (back-pressure), in bytes.
+    pub max_pending_bytes: usize,
+}
+
+/// What an appender's encoder sees: the segment its bytes go to.
+pub struct SegmentContext {
+    pub segment: u64,
+    pub salt: u64,
+    /// Absolute offset in the segment where the encoded bytes will start.
+    pub base_offset: u64,
+    /// Offset below which the segment is known durable (goes into commit records).
+    pub durable_offset: u64,
+    /// Session numbers whose header record this segment already holds.
+    pub defined_sessions: HashSet<u32>,
+    /// Type numbers whose definition record this segment already holds.
+    pub defined_types: HashSet<u32>,
+}
+
+struct Active {
+    file: Arc<dyn StorageFile>,
+    context: SegmentContext,
+}
+
+struct Chunk {
+    file: Arc<dyn StorageFile>,
+    segment: u64,
+    offset: u64,
+    bytes: Vec<u8>,
+    /// Set on the last chunk of a segment: after writing, sync and trim the file to this size.
+    trim_to: Option<u64>,
+}
+
+struct State {
+    active: Active,
+    manifest: Manifest,
+    queue: VecDeque<Chunk>,
+    queued_bytes: usize,
+    next_ticket: u64,
+    written_ticket: u64,
+    durable_ticket: u64,
+    /// Highest ticket whose appender (or a flush) wants a sync now.
+    sync_wanted: u64,
+    /// Highest ticket that must at least be written now.
+    write_wanted: u64,
+    batched_deadline: Option<Instant>,
+    batched_bytes: usize,
+    batched_max_bytes: usize,
+    /// (segment, offset) up to which queued bytes have been written.
+    written_position: (u64, u64),
+    poisoned: Option<&'static str>,
+    closing: bool,
+    committer_done: bool,
+    sealed: bool,
+}
+
+struct Shared {
+    storage: Arc<dyn Storage>,
+    options: LogOptions,
+    state: Mutex<State>,
+    work: Condvar,
+    done: Condvar,
+    space: Condvar,
+}
+
+/// The write-ahead log: segments plus the committer thread.
+pub struct Log {
+    shared: Arc<Shared>,
+    committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The ticket of a queued batch and where its bytes start.
+#[derive(Debug, Clone, Copy)]
+pub struct Submitted {
+    pub ticket: u64,
+    pub segment: u64,
+    pub offset: u64,
+}
+
+/// A fresh random salt: segments must never share one, so that stale bytes never validate.
+pub fn new_salt() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos())
+        .unwrap_or(0);
+    hasher.write_u128(nanos);
+    hasher.finish()
+}
+
+impl Log {
+    /// Starts the log on an open active segment (its data ends at `tail`, durable up to there).
+    pub fn start(
+        storage: Arc<dyn Storage>,
+        options: LogOptions,
+        manifest: Manifest,
+        file: Arc<dyn StorageFile>,
+        segment: u64,
+        salt: u64,
+        tail: u64,
+    ) -> Log {
+        let state = State {
+            active: Active {
+                file,
+                context: SegmentContext {
+                    segment,
+                    salt,
+                    base_offset: tail,
+                    durable_offset: tail,
+                    defined_sessions: HashSet::new(),
+                    defined_types: HashSet::new(),
+                },
+            },
+            manifest,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            next_ticket: 1,
+            written_ticket: 0,
+            durable_ticket: 0,
+            sync_wanted: 0,
+            write_wanted: 0,
+            batched_deadline: None,
+            batched_bytes: 0,
+            batched_max_bytes: usize::MAX,
+            written_position: (segment, tail),
+            poisoned: None,
+            closing: false,
+            committer_done: false,
+            sealed: false,
+        };
+        let shared = Arc::new(Shared {
+            storage,
+            options,
+            state: Mutex::new(state),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            space: Condvar::new(),
+        });
+        let worker = shared.clone();
+        let committer = std::thread::Builder::new()
+            .name("dshdb-committer".to_string())
+            .spawn(move || worker.run_committer())
+            .ok();
+        Log {
+            shared,
+            committer: Mutex::new(committer),
+        }
+    }
+
+    /// Encodes a batch with `encode` into the active segment's queue and returns its ticket.
+    /// `encode` may run twice (again after a segment roll); it must only append to `out`.
+    /// It returns the batch size limit check's verdict as an error to refuse the batch.
+    pub fn submit<T>(
+        &self,
+        durability: Durability,
+        mut encode: impl FnMut(&mut SegmentContext, &mut Vec<u8>) -> Result<T>,
+    ) -> Result<(Submitted, T)> {
+        let shared = &self.shared;
+        let mut state = shared.state.lock();
+        loop {
+            state.check_usable()?;
+            if state.queued_bytes <= shared.options.max_pending_bytes {
+                break;
+            }
+            shared.space.wait(&mut state);
+        }
+        let mut bytes = Vec::new();
+        let mut context_snapshot = state.active.context.clone_sets();
+        let mut outcome = encode(&mut context_snapshot, &mut bytes)?;
+        let limit = shared.options.segment_bytes - SEGMENT_HEADER_BYTES - SEAL_FRAME_BYTES;
+        if bytes.len() as u64 > limit {
+            return Err(Error::TooLarge {
+                what: "batch",
+                size: bytes.len() as u64,
+                limit,
+            });
+        }
+        let fits = state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES
+            <= shared.options.segment_bytes;
+        if !fits {
+            shared.roll(&mut state)?;
+            bytes.clear();
+            context_snapshot = state.active.context.clone_sets();
+            outcome = encode(&mut context_snapshot, &mut bytes)?;
+        }
+        let ticket = state.next_ticket;
+        let context = &mut state.active.context;
+        context.defined_sessions = context_snapshot.defined_sessions;
+        context.defined_types = context_snapshot.defined_types;
+        let submitted = Submitted {
+            ticket,
+            segment: context.segment,
+            offset: context.base_offset,
+        };
+        context.base_offset += bytes.len() as u64;
+        state.next_ticket += 1;
+        state.note_durability(durability, bytes.len(), submitted.ticket);
+        let file = state.active.file.clone();
+        state.enqueue(file, submitted.segment, submitted.offset, bytes, None);
+        shared.work.notify_one();
+        Ok((submitted, outcome))
+    }
+
+    /// Waits until `ticket` is written (`Buffered`) or durable (otherwise).
+    pub fn wait(&self, ticket: u64, durable: bool) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        loop {
+            let reached = if durable {
+                state.durable_ticket >= ticket
+            } else {
+                state.written_ticket >= ticket
+            };
+            if reached {
+                return Ok(());
+            }
+            if let Some(operation) = state.poisoned {
+                return Err(Error::Poisoned { operation });
+            }
+            if state.committer_done {
+                return Err(Error::Closed);
+            }
+            self.shared.done.wait(&mut state);
+        }
+    }
+
+    /// Makes everything queued so far durable.
+    pub fn flush(&self) -> Result<()> {
+        let ticket = {
+            let mut state = self.shared.state.lock();
+            let last = state.next_ticket - 1;
+            state.sync_wanted = state.sync_wanted.max(last);
+            state.write_wanted = state.write_wanted.max(last);
+            if state.durable_ticket < last {
+                // A flush after buffered writes with nothing new queued still needs a sync.
+                self.shared.work.notify_one();
+            }
+            last
+        };
+        self.wait(ticket, true)
+    }
+
+    /// Waits until the bytes up to (`segment`, `end`) are written, so a reader can read them.
+    pub fn wait_written(&self, segment: u64, end: u64) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        loop {
+            if state.written_position >= (segment, end) {
+                return Ok(());
+            }
+            if let Some(operation) = state.poisoned {
+                return Err(Error::Poisoned { operation });
+            }
+            state.write_wanted = state.next_ticket - 1;
+            self.shared.work.notify_one();
+            self.shared.done.wait(&mut state);
+        }
+    }
+
+    /// The file behind a live segment, for readers.
+    pub fn active_segment(&self) -> (u64, Arc<dyn StorageFile>) {
+        let state = self.shared.state.lock();
+        (state.active.context.segment, state.active.file.clone())
+    }
+
+    /// The salt of a segment the manifest names.
+    pub fn salt_of(&self, segment: u64) -> Option<u64> {
+        let state = self.shared.state.lock();
+        state
+            .manifest
+            .segments
+            .iter()
+            .find(|entry| entry.id == segment)
+            .map(|entry| entry.salt)
+    }
+
+    /// Durable ticket so far (for receipts).
+    pub fn durable_ticket(&self) -> u64 {
+        self.shared.state.lock().durable_ticket
+    }
+
+    /// Whether an earlier failure poisoned the log.
+    pub fn poisoned(&self) -> Option<&'static str> {
+        self.shared.state.lock().poisoned
+    }
+
+    /// Drains the queue, syncs, seals the active segment and stops the committer.
+    /// After this the log takes no more batches.
+    pub fn close(&self) -> Result<()> {
+        {
+            let mut state = self.shared.state.lock();
+            state.closing = true;
+            state.sync_wanted = state.next_ticket - 1;
+            self.shared.work.notify_one();
+        }
+        if let Some(handle) = self.committer.lock().take() {
+            let _ = handle.join();
+        }
+        let mut state = self.shared.state.lock();
+        if state.sealed {
+            return Ok(());
+        }
+        if let Some(operation) = state.poisoned {
+            return Err(Error::Poisoned { operation });
+        }
+        let result = self.shared.seal_active(&state);
+        state.sealed = true;
+        if result.is_err() {
+            state.poisoned = Some("seal");
+        }
+        result
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        let mut state = self.shared.state.lock();
+        state.closing = true;
+        self.shared.work.notify_one();
+        drop(state);
+        if let Some(handle) = self.committer.lock().take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl SegmentContext {
+    fn clone_sets(&self) -> SegmentContext {
+        SegmentContext {
+            segment: self.segment,
+            salt: self.salt,
+            base_offset: self.base_offset,
+            durable_offset: self.durable_offset,
+            defined_sessions: self.defined_sessions.clone(),
+            defined_types: self.defined_types.clone(),
+        }
+    }
+}
+
+impl State {
+    fn check_usable(&self) -> Result<()> {
+        if let Some(operation) = self.poisoned {
+            return Err(Error::Poisoned { operation });
+        }
+        if self.closing {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    fn note_durability(&mut self, durability: Durability, bytes: usize, ticket: u64) {
+        match durability {
+            Durability::Sync => {
+                self.sync_wanted = ticket;
+                self.write_wanted = ticket;
+            }
+            Durability::Buffered => self.write_wanted = ticket,
+            Durability::Batched {
+                max_delay,
+                max_bytes,
+            } => {
+                self.batched_bytes += bytes;
+                self.batched_max_bytes = self.batched_max_bytes.min(max_bytes);
+                if self.batched_deadline.is_none() {
+                    self.batched_deadline = Some(Instant::now() + max_delay);
+                }
+            }
+        }
+    }
+
+    fn enqueue(
+        &mut self,
+        file: Arc<dyn StorageFile>,
+        segment: u64,
+        offset: u64,
+        bytes: Vec<u8>,
+        trim_to: Option<u64>,
+    ) {
+        self.queued_bytes += bytes.len();
+        // Appending to the previous chunk keeps one write per segment per group.
+        if let Some(last) = self.queue.back_mut() {
+            if last.segment == segment
+                && last.trim_to.is_none()
+                && last.offset + last.bytes.len() as u64 == offset
+            {
+                last.bytes.extend_from_slice(&bytes);
+                last.trim_to = trim_to;
+                return;
+            }
+        }
+        self.queue.push_back(Chunk {
+            file,
+            segment,
+            offset,
+            bytes,
+            trim_to,
+        });
+    }
+
+    /// Whether the committer has something to do right now, and if not, until when to sleep.
+    fn due(&self, now: Instant) -> (bool, Option<Instant>) {
+        let unwritten = self.next_ticket - 1 > self.written_ticket;
+        let unsynced = self.next_ticket - 1 > self.durable_ticket;
+        if self.closing || self.write_wanted > self.written_ticket {
+            return (true, None);
+        }
+        if self.sync_wanted > self.durable_ticket && unsynced {
+            return (true, None);
+        }
+        if self.batched_bytes >= self.batched_max_bytes && (unwritten || unsynced) {
+            return (true, None);
+        }
+        match self.batched_deadline {
+            Some(deadline) if deadline <= now => (true, None),
+            Some(deadline) => (false, Some(deadline)),
+            None => (false, None),
+        }
+    }
+}
+
+impl Shared {
+    /// Starts a new segment: creates and syncs it, names it in the manifest, and queues the
+    /// seal of the old one. Runs under the state lock; rolls are rare (one per segment).
+    fn roll(&self, state: &mut State) -> Result<()> {
+        let id = state.manifest.next_segment_id;
+        let salt = new_salt();
+        let file = create_segment(self.storage.as_ref(), id, salt, self.options.segment_bytes)?;
+        let mut manifest = state.manifest.clone();
+        manifest.segments.push(SegmentEntry { id, salt });
+        manifest.next_segment_id = id + 1;
+        if let Err(error) = manifest.write(self.storage.as_ref()) {
+            let _ = self.storage.remove(&segment_path(id));
+            return Err(error);
+        }
+        state.manifest = manifest;
+        let old = &state.active.context;
+        let mut seal = Vec::new();
+        Record::Seal {
+            used_bytes: old.base_offset,
+            durable_offset: old.durable_offset,
+        }
+        .encode(&mut seal, old.salt);
+        let (old_segment, old_offset) = (old.segment, old.base_offset);
+        let trim = old_offset + seal.len() as u64;
+        let old_file = state.active.file.clone();
+        state.enqueue(old_file, old_segment, old_offset, seal, Some(trim));
+        state.active = Active {
+            file,
+            context: SegmentContext {
+                segment: id,
+                salt,
+                base_offset: SEGMENT_HEADER_BYTES,
+                durable_offset: SEGMENT_HEADER_BYTES,
+                defined_sessions: HashSet::new(),
+                defined_types: HashSet::new(),
+            },
+        };
+        Ok(())
+    }
+
+    fn run_committer(self: Arc<Self>) {
+        let mut state = self.state.lock();
+        loop {
+            let (due, deadline) = state.due(Instant::now());
+            if !due {
+                match deadline {
+                    Some(deadline) => {
+                        self.work.wait_until(&mut state, deadline);
+                    }
+                    None => self.work.wait(&mut state),
+                }
+                continue;
+            }
+            if state.poisoned.is_some() || (state.closing && state.queue.is_empty()) {
+                if state.poisoned.is_none() && state.durable_ticket < state.next_ticket - 1 {
+                    // Closing after buffered writes: make them durable before stopping.
+                    let file = state.active.file.clone();
+                    let last = state.next_ticket - 1;
+                    drop(state);
+                    let synced = file.sync_data();
+                    state = self.state.lock();
+                    match synced {
+                        Ok(()) => state.durable_ticket = last,
+                        Err(_) => state.poisoned = Some("sync"),
+                    }
+                }
+                state.committer_done = true;
+                self.done.notify_all();
+                return;
+            }
+            state = self.commit_group(state);
+        }
+    }
+
+    /// Writes (and syncs when wanted) everything queued; returns with the lock held again.
+    fn commit_group<'a>(
+        &'a self,
+        mut state: parking_lot::MutexGuard<'a, State>,
+    ) -> parking_lot::MutexGuard<'a, State> {
+        let chunks: Vec<Chunk> = state.queue.drain(..).collect();
+        let last_ticket = state.next_ticket - 1;
+        let batched_due = state.batched_deadline.is_some();
+        let sync = state.sync_wanted > state.durable_ticket || batched_due || state.closing;
+        let active_file = state.active.file.clone();
+        let active_segment = state.active.context.segment;
+        drop(state);
+        let outcome = write_chunks(&chunks, sync, &active_file);
+        let mut state = self.state.lock();
+        let written_bytes: usize = chunks.iter().map(|chunk| chunk.bytes.len()).sum();
+        state.queued_bytes -= written_bytes;
+        match outcome {
+            Ok(()) => {
+                state.written_ticket = last_ticket;
+                if let Some(last) = chunks.last() {
+                    state.written_position = (last.segment, last.offset + last.bytes.len() as u64);
+                }
+                if sync {
+                    state.durable_ticket = last_ticket;
+                    state.batched_deadline = None;
+                    state.batched_bytes = 0;
+                    state.batched_max_bytes = usize::MAX;
+                    let position = state.written_position;
+                    if position.0 == active_segment {
+                        let context = &mut state.active.context;
+                        context.durable_offset = context.durable_offset.max(position.1);
+                    }
+                }
+            }
+            Err(operation) => state.poisoned = Some(operation),
+        }
+        self.done.notify_all();
+        self.space.notify_all();
+        state
+    }
+
+    fn seal_active(&self, state: &State) -> Result<()> {
+        let context = &state.active.context;
+        let mut seal = Vec::new();
+        Record::Seal {
+            used_bytes: context.base_offset,
+            durable_offset: context.base_offset,
+        }
+        .encode(&mut seal, context.salt);
+        let file = &state.active.file;
+        let io = |operation| move |error| Error::io(operation, error);
+        file.write_at(&seal, context.base_offset)
+            .map_err(io("seal write"))?;
+        file.set_len(context.base_offset + seal.len() as u64)
+            .map_err(io("seal trim"))?;
+        file.sync_data().map_err(io("seal sync"))
+    }
+}
+
+/// One write per chunk; before moving on to a newer segment the older one is synced, so data
+/// in a newer segment always proves the older one whole (F-05-2).
+fn write_chunks(
+    chunks: &[Chunk],
+    sync: bool,
+    active: &Arc<dyn StorageFile>,
+) -> std::result::Result<(), &'static str> {
+    for chunk in chunks {
+        chunk
+            .file
+            .write_at(&chunk.bytes, chunk.offset)
+            .map_err(|_| "write")?;
+        if let Some(length) = chunk.trim_to {
+            chunk.file.sync_data().map_err(|_| "sync")?;
+            chunk.file.set_len(length).map_err(|_| "trim")?;
+            chunk.file.sync_data().map_err(|_| "sync")?;
+        }
+    }
+    if sync {
+        active.sync_data().map_err(|_| "sync")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,907 @@
+//! `Store` and `SessionWriter`: the only place that wires the layers together.
+
+use crate::catalog::{header_id, Catalog, Position, SessionEntry};
+use crate::commit::{new_salt, Durability, Log, LogOptions, SegmentContext};
+use crate::error::{Error, Result};
+use crate::frame::{decode_frame, EventRecord, Record, EVENT_FIXED_BYTES, MAX_PAYLOAD_BYTES};
+use crate::io::fs::FsStorage;
+use crate::io::{LockGuard, Storage, StorageFile};
+use crate::manifest::{Manifest, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
+use crate::recovery::{recover, LogTail, RecoveryReport};
+use crate::segment::{
+    create_segment, parse_segment_name, segment_path, SEGMENT_HEADER_BYTES, WAL_DIR,
+};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The writer lock file.
+pub const LOCK_FILE: &str = "LOCK";
+/// Default preallocated segment size, in bytes (64 MiB).
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Default queued bytes above which appenders wait, in bytes (64 MiB).
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
+/// Largest `data` text of one event, in bytes: what fits in one record.
+pub const MAX_EVENT_DATA_BYTES: usize = MAX_PAYLOAD_BYTES - EVENT_FIXED_BYTES - 4096;
+/// Largest session header, in bytes.
+pub const MAX_HEADER_BYTES: usize = 1024 * 1024;
+/// Largest event type name, in bytes.
+pub const MAX_TYPE_BYTES: usize = 1024;
+/// Envelope keys besides `type`, `seq`, `time` and `data` that an event may carry.
+pub const ENVELOPE_KEYS: [&str; 3] = ["surfaceOp", "sourceEventSeqs", "ignorable"];
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Create the store when the directory holds none.
+    pub create_if_missing: bool,
+    /// Open without the writer lock; no writes, no repair.
+    pub read_only: bool,
+    /// Durability of appends that do not name one.
+    pub durability: Durability,
+    /// Preallocated size of one segment, in bytes.
+    pub segment_bytes: u64,
+    /// Queued bytes above which appenders wait, in bytes.
+    pub max_pending_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            create_if_missing: true,
+            read_only: false,
+            durability: Durability::Sync,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
+        }
+    }
+}
+
+impl Options {
+    /// `Batched` durability with the usual settings: sync within 5 ms or 1 MiB.
+    pub fn batched() -> Durability {
+        Durability::Batched {
+            max_delay: Duration::from_millis(5),
+            max_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// An event to append. `data` is JSON text, stored exactly as given.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEvent<'a> {
+    pub event_type: &'a str,
+    /// Unix epoch milliseconds; `None` means now.
+    pub time: Option<i64>,
+    pub data: &'a str,
+    /// Further envelope members as JSON object members without braces, in the order they are
+    /// to be exported, e.g. `"sourceEventSeqs":[3],"surfaceOp":"append"`. Empty for none.
+    pub envelope: &'a str,
+}
+
+impl<'a> NewEvent<'a> {
+    pub fn new(event_type: &'a str, data: &'a str) -> Self {
+        NewEvent {
+            event_type,
+            time: None,
+            data,
+            envelope: "",
+        }
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub seq: u64,
+    pub time: i64,
+    pub event_type: String,
+    pub data: String,
+    pub envelope: String,
+    pub flags: u8,
+}
+
+impl Event {
+    /// The event as one DSH JSONL line: `{"type":..,"seq":..,"time":..,"data":..,<envelope>}`.
+    pub fn to_json_line(&self) -> String {
+        let mut line = String::with_capacity(self.data.len() + self.envelope.len() + 64);
+        line.push_str("{\"type\":");
+        line.push_str(&serde_json::Value::String(self.event_type.clone()).to_string());
+        line.push_str(&format!(
+            ",\"seq\":{},\"time\":{},\"data\":",
+            self.seq, self.time
+        ));
+        line.push_str(&self.data);
+        if !self.envelope.is_empty() {
+            line.push(',');
+            line.push_str(&self.envelope);
+        }
+        line.push('}');
+        line
+    }
+}
+
+/// What an append returns: the seqs it got and whether they are durable yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    pub first_seq: u64,
+    /// One past the last seq of the batch (the session's length after it).
+    pub end_seq: u64,
+    pub durable: bool,
+}
+
+/// A session as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub id: String,
+    pub header_json: String,
+    pub events: u64,
+}
+
+struct Inner {
+    storage: Arc<dyn Storage>,
+    options: Options,
+    catalog: RwLock<Catalog>,
+    log: Option<Log>,
+    files: Mutex<HashMap<u64, Arc<dyn StorageFile>>>,
+    salts: RwLock<HashMap<u64, u64>>,
+    report: RecoveryReport,
+    closed: Mutex<bool>,
+    lock: Mutex<Option<Box<dyn LockGuard>>>,
+}
+
+/// An open store. Cheap to clone; all clones share one store.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+/// The one writer of a session inside this process.
+pub struct SessionWriter {
+    store: Store,
+    number: u32,
+    id: String,
+    durability: Durability,
+}
+
+fn io_error(operation: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |error| Error::io(operation, error)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (or creates) the store in directory `path` on the real file system.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Store> {
+        let path = path.as_ref();
+        if options.create_if_missing && !options.read_only {
+            std::fs::create_dir_all(path).map_err(io_error("store directory create"))?;
+        }
+        if !path.is_dir() {
+            return Err(Error::NotAStore {
+                path: path.to_path_buf(),
+            });
+        }
+        Store::open_on(Arc::new(FsStorage::new(path)), options, path)
+    }
+
+    /// Opens a store on any storage (the simulator in tests). `label` names it in errors.
+    pub fn open_on(storage: Arc<dyn Storage>, options: Options, label: &Path) -> Result<Store> {
+        let lock = if options.read_only {
+            None
+        } else {
+            let guard = storage.try_lock(LOCK_FILE).map_err(io_error("lock"))?;
+            Some(guard.ok_or_else(|| Error::Locked {
+                path: label.to_path_buf(),
+            })?)
+        };
+        let manifest = match Manifest::read(storage.as_ref())? {
+            Some(manifest) => manifest,
+            None if options.create_if_missing && !options.read_only => {
+                create_store(storage.as_ref(), label)?
+            }
+            None => {
+                return Err(Error::NotAStore {
+                    path: label.to_path_buf(),
+                })
+            }
+        };
+        let mut recovered = recover(storage.as_ref(), &manifest)?;
+        let salts = manifest
+            .segments
+            .iter()
+            .map(|entry| (entry.id, entry.salt))
+            .collect();
+        let log = if options.read_only {
+            None
+        } else {
+            remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
+            Some(start_log(&storage, &options, manifest, recovered.tail)?)
+        };
+        Ok(Store {
+            inner: Arc::new(Inner {
+                storage,
+                options,
+                catalog: RwLock::new(recovered.catalog),
+                log,
+                files: Mutex::new(HashMap::new()),
+                salts: RwLock::new(salts),
+                report: recovered.report,
+                closed: Mutex::new(false),
+                lock: Mutex::new(lock),
+            }),
+        })
+    }
+
+    /// What recovery found when this store was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.report
+    }
+
+    fn log(&self) -> Result<&Log> {
+        if *self.inner.closed.lock() {
+            return Err(Error::Closed);
+        }
+        self.inner.log.as_ref().ok_or(Error::ReadOnly)
+    }
+
+    /// Creates a session from its DSH header (JSON text, kept verbatim) and returns its writer.
+    pub fn create_session(&self, header_json: &str) -> Result<SessionWriter> {
+        self.create_session_with(header_json, self.inner.options.durability)
+    }
+
+    /// Creates a session with a minimal DSH header `{"version":0,"id":..,"createdAt":now}`.
+    pub fn create_session_with_id(&self, id: &str) -> Result<SessionWriter> {
+        let header = serde_json::json!({"version": 0, "id": id, "createdAt": now_millis()});
+        self.create_session(&header.to_string())
+    }
+
+    fn create_session_with(
+        &self,
+        header_json: &str,
+        durability: Durability,
+    ) -> Result<SessionWriter> {
+        let log = self.log()?;
+        let id = validate_header(header_json)?;
+        let number = {
+            let mut catalog = self.inner.catalog.write();
+            if catalog.by_id.contains_key(&id) {
+                return Err(Error::DuplicateSession { id });
+            }
+            let number = catalog.reserve_session(id.clone(), header_json.to_string());
+            if let Some(entry) = catalog.sessions.get_mut(&number) {
+                entry.has_writer = true;
+            }
+            number
+        };
+        let writer = SessionWriter {
+            store: self.clone(),
+            number,
+            id: id.clone(),
+            durability,
+        };
+        let submitted = log.submit(durability, |context, out| {
+            encode_header_if_new(context, out, number, header_json);
+            encode_commit(context, out, number, 0, 0);
+            Ok(())
+        });
+        let outcome = submitted
+            .and_then(|(submitted, ())| wait_for(log, submitted.ticket, durability).map(|_| ()));
+        if let Err(error) = outcome {
+            if matches!(
+                error,
+                Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed
+            ) {
+                self.inner.catalog.write().unreserve_session(number);
+                std::mem::forget(writer);
+            }
+            return Err(error);
+        }
+        Ok(writer)
+    }
+
+    /// Takes the writer handle of an existing session.
+    pub fn writer(&self, id: &str) -> Result<SessionWriter> {
+        self.log()?;
+        let mut catalog = self.inner.catalog.write();
+        let number = *catalog
+            .by_id
+            .get(id)
+            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+        let entry = catalog
+            .sessions
+            .get_mut(&number)
+            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+        if entry.has_writer {
+            return Err(Error::SessionBusy { id: id.to_string() });
+        }
+        entry.has_writer = true;
+        Ok(SessionWriter {
+            store: self.clone(),
+            number,
+            id: id.to_string(),
+            durability: self.inner.options.durability,
+        })
+    }
+
+    /// Every session, ordered by id.
+    pub fn sessions(&self) -> Vec<SessionSummary> {
+        let catalog = self.inner.catalog.read();
+        let mut list: Vec<SessionSummary> = catalog
+            .sessions
+            .values()
+            .map(|entry| SessionSummary {
+                id: entry.id.clone(),
+                header_json: entry.header_json.clone(),
+                events: entry.positions.len() as u64,
+            })
+            .collect();
+        list.sort_by(|left, right| left.id.cmp(&right.id));
+        list
+    }
+
+    /// One session's summary.
+    pub fn session(&self, id: &str) -> Result<SessionSummary> {
+        self.with_session(id, |entry| SessionSummary {
+            id: entry.id.clone(),
+            header_json: entry.header_json.clone(),
+            events: entry.positions.len() as u64,
+        })
+    }
+
+    fn with_session<T>(&self, id: &str, read: impl FnOnce(&SessionEntry) -> T) -> Result<T> {
+        let catalog = self.inner.catalog.read();
+        let number = catalog
+            .by_id
+            .get(id)
+            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+        let entry = catalog
+            .sessions
+            .get(number)
+            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+        Ok(read(entry))
+    }
+
+    /// The events with seq in `from..to` (clamped to the session's length).
+    pub fn read(&self, id: &str, from: u64, to: u64) -> Result<Vec<Event>> {
+        let (positions, types) = {
+            let catalog = self.inner.catalog.read();
+            let number = catalog
+                .by_id
+                .get(id)
+                .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+            let entry = &catalog.sessions[number];
+            let length = entry.positions.len() as u64;
+            let end = to.min(length);
+            let start = from.min(end);
+            let positions = entry.positions[start as usize..end as usize].to_vec();
+            (positions, catalog.type_names.clone())
+        };
+        let mut events = Vec::with_capacity(positions.len());
+        let mut index = 0;
+        while index < positions.len() {
+            // Read a run of neighbouring frames of one segment with one read.
+            let first = positions[index];
+            let mut last = index;
+            while last + 1 < positions.len()
+                && positions[last + 1].segment == first.segment
+                && positions[last + 1].offset == positions[last].end()
+            {
+                last += 1;
+            }
+            let span_end = positions[last].end();
+            let bytes = self.read_span(first.segment, first.offset, span_end)?;
+            for position in &positions[index..=last] {
+                let start = (position.offset - first.offset) as usize;
+                events.push(self.decode_event(&bytes[start..], position, &types)?);
+            }
+            index = last + 1;
+        }
+        Ok(events)
+    }
+
+    /// One event by seq.
+    pub fn get(&self, id: &str, seq: u64) -> Result<Event> {
+        let length = self.session(id)?.events;
+        if seq >= length {
+            return Err(Error::SeqOutOfRange {
+                id: id.to_string(),
+                seq,
+                length,
+            });
+        }
+        let mut events = self.read(id, seq, seq + 1)?;
+        events.pop().ok_or(Error::SeqOutOfRange {
+            id: id.to_string(),
+            seq,
+            length,
+        })
+    }
+
+    fn salt_of(&self, segment: u64) -> Result<u64> {
+        if let Some(salt) = self.inner.salts.read().get(&segment) {
+            return Ok(*salt);
+        }
+        let salt = self
+            .inner
+            .log
+            .as_ref()
+            .and_then(|log| log.salt_of(segment))
+            .ok_or_else(|| Error::CorruptFile {
+                file: segment_path(segment),
+                reason: "not named by the manifest".to_string(),
+            })?;
+        self.inner.salts.write().insert(segment, salt);
+        Ok(salt)
+    }
+
+    fn read_span(&self, segment: u64, start: u64, end: u64) -> Result<Vec<u8>> {
+        if let Some(log) = &self.inner.log {
+            log.wait_written(segment, end)?;
+        }
+        let file = self.segment_file(segment)?;
+        let mut bytes = vec![0; (end - start) as usize];
+        file.read_exact_at(&mut bytes, start)
+            .map_err(io_error("segment read"))?;
+        Ok(bytes)
+    }
+
+    fn segment_file(&self, segment: u64) -> Result<Arc<dyn StorageFile>> {
+        let mut files = self.inner.files.lock();
+        if let Some(file) = files.get(&segment) {
+            return Ok(file.clone());
+        }
+        let file = self
+            .inner
+            .storage
+            .open_read(&segment_path(segment))
+            .map_err(io_error("segment open"))?;
+        files.insert(segment, file.clone());
+        Ok(file)
+    }
+
+    fn decode_event(
+        &self,
+        bytes: &[u8],
+        position: &Position,
+        types: &HashMap<u32, String>,
+    ) -> Result<Event> {
+        let salt = self.salt_of(position.segment)?;
+        let corrupt = |reason: String| Error::Corrupt {
+            segment: position.segment,
+            offset: position.offset,
+            reason,
+        };
+        let frame = decode_frame(bytes, salt).map_err(|error| corrupt(format!("{error:?}")))?;
+        let Ok(Some(Record::Event(event))) = Record::decode(&frame) else {
+            return Err(corrupt("indexed frame is not an event".to_string()));
+        };
+        let text = |field: &[u8]| {
+            String::from_utf8(field.to_vec())
+                .map_err(|_| corrupt("event text is not UTF-8".to_string()))
+        };
+        Ok(Event {
+            seq: event.seq,
+            time: event.time,
+            event_type: types
+                .get(&event.type_number)
+                .cloned()
+                .ok_or_else(|| corrupt("unknown type number".to_string()))?,
+            data: text(event.data)?,
+            envelope: text(event.envelope)?,
+            flags: event.flags,
+        })
+    }
+
+    /// Makes every append so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.log()?.flush()
+    }
+
+    /// Flushes, seals the active segment and releases the writer lock.
+    /// Later calls on this store (and its clones) fail with [`Error::Closed`].
+    pub fn close(&self) -> Result<()> {
+        let mut closed = self.inner.closed.lock();
+        if *closed {
+            return Ok(());
+        }
+        *closed = true;
+        let outcome = match &self.inner.log {
+            Some(log) => log.close(),
+            None => Ok(()),
+        };
+        self.inner.lock.lock().take();
+        outcome
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !*self.closed.lock() {
+            if let Some(log) = &self.log {
+                // Best effort: a drop cannot report; `close()` is the way to see errors.
+                let _ = log.close();
+            }
+        }
+    }
+}
+
+impl SessionWriter {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Sets the durability of this handle's appends.
+    pub fn set_durability(&mut self, durability: Durability) {
+        self.durability = durability;
+    }
+
+    /// Appends one event.
+    pub fn append(&mut self, event: NewEvent<'_>) -> Result<Receipt> {
+        self.append_batch(&[event])
+    }
+
+    /// Appends events as one atomic batch: after a crash either all of them are there or none.
+    pub fn append_batch(&mut self, events: &[NewEvent<'_>]) -> Result<Receipt> {
+        let inner = &self.store.inner;
+        let log = self.store.log()?;
+        if events.is_empty() {
+            return Err(Error::invalid("an empty batch"));
+        }
+        for event in events {
+            validate_event(event)?;
+        }
+        let now = now_millis();
+        let (type_numbers, type_names) = {
+            let mut catalog = inner.catalog.write();
+            let numbers: Vec<u32> = events
+                .iter()
+                .map(|event| catalog.intern_type(event.event_type))
+                .collect();
+            (numbers, ())
+        };
+        let _ = type_names;
+        let first_seq = inner
+            .catalog
+            .read()
+            .sessions
+            .get(&self.number)
+            .map(|entry| entry.positions.len() as u64)
+            .ok_or_else(|| Error::UnknownSession {
+                id: self.id.clone(),
+            })?;
+        let header_json = inner.catalog.read().sessions[&self.number]
+            .header_json
+            .clone();
+        let number = self.number;
+        let (submitted, positions) = log.submit(self.durability, |context, out| {
+            encode_header_if_new(context, out, number, &header_json);
+            for (event, type_number) in events.iter().zip(&type_numbers) {
+                if context.defined_types.insert(*type_number) {
+                    Record::TypeDefinition {
+                        type_number: *type_number,
+                        name: event.event_type.as_bytes(),
+                    }
+                    .encode(out, context.salt);
+                }
+            }
+            let mut positions = Vec::with_capacity(events.len());
+            for (index, (event, type_number)) in events.iter().zip(&type_numbers).enumerate() {
+                let start = out.len();
+                EventRecord {
+                    session: number,
+                    seq: first_seq + index as u64,
+                    time: event.time.unwrap_or(now),
+                    type_number: *type_number,
+                    flags: 0,
+                    data: event.data.as_bytes(),
+                    envelope: event.envelope.as_bytes(),
+                }
+                .encode(out, context.salt);
+                positions.push(Position {
+                    segment: context.segment,
+                    offset: context.base_offset + start as u64,
+                    frame_bytes: u32::try_from(out.len() - start).unwrap_or(u32::MAX),
+                });
+            }
+            let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
+            encode_commit(context, out, number, first_seq, count);
+            Ok(positions)
+        })?;
+        {
+            let mut catalog = inner.catalog.write();
+            if let Some(entry) = catalog.sessions.get_mut(&number) {
+                entry.positions.extend(positions);
+            }
+        }
+        let durable = wait_for(log, submitted.ticket, self.durability)?;
+        Ok(Receipt {
+            first_seq,
+            end_seq: first_seq + events.len() as u64,
+            durable,
+        })
+    }
+}
+
+impl Drop for SessionWriter {
+    fn drop(&mut self) {
+        if let Some(entry) = self
+            .store
+            .inner
+            .catalog
+            .write()
+            .sessions
+            .get_mut(&self.number)
+        {
+            entry.has_writer = false;
+        }
+    }
+}
+
+/// Waits as the durability asks; returns whether the batch is durable.
+fn wait_for(log: &Log, ticket: u64, durability: Durability) -> Result<bool> {
+    match durability {
+        Durability::Sync => log.wait(ticket, true).map(|()| true),
+        Durability::Buffered => log.wait(ticket, false).map(|()| false),
+        Durability::Batched { .. } => Ok(false),
+    }
+}
+
+fn encode_header_if_new(
+    context: &mut SegmentContext,
+    out: &mut Vec<u8>,
+    number: u32,
+    header_json: &str,
+) {
+    if context.defined_sessions.insert(number) {
+        Record::SessionHeader {
+            session: number,
+            header_json: header_json.as_bytes(),
+        }
+        .encode(out, context.salt);
+    }
+}
+
+fn encode_commit(
+    context: &SegmentContext,
+    out: &mut Vec<u8>,
+    session: u32,
+    first_seq: u64,
+    count: u32,
+) {
+    Record::Commit {
+        session,
+        first_seq,
+        event_count: count,
+        durable_offset: context.durable_offset,
+    }
+    .encode(out, context.salt);
+}
+
+fn validate_header(header_json: &str) -> Result<String> {
+    if header_json.len() > MAX_HEADER_BYTES {
+        return Err(Error::TooLarge {
+            what: "session header",
+            size: header_json.len() as u64,
+            limit: MAX_HEADER_BYTES as u64,
+        });
+    }
+    let value: serde_json::Value = serde_json::from_str(header_json)
+        .map_err(|error| Error::invalid(format!("session header is not JSON: {error}")))?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| Error::invalid("session header is not a JSON object"))?;
+    match object.get("version").and_then(serde_json::Value::as_u64) {
+        Some(0) => {}
+        _ => return Err(Error::invalid("session header version must be 0")),
+    }
+    match object.get("createdAt").and_then(serde_json::Value::as_u64) {
+        Some(created) if created <= (1 << 53) - 1 => {}
+        _ => {
+            return Err(Error::invalid(
+                "session header createdAt must be a safe integer >= 0",
+            ))
+        }
+    }
+    header_id(header_json.as_bytes()).map_err(Error::invalid)
+}
+
+fn validate_event(event: &NewEvent<'_>) -> Result<()> {
+    if event.event_type.is_empty() || event.event_type.len() > MAX_TYPE_BYTES {
+        return Err(Error::invalid(format!(
+            "event type must be 1 to {MAX_TYPE_BYTES} bytes"
+        )));
+    }
+    if event.data.len() > MAX_EVENT_DATA_BYTES {
+        return Err(Error::TooLarge {
+            what: "event data",
+            size: event.data.len() as u64,
+            limit: MAX_EVENT_DATA_BYTES as u64,
+        });
+    }
+    serde_json::from_str::<&serde_json::value::RawValue>(event.data)
+        .map_err(|error| Error::invalid(format!("event data is not valid JSON: {error}")))?;
+    if event.envelope.is_empty() {
+        return Ok(());
+    }
+    let members: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&format!("{{{}}}", event.envelope)).map_err(|error| {
+            Error::invalid(format!("event envelope is not JSON members: {error}"))
+        })?;
+    if let Some(key) = members
+        .keys()
+        .find(|key| !ENVELOPE_KEYS.contains(&key.as_str()))
+    {
+        return Err(Error::invalid(format!(
+            "event envelope key {key:?} is not allowed"
+        )));
+    }
+    Ok(())
+}
+
+fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
+    let existing = storage.list("").map_err(io_error("store list"))?;
+    let foreign = existing
+        .iter()
+        .any(|name| name != LOCK_FILE && name != MANIFEST_TEMP_FILE && name != WAL_DIR);
+    if foreign {
+        return Err(Error::NotAStore {
+            path: label.to_path_buf(),
+        });
+    }
+    storage
+        .create_dir(WAL_DIR)
+        .map_err(io_error("store create"))?;
+    storage.sync_dir("").map_err(io_error("directory sync"))?;
+    let manifest = Manifest {
+        segments: Vec::new(),
+        next_segment_id: 1,
+    };
+    manifest.write(storage)?;
+    Ok(manifest)
+}
+
+fn remove_orphans(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    let mut removed = false;
+    for name in storage.list(WAL_DIR).map_err(io_error("wal list"))? {
+        let named = parse_segment_name(&name)
+            .is_some_and(|id| manifest.segments.iter().any(|entry| entry.id == id));
+        if !named && parse_segment_name(&name).is_some() {
+            storage
+                .remove(&format!("{WAL_DIR}/{name}"))
+                .map_err(io_error("orphan remove"))?;
+            report.orphan_segments.push(name);
+            removed = true;
+        }
+    }
+    if removed {
+        storage
+            .sync_dir(WAL_DIR)
+            .map_err(io_error("directory sync"))?;
+    }
+    if storage
+        .exists(MANIFEST_TEMP_FILE)
+        .map_err(io_error("store list"))?
+    {
+        storage
+            .remove(MANIFEST_TEMP_FILE)
+            .map_err(io_error("temp remove"))?;
+    }
+    Ok(())
+}
+
+/// Continues the log where recovery left it: wipes a torn tail, seals a torn segment that is
+/// no longer the last, or starts a fresh segment after a clean close.
+fn start_log(
+    storage: &Arc<dyn Storage>,
+    options: &Options,
+    mut manifest: Manifest,
+    tail: Option<LogTail>,
+) -> Result<Log> {
+    let log_options = LogOptions {
+        segment_bytes: options.segment_bytes,
+        max_pending_bytes: options.max_pending_bytes,
+    };
+    if let Some(tail) = tail.filter(|tail| !tail.sealed) {
+        let file = storage
+            .open(&segment_path(tail.segment), false)
+            .map_err(io_error("segment open"))?;
+        if tail.wipe_end > tail.offset {
+            let zeros = vec![0; (tail.wipe_end - tail.offset) as usize];
+            file.write_at(&zeros, tail.offset)
+                .map_err(io_error("torn tail wipe"))?;
+            file.sync_data().map_err(io_error("torn tail sync"))?;
+        }
+        seal_torn_earlier_segments(storage.as_ref(), &manifest, tail.segment)?;
+        return Ok(Log::start(
+            storage.clone(),
+            log_options,
+            manifest,
+            file,
+            tail.segment,
+            tail.salt,
+            tail.offset,
+        ));
+    }
+    let id = manifest.next_segment_id;
+    let salt = new_salt();
+    let file = create_segment(storage.as_ref(), id, salt, options.segment_bytes)?;
+    manifest.segments.push(SegmentEntry { id, salt });
+    manifest.next_segment_id = id + 1;
+    if let Err(error) = manifest.write(storage.as_ref()) {
+        let _ = storage.remove(&segment_path(id));
+        return Err(error);
+    }
+    Ok(Log::start(
+        storage.clone(),
+        log_options,
+        manifest,
+        file,
+        id,
+        salt,
+        SEGMENT_HEADER_BYTES,
+    ))
+}
+
+/// Recovery found the tail in an older segment than the newest one (a crash right after a
+/// roll). Seal that older segment at its committed end so that the newest can take data.
+fn seal_torn_earlier_segments(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    active: u64,
+) -> Result<()> {
+    let Some(position) = manifest
+        .segments
+        .iter()
+        .position(|entry| entry.id == active)
+    else {
+        return Ok(());
+    };
+    for entry in &manifest.segments[..position] {
+        let bytes = crate::segment::read_segment(storage, entry.id)?;
+        let scan = crate::segment::scan_frames(&bytes, entry.id, entry.salt, |_, _| Ok(()))?;
+        if scan.sealed {
+            continue;
+        }
+        let mut committed_end = SEGMENT_HEADER_BYTES;
+        crate::segment::scan_frames(&bytes, entry.id, entry.salt, |offset, record| {
+            if let Record::Commit { .. } = record {
+                committed_end = offset + crate::frame::FRAME_HEADER_BYTES as u64 + 24;
+            }
+            Ok(())
+        })?;
+        let mut seal = Vec::new();
+        Record::Seal {
+            used_bytes: committed_end,
+            durable_offset: committed_end,
+        }
+        .encode(&mut seal, entry.salt);
+        let file = storage
+            .open(&segment_path(entry.id), false)
+            .map_err(io_error("segment open"))?;
+        let end = crate::segment::nonzero_end(&bytes, committed_end).max(committed_end);
+        let mut patch = seal.clone();
+        if (patch.len() as u64) < end - committed_end {
+            patch.resize((end - committed_end) as usize, 0);
+        }
+        file.write_at(&patch, committed_end)
+            .map_err(io_error("seal write"))?;
+        file.sync_data().map_err(io_error("seal sync"))?;
+    }
+    Ok(())
+}
+
+/// The manifest file name, for tools.
+pub const MANIFEST: &str = MANIFEST_FILE;

@@ -1,0 +1,101 @@
+//! Typed engine errors. Every failure a caller can act on has its own kind.
+
+use std::path::PathBuf;
+
+/// Result alias used across the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the engine, by cause.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An operating-system I/O failure that is not one of the kinds below.
+    #[error("I/O error during {operation}: {source}")]
+    Io {
+        operation: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The disk (or the simulated disk) is full. Nothing was written.
+    #[error("disk full during {operation}; nothing was written")]
+    DiskFull { operation: &'static str },
+    /// A checksum or structure check failed before the durable point: data is damaged.
+    #[error("corruption in segment {segment} at offset {offset}: {reason}")]
+    Corrupt {
+        segment: u64,
+        offset: u64,
+        reason: String,
+    },
+    /// A metadata file (manifest, segment header) is damaged or inconsistent.
+    #[error("corrupt {file}: {reason}")]
+    CorruptFile { file: String, reason: String },
+    /// The store was written by a format version this build cannot read.
+    #[error("{file} has format version {found}; this build reads version {supported}")]
+    UnsupportedVersion {
+        file: String,
+        found: u32,
+        supported: u32,
+    },
+    /// A record kind this build does not know and that the spec does not allow skipping.
+    #[error("segment {segment} offset {offset}: unknown required record kind {kind}")]
+    UnknownRecordKind { segment: u64, offset: u64, kind: u8 },
+    /// Another process holds the store's writer lock.
+    #[error("store {path} is locked by another writer process")]
+    Locked { path: PathBuf },
+    /// The directory holds no dshdb store.
+    #[error("no dshdb store at {path}")]
+    NotAStore { path: PathBuf },
+    /// A store already exists where a new one was requested.
+    #[error("a dshdb store already exists at {path}")]
+    AlreadyExists { path: PathBuf },
+    /// An earlier write or sync failed; the store refuses further writes.
+    #[error("store is poisoned by an earlier {operation} failure; reopen it to recover")]
+    Poisoned { operation: &'static str },
+    /// The store (or the handle) was closed.
+    #[error("store is closed")]
+    Closed,
+    /// The store was opened read-only.
+    #[error("store is open read-only")]
+    ReadOnly,
+    /// No session with that id.
+    #[error("unknown session {id:?}")]
+    UnknownSession { id: String },
+    /// A session with that id already exists.
+    #[error("session {id:?} already exists")]
+    DuplicateSession { id: String },
+    /// Another writer handle for that session is alive in this process.
+    #[error("session {id:?} already has a writer handle")]
+    SessionBusy { id: String },
+    /// The caller's input is malformed; nothing was written.
+    #[error("invalid input: {reason}")]
+    InvalidInput { reason: String },
+    /// A record or batch exceeds a size limit; nothing was written.
+    #[error("{what} is {size} bytes; the limit is {limit} bytes")]
+    TooLarge {
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    /// A seq outside the session's log.
+    #[error("session {id:?} has no event at seq {seq} (length {length})")]
+    SeqOutOfRange { id: String, seq: u64, length: u64 },
+}
+
+impl Error {
+    /// Wraps an I/O error, turning "no space" into [`Error::DiskFull`].
+    pub fn io(operation: &'static str, source: std::io::Error) -> Self {
+        if source.raw_os_error() == Some(libc::ENOSPC)
+            || source.kind() == std::io::ErrorKind::StorageFull
+        {
+            Error::DiskFull { operation }
+        } else {
+            Error::Io { operation, source }
+        }
+    }
+
+    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! L1: record framing (format-spec/02-records.md). Pure: no I/O.
+//!
+//! ```text
+//! offset size field
+//! 0      4    checksum  crc32 (IEEE) of the segment salt (8 bytes LE) then bytes 4..12+length
+//! 4      4    length    payload length in bytes
+//! 8      1    kind      record kind
+//! 9      1    flags     bit 0 = skippable; other bits zero
+//! 10     2    reserved  zero
+//! 12     n    payload
+//! ```
+
+/// Bytes of the fixed frame header.
+pub const FRAME_HEADER_BYTES: usize = 12;
+/// Largest payload one record may carry, in bytes (F-02-4).
+pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
+/// Frame flag: a reader that does not know the kind skips the record (F-02-7).
+pub const FLAG_SKIPPABLE: u8 = 1;
+
+/// Event flag: the envelope field holds the complete original JSON line.
+pub const EVENT_FLAG_VERBATIM_LINE: u8 = 1;
+const KNOWN_EVENT_FLAGS: u8 = EVENT_FLAG_VERBATIM_LINE;
+
+/// Record kinds (F-02-5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    SessionHeader = 1,
+    TypeDefinition = 2,
+    Event = 3,
+    Commit = 4,
+    Seal = 5,
+}
+
+impl Kind {
+    pub fn from_byte(byte: u8) -> Option<Kind> {
+        match byte {
+            1 => Some(Kind::SessionHeader),
+            2 => Some(Kind::TypeDefinition),
+            3 => Some(Kind::Event),
+            4 => Some(Kind::Commit),
+            5 => Some(Kind::Seal),
+            _ => None,
+        }
+    }
+}
+
+/// Why bytes do not form a valid frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// Fewer bytes than the header or the payload length needs.
+    Incomplete,
+    /// All twelve header bytes are zero: unwritten space.
+    Zero,
+    /// Reserved bits set, or a length above the limit.
+    BadHeader,
+    /// The checksum does not match.
+    BadChecksum,
+    /// The payload does not match its kind's layout.
+    BadPayload(&'static str),
+}
+
+/// A frame whose checksum matched.
+#[derive(Debug, Clone, Copy)]
+pub struct Frame<'a> {
+    pub kind: u8,
+    pub flags: u8,
+    pub payload: &'a [u8],
+    /// Header plus payload, in bytes.
+    pub total_bytes: usize,
+}
+
+/// A decoded record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'a> {
+    SessionHeader {
+        session: u32,
+        header_json: &'a [u8],
+    },
+    TypeDefinition {
+        type_number: u32,
+        name: &'a [u8],
+    },
+    Event(EventRecord<'a>),
+    Commit {
+        session: u32,
+        first_seq: u64,
+        event_count: u32,
+        durable_offset: u64,
+    },
+    Seal {
+        used_bytes: u64,
+        durable_offset: u64,
+    },
+}
+
+/// The event record payload (F-02-10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRecord<'a> {
+    pub session: u32,
+    pub seq: u64,
+    pub time: i64,
+    pub type_number: u32,
+    pub flags: u8,
+    pub data: &'a [u8],
+    pub envelope: &'a [u8],
+}
+
+/// The checksum of a frame: crc32 over the salt and the frame from its length field on.
+pub fn checksum(salt: u64, frame_after_checksum: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&salt.to_le_bytes());
+    hasher.update(frame_after_checksum);
+    hasher.finalize()
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(word)
+}
+
+fn read_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Decodes the frame at the start of `bytes`.
+pub fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameError> {
+    if bytes.len() < FRAME_HEADER_BYTES {
+        return Err(FrameError::Incomplete);
+    }
+    if bytes[..FRAME_HEADER_BYTES].iter().all(|byte| *byte == 0) {
+        return Err(FrameError::Zero);
+    }
+    let length = read_u32(bytes, 4) as usize;
+    let flags = bytes[9];
+    if length > MAX_PAYLOAD_BYTES
+        || flags & !FLAG_SKIPPABLE != 0
+        || bytes[10] != 0
+        || bytes[11] != 0
+    {
+        return Err(FrameError::BadHeader);
+    }
+    let total_bytes = FRAME_HEADER_BYTES + length;
+    if bytes.len() < total_bytes {
+        return Err(FrameError::Incomplete);
+    }
+    if checksum(salt, &bytes[4..total_bytes]) != read_u32(bytes, 0) {
+        return Err(FrameError::BadChecksum);
+    }
+    Ok(Frame {
+        kind: bytes[8],
+        flags,
+        payload: &bytes[FRAME_HEADER_BYTES..total_bytes],
+        total_bytes,
+    })
+}
+
+/// Appends one frame to `out`. The caller checks the payload limit first.
+pub fn encode_frame(out: &mut Vec<u8>, salt: u64, kind: u8, flags: u8, payload_parts: &[&[u8]]) {
+    let start = out.len();
+    let length: usize = payload_parts.iter().map(|part| part.len()).sum();
+    debug_assert!(length <= MAX_PAYLOAD_BYTES);
+    let length_field = u32::try_from(length).unwrap_or(u32::MAX);
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&length_field.to_le_bytes());
+    out.extend_from_slice(&[kind, flags, 0, 0]);
+    for part in payload_parts {
+        out.extend_from_slice(part);
+    }
+    let sum = checksum(salt, &out[start + 4..]);
+    out[start..start + 4].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// Payload bytes an event record needs besides its data and envelope.
+pub const EVENT_FIXED_BYTES: usize = 4 + 8 + 8 + 4 + 1 + 4;
+
+impl<'a> Record<'a> {
+    /// Decodes a frame's payload by kind. `Ok(None)` for an unknown kind.
+    pub fn decode(frame: &Frame<'a>) -> Result<Option<Record<'a>>, FrameError> {
+        let payload = frame.payload;
+        let Some(kind) = Kind::from_byte(frame.kind) else {
+            return Ok(None);
+        };
+        let need = |bytes: usize, what: &'static str| {
+            if payload.len() < bytes {
+                Err(FrameError::BadPayload(what))
+            } else {
+                Ok(())
+            }
+        };
+        let exact = |bytes: usize, what: &'static str| {
+            if payload.len() != bytes {
+                Err(FrameError::BadPayload(what))
+            } else {
+                Ok(())
+            }
+        };
+        let record = match kind {
+            Kind::SessionHeader => {
+                need(4, "session header shorter than 4 bytes")?;
+                Record::SessionHeader {
+                    session: read_u32(payload, 0),
+                    header_json: &payload[4..],
+                }
+            }
+            Kind::TypeDefinition => {
+                need(4, "type definition shorter than 4 bytes")?;
+                Record::TypeDefinition {
+                    type_number: read_u32(payload, 0),
+                    name: &payload[4..],
+                }
+            }
+            Kind::Event => Record::Event(decode_event(payload)?),
+            Kind::Commit => {
+                exact(24, "commit payload is not 24 bytes")?;
+                Record::Commit {
+                    session: read_u32(payload, 0),
+                    first_seq: read_u64(payload, 4),
+                    event_count: read_u32(payload, 12),
+                    durable_offset: read_u64(payload, 16),
+                }
+            }
+            Kind::Seal => {
+                exact(16, "seal payload is not 16 bytes")?;
+                Record::Seal {
+                    used_bytes: read_u64(payload, 0),
+                    durable_offset: read_u64(payload, 8),
+                }
+            }
+        };
+        Ok(Some(record))
+    }
+
+    /// Appends this record as one frame.
+    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) {
+        match self {
+            Record::SessionHeader {
+                session,
+                header_json,
+            } => encode_frame(
+                out,
+                salt,
+                Kind::SessionHeader as u8,
+                0,
+                &[&session.to_le_bytes(), header_json],
+            ),
+            Record::TypeDefinition { type_number, name } => encode_frame(
+                out,
+                salt,
+                Kind::TypeDefinition as u8,
+                0,
+                &[&type_number.to_le_bytes(), name],
+            ),
+            Record::Event(event) => event.encode(out, salt),
+            Record::Commit {
+                session,
+                first_seq,
+                event_count,
+                durable_offset,
+            } => encode_frame(
+                out,
+                salt,
+                Kind::Commit as u8,
+                0,
+                &[
+                    &session.to_le_bytes(),
+                    &first_seq.to_le_bytes(),
+                    &event_count.to_le_bytes(),
+                    &durable_offset.to_le_bytes(),
+                ],
+            ),
+            Record::Seal {
+                used_bytes,
+                durable_offset,
+            } => encode_frame(
+                out,
+                salt,
+                Kind::Seal as u8,
+                0,
+                &[&used_bytes.to_le_bytes(), &durable_offset.to_le_bytes()],
+            ),
+        }
+    }
+}
+
+fn decode_event(payload: &[u8]) -> Result<EventRecord<'_>, FrameError> {
+    if payload.len() < EVENT_FIXED_BYTES {
+        return Err(FrameError::BadPayload(
+            "event shorter than its fixed fields",
+        ));
+    }
+    let flags = payload[24];
+    if flags & !KNOWN_EVENT_FLAGS != 0 {
+        return Err(FrameError::BadPayload("unknown event flags"));
+    }
+    let data_length = read_u32(payload, 25) as usize;
+    let data_end = EVENT_FIXED_BYTES
+        .checked_add(data_length)
+        .filter(|end| *end <= payload.len())
+        .ok_or(FrameError::BadPayload("event data length past the payload"))?;
+    Ok(EventRecord {
+        session: read_u32(payload, 0),
+        seq: read_u64(payload, 4),
+        time: i64::from_le_bytes(payload[12..20].try_into().unwrap_or([0; 8])),
+        type_number: read_u32(payload, 20),
+        flags,
+        data: &payload[EVENT_FIXED_BYTES..data_end],
+        envelope: &payload[data_end..],
+    })
+}
+
+impl EventRecord<'_> {
+    /// Payload size of this event in bytes.
+    pub fn payload_bytes(&self) -> usize {
+        EVENT_FIXED_BYTES + self.data.len() + self.envelope.len()
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) {
+        let data_length = u32::try_from(self.data.len()).unwrap_or(u32::MAX);
+        encode_frame(
+            out,
+            salt,
+            Kind::Event as u8,
+            0,
+            &[
+                &self.session.to_le_bytes(),
+                &self.seq.to_le_bytes(),
+                &self.time.to_le_bytes(),
+                &self.type_number.to_le_bytes(),
+                &[self.flags],
+                &data_length.to_le_bytes(),
+                self.data,
+                self.envelope,
+            ],
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_event() -> EventRecord<'static> {
+        EventRecord {
+            session: 7,
+            seq: 42,
+            time: -5,
+            type_number: 3,
+            flags: 0,
+            data: br#"{"text":"hi"}"#,
+            envelope: br#""surfaceOp":"append""#,
+        }
+    }
+
+    #[test]
+    fn every_record_kind_round_trips() {
+        let records = [
+            Record::SessionHeader {
+                session: 1,
+                header_json: br#"{"version":0,"id":"a","createdAt":1}"#,
+            },
+            Record::TypeDefinition {
+                type_number: 9,
+                name: b"assistant/chunk",
+            },
+            Record::Event(sample_event()),
+            Record::Commit {
+                session: 1,
+                first_seq: 10,
+                event_count: 3,
+                durable_offset: 4096,
+            },
+            Record::Seal {
+                used_bytes: 100,
+                durable_offset: 100,
+            },
+        ];
+        for record in records {
+            let mut bytes = Vec::new();
+            record.encode(&mut bytes, 99);
+            let frame = decode_frame(&bytes, 99).expect("valid frame");
+            assert_eq!(frame.total_bytes, bytes.len());
+            let decoded = Record::decode(&frame).expect("valid payload");
+            assert_eq!(decoded, Some(record));
+        }
+    }
+
+    #[test]
+    fn a_frame_checked_with_another_salt_fails() {
+        let mut bytes = Vec::new();
+        Record::Event(sample_event()).encode(&mut bytes, 1);
+        assert_eq!(
+            decode_frame(&bytes, 2).map(|frame| frame.total_bytes),
+            Err(FrameError::BadChecksum)
+        );
+    }
+
+    #[test]
+    fn every_single_byte_flip_is_detected() {
+        let mut bytes = Vec::new();
+        Record::Event(sample_event()).encode(&mut bytes, 5);
+        for index in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[index] ^= 0x40;
+            let outcome = decode_frame(&damaged, 5);
+            assert!(outcome.is_err(), "flip at {index} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn zero_and_short_inputs_are_told_apart() {
+        assert_eq!(
+            decode_frame(&[0; 12], 0).map(|frame| frame.kind),
+            Err(FrameError::Zero)
+        );
+        assert_eq!(
+            decode_frame(&[1; 5], 0).map(|frame| frame.kind),
+            Err(FrameError::Incomplete)
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! Real files. `fdatasync` for data, `fsync` of the directory after every namespace change,
+//! `fallocate` for preallocation, `flock` for the writer lock.
+
+use super::{LockGuard, Storage, StorageFile};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A store directory on the real file system.
+#[derive(Debug, Clone)]
+pub struct FsStorage {
+    root: PathBuf,
+}
+
+impl FsStorage {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        FsStorage { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        if relative.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(relative)
+        }
+    }
+}
+
+struct FsFile {
+    file: File,
+}
+
+impl StorageFile for FsFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.file.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn set_len(&self, length: u64) -> io::Result<()> {
+        self.file.set_len(length)
+    }
+
+    fn allocate(&self, length: u64) -> io::Result<()> {
+        let length_signed = libc::off_t::try_from(length)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;
+        // SAFETY: plain syscall on a file descriptor we own; no memory is passed.
+        let result = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, length_signed) };
+        if result == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        // File systems without fallocate: fall back to extending the file.
+        if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            if self.len()? < length {
+                self.file.set_len(length)?;
+            }
+            return Ok(());
+        }
+        Err(error)
+    }
+}
+
+struct FsLock {
+    _file: File,
+}
+
+impl LockGuard for FsLock {}
+
+impl Storage for FsStorage {
+    fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn StorageFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(self.path(path))?;
+        Ok(Arc::new(FsFile { file }))
+    }
+
+    fn open_read(&self, path: &str) -> io::Result<Arc<dyn StorageFile>> {
+        let file = File::open(self.path(path))?;
+        Ok(Arc::new(FsFile { file }))
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        std::fs::rename(self.path(from), self.path(to))
+    }
+
+    fn remove(&self, path: &str) -> io::Result<()> {
+        std::fs::remove_file(self.path(path))
+    }
+
+    fn list(&self, dir: &str) -> io::Result<Vec<String>> {
+        let entries = match std::fs::read_dir(self.path(dir)) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn create_dir(&self, dir: &str) -> io::Result<()> {
+        std::fs::create_dir_all(self.path(dir))
+    }
+
+    fn sync_dir(&self, dir: &str) -> io::Result<()> {
+        File::open(self.path(dir))?.sync_all()
+    }
+
+    fn exists(&self, path: &str) -> io::Result<bool> {
+        self.path(path).try_exists()
+    }
+
+    fn try_lock(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.path(path))?;
+        // SAFETY: plain syscall on a file descriptor we own.
+        let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if result == 0 {
+            return Ok(Some(Box::new(FsLock { _file: file })));
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        Err(error)
+    }
+}

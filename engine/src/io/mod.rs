@@ -1,0 +1,74 @@
+//! L0: the storage layer. The engine touches the disk only through [`Storage`], so every crash
+//! test can run on [`sim::SimStorage`], which models volatile vs durable bytes and power cuts.
+//!
+//! Paths are relative to the store's root and use `/` as separator.
+
+pub mod fs;
+pub mod sim;
+
+use std::io;
+use std::sync::Arc;
+
+/// One open file. Offsets are absolute; there is no cursor.
+pub trait StorageFile: Send + Sync {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at end of file).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every byte written so far durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Truncates or extends (with zeros) to `length` bytes.
+    fn set_len(&self, length: u64) -> io::Result<()>;
+    /// Reserves `length` bytes of disk (zero-filled), so later writes below it cannot fail
+    /// for lack of space. Fails with "no space" when the disk is full.
+    fn allocate(&self, length: u64) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`, failing on a short read.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let read = self.read_at(&mut buf[done..], offset + done as u64)?;
+            if read == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
+            }
+            done += read;
+        }
+        Ok(())
+    }
+}
+
+/// A held exclusive lock; dropping it releases the lock.
+pub trait LockGuard: Send + Sync {}
+
+/// A directory tree that holds one store.
+pub trait Storage: Send + Sync {
+    /// Opens a file for reading and writing; creates it when `create` is set.
+    fn open(&self, path: &str, create: bool) -> io::Result<Arc<dyn StorageFile>>;
+    /// Opens a file for reading only.
+    fn open_read(&self, path: &str) -> io::Result<Arc<dyn StorageFile>>;
+    /// Atomically renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Removes a file.
+    fn remove(&self, path: &str) -> io::Result<()>;
+    /// Names of the entries directly inside `dir` (empty when it does not exist).
+    fn list(&self, dir: &str) -> io::Result<Vec<String>>;
+    /// Creates a directory (and its parents); no error when it exists.
+    fn create_dir(&self, dir: &str) -> io::Result<()>;
+    /// Makes creations, renames and removals inside `dir` durable (`fsync` of the directory).
+    fn sync_dir(&self, dir: &str) -> io::Result<()>;
+    /// Whether a file or directory exists.
+    fn exists(&self, path: &str) -> io::Result<bool>;
+    /// Takes the exclusive writer lock on `path` without waiting.
+    /// Returns `Ok(None)` when another holder has it.
+    fn try_lock(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>>;
+}
+
+/// The parent directory of a relative path ("" for the root).
+pub fn parent_dir(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(index) => &path[..index],
+        None => "",
+    }
+}

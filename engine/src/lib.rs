@@ -1,0 +1,19 @@
+//! dshdb: an embedded storage engine for AI-agent session logs.
+//!
+//! Layers, bottom to top (a layer imports only from layers below it):
+//! `io` (L0) → `frame` (L1) → `segment` (L2) → `commit` (L3) → `index` (L4) →
+//! `session` (L7, the DSH session model) → `db` (the `Store` handle that wires them).
+//! The on-disk format is specified normatively in `format-spec/`.
+
+pub mod catalog;
+pub mod commit;
+pub mod db;
+pub mod error;
+pub mod frame;
+pub mod io;
+pub mod manifest;
+pub mod recovery;
+pub mod segment;
+pub mod session;
+
+pub use error::{Error, Result};

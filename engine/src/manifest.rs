@@ -1,0 +1,177 @@
+//! L2: the manifest (format-spec/04-manifest.md): which segments are live, in log order.
+//! Replaced atomically: write `MANIFEST.tmp`, sync it, rename over `MANIFEST`, sync the root.
+
+use crate::error::{Error, Result};
+use crate::io::Storage;
+
+pub const MANIFEST_FILE: &str = "MANIFEST";
+pub const MANIFEST_TEMP_FILE: &str = "MANIFEST.tmp";
+const MANIFEST_MAGIC: &[u8; 8] = b"DSHDBMAN";
+/// The manifest format version this build reads and writes (F-04-2).
+pub const MANIFEST_VERSION: u32 = 1;
+const FIXED_BYTES: usize = 24;
+const ENTRY_BYTES: usize = 16;
+const CHECKSUM_BYTES: usize = 4;
+/// Most segments one manifest may name (bounds what a damaged count can make us allocate).
+pub const MAX_SEGMENTS: usize = 1 << 20;
+
+/// One live segment: its id and the salt its frames are checksummed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentEntry {
+    pub id: u64,
+    pub salt: u64,
+}
+
+/// The decoded manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Manifest {
+    pub segments: Vec<SegmentEntry>,
+    /// The id the next segment will get; every id on disk is below it.
+    pub next_segment_id: u64,
+}
+
+impl Manifest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FIXED_BYTES + self.segments.len() * ENTRY_BYTES + 4);
+        out.extend_from_slice(MANIFEST_MAGIC);
+        out.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        let count = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&count.to_le_bytes());
+        out.extend_from_slice(&self.next_segment_id.to_le_bytes());
+        for entry in &self.segments {
+            out.extend_from_slice(&entry.id.to_le_bytes());
+            out.extend_from_slice(&entry.salt.to_le_bytes());
+        }
+        let sum = crc32fast::hash(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Manifest> {
+        let corrupt = |reason: &str| Error::CorruptFile {
+            file: MANIFEST_FILE.to_string(),
+            reason: reason.to_string(),
+        };
+        if bytes.len() < FIXED_BYTES + CHECKSUM_BYTES || &bytes[..8] != MANIFEST_MAGIC {
+            return Err(corrupt("bad magic or too short"));
+        }
+        let body = &bytes[..bytes.len() - CHECKSUM_BYTES];
+        let stored = u32::from_le_bytes(word4(bytes, bytes.len() - CHECKSUM_BYTES));
+        if crc32fast::hash(body) != stored {
+            return Err(corrupt("checksum mismatch"));
+        }
+        let version = u32::from_le_bytes(word4(bytes, 8));
+        if version != MANIFEST_VERSION {
+            return Err(Error::UnsupportedVersion {
+                file: MANIFEST_FILE.to_string(),
+                found: version,
+                supported: MANIFEST_VERSION,
+            });
+        }
+        let count = u32::from_le_bytes(word4(bytes, 12)) as usize;
+        if count > MAX_SEGMENTS || body.len() != FIXED_BYTES + count * ENTRY_BYTES {
+            return Err(corrupt("segment count does not match the length"));
+        }
+        let next_segment_id = u64::from_le_bytes(word8(bytes, 16));
+        let segments = (0..count)
+            .map(|index| {
+                let at = FIXED_BYTES + index * ENTRY_BYTES;
+                SegmentEntry {
+                    id: u64::from_le_bytes(word8(bytes, at)),
+                    salt: u64::from_le_bytes(word8(bytes, at + 8)),
+                }
+            })
+            .collect::<Vec<_>>();
+        let ascending = segments.windows(2).all(|pair| pair[0].id < pair[1].id);
+        let below_next = segments.iter().all(|entry| entry.id < next_segment_id);
+        if !ascending || !below_next {
+            return Err(corrupt("segment ids out of order"));
+        }
+        Ok(Manifest {
+            segments,
+            next_segment_id,
+        })
+    }
+
+    /// Reads the manifest; `Ok(None)` when there is none.
+    pub fn read(storage: &dyn Storage) -> Result<Option<Manifest>> {
+        if !storage
+            .exists(MANIFEST_FILE)
+            .map_err(|error| Error::io("manifest lookup", error))?
+        {
+            return Ok(None);
+        }
+        let file = storage
+            .open_read(MANIFEST_FILE)
+            .map_err(|error| Error::io("manifest open", error))?;
+        let length = file
+            .len()
+            .map_err(|error| Error::io("manifest read", error))?;
+        let length = usize::try_from(length).map_err(|_| Error::CorruptFile {
+            file: MANIFEST_FILE.to_string(),
+            reason: "too large".to_string(),
+        })?;
+        let mut bytes = vec![0; length];
+        file.read_exact_at(&mut bytes, 0)
+            .map_err(|error| Error::io("manifest read", error))?;
+        Manifest::decode(&bytes).map(Some)
+    }
+
+    /// Replaces the manifest atomically (F-04-4).
+    pub fn write(&self, storage: &dyn Storage) -> Result<()> {
+        let bytes = self.encode();
+        let io = |operation| move |error| Error::io(operation, error);
+        if storage
+            .exists(MANIFEST_TEMP_FILE)
+            .map_err(io("manifest write"))?
+        {
+            storage
+                .remove(MANIFEST_TEMP_FILE)
+                .map_err(io("manifest write"))?;
+        }
+        let file = storage
+            .open(MANIFEST_TEMP_FILE, true)
+            .map_err(io("manifest write"))?;
+        file.write_at(&bytes, 0).map_err(io("manifest write"))?;
+        file.sync_data().map_err(io("manifest sync"))?;
+        storage
+            .rename(MANIFEST_TEMP_FILE, MANIFEST_FILE)
+            .map_err(io("manifest rename"))?;
+        storage.sync_dir("").map_err(io("directory sync"))
+    }
+}
+
+pub(crate) fn word4(bytes: &[u8], at: usize) -> [u8; 4] {
+    let mut word = [0; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    word
+}
+
+pub(crate) fn word8(bytes: &[u8], at: usize) -> [u8; 8] {
+    let mut word = [0; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    word
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_round_trips_and_any_flip_is_refused() {
+        let manifest = Manifest {
+            segments: vec![
+                SegmentEntry { id: 1, salt: 11 },
+                SegmentEntry { id: 4, salt: 44 },
+            ],
+            next_segment_id: 5,
+        };
+        let bytes = manifest.encode();
+        assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
+        for index in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[index] ^= 1;
+            assert!(Manifest::decode(&damaged).is_err(), "flip at {index}");
+        }
+    }
+}

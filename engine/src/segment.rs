@@ -1,0 +1,299 @@
+//! L2: segment files (format-spec/03-segments.md): header, frames, seal, and the scan that
+//! tells a torn tail from corruption.
+
+use crate::error::{Error, Result};
+use crate::frame::{self, decode_frame, FrameError, Kind, Record, FRAME_HEADER_BYTES};
+use crate::io::{Storage, StorageFile};
+use crate::manifest::{word4, word8};
+use std::sync::Arc;
+
+/// Directory that holds write-ahead segments.
+pub const WAL_DIR: &str = "wal";
+/// Bytes of the segment header; frames start here.
+pub const SEGMENT_HEADER_BYTES: u64 = 64;
+const SEGMENT_MAGIC: &[u8; 8] = b"DSHDBSEG";
+/// The segment format version this build reads and writes (F-03-2).
+pub const SEGMENT_VERSION: u32 = 1;
+/// Bytes of a seal frame (header plus its 16-byte payload).
+pub const SEAL_FRAME_BYTES: u64 = FRAME_HEADER_BYTES as u64 + 16;
+
+/// The path of segment `id`.
+pub fn segment_path(id: u64) -> String {
+    format!("{WAL_DIR}/{id:016x}.seg")
+}
+
+/// Parses a segment file name back to its id.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".seg")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Encodes the 64-byte segment header (F-03-1).
+pub fn encode_header(id: u64, salt: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SEGMENT_HEADER_BYTES as usize);
+    out.extend_from_slice(SEGMENT_MAGIC);
+    out.extend_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(SEGMENT_HEADER_BYTES as u32).to_le_bytes());
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&salt.to_le_bytes());
+    out.resize(60, 0);
+    let sum = crc32fast::hash(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Checks a segment header against the id and salt the manifest gives.
+pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
+    let file = segment_path(id);
+    let corrupt = |reason: &str| Error::CorruptFile {
+        file: file.clone(),
+        reason: reason.to_string(),
+    };
+    if bytes.len() < SEGMENT_HEADER_BYTES as usize || &bytes[..8] != SEGMENT_MAGIC {
+        return Err(corrupt("bad magic or shorter than its header"));
+    }
+    if crc32fast::hash(&bytes[..60]) != u32::from_le_bytes(word4(bytes, 60)) {
+        return Err(corrupt("header checksum mismatch"));
+    }
+    let version = u32::from_le_bytes(word4(bytes, 8));
+    if version != SEGMENT_VERSION {
+        return Err(Error::UnsupportedVersion {
+            file,
+            found: version,
+            supported: SEGMENT_VERSION,
+        });
+    }
+    if u64::from_le_bytes(word8(bytes, 16)) != id || u64::from_le_bytes(word8(bytes, 24)) != salt {
+        return Err(corrupt("header id or salt differs from the manifest"));
+    }
+    Ok(())
+}
+
+/// Creates, preallocates and syncs a new segment file, and syncs its directory (F-03-3).
+/// On failure the file is removed again, so a full disk leaves nothing behind.
+pub fn create_segment(
+    storage: &dyn Storage,
+    id: u64,
+    salt: u64,
+    capacity_bytes: u64,
+) -> Result<Arc<dyn StorageFile>> {
+    let path = segment_path(id);
+    let file = storage
+        .open(&path, true)
+        .map_err(|error| Error::io("segment create", error))?;
+    let prepared = file
+        .allocate(capacity_bytes)
+        .map_err(|error| Error::io("segment preallocate", error))
+        .and_then(|()| {
+            file.write_at(&encode_header(id, salt), 0)
+                .map_err(|error| Error::io("segment header write", error))
+        })
+        .and_then(|()| {
+            file.sync_data()
+                .map_err(|error| Error::io("segment sync", error))
+        })
+        .and_then(|()| {
+            storage
+                .sync_dir(WAL_DIR)
+                .map_err(|error| Error::io("directory sync", error))
+        });
+    if let Err(error) = prepared {
+        // Best effort: the manifest does not name this file yet, so a later open removes it
+        // anyway if this removal fails too.
+        let _ = storage.remove(&path);
+        return Err(error);
+    }
+    Ok(file)
+}
+
+/// Reads a whole segment file into memory.
+pub fn read_segment(storage: &dyn Storage, id: u64) -> Result<Vec<u8>> {
+    let path = segment_path(id);
+    let file = storage.open_read(&path).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            Error::CorruptFile {
+                file: path.clone(),
+                reason: "named by the manifest but missing".to_string(),
+            }
+        } else {
+            Error::io("segment open", error)
+        }
+    })?;
+    let length = file
+        .len()
+        .map_err(|error| Error::io("segment read", error))?;
+    let length = usize::try_from(length).map_err(|_| Error::CorruptFile {
+        file: path.clone(),
+        reason: "larger than memory".to_string(),
+    })?;
+    let mut bytes = vec![0; length];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(|error| Error::io("segment read", error))?;
+    Ok(bytes)
+}
+
+/// Where and why a scan stopped before the end of the segment's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    pub offset: u64,
+    pub reason: String,
+}
+
+/// The result of scanning one segment's frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentScan {
+    /// Offset just past the last valid frame (commit, seal or otherwise).
+    pub valid_end: u64,
+    /// Whether a valid seal frame ends the segment.
+    pub sealed: bool,
+    /// The first invalid frame, if the scan stopped at one that is not a seal.
+    pub stop: Option<Stop>,
+}
+
+/// Walks the valid frames of a segment from its header on, calling `on_record` for each with
+/// its offset. Stops at the seal, at the first invalid frame, or at the end of the bytes.
+pub fn scan_frames<'a>(
+    bytes: &'a [u8],
+    segment: u64,
+    salt: u64,
+    mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
+) -> Result<SegmentScan> {
+    let mut offset = SEGMENT_HEADER_BYTES as usize;
+    loop {
+        let position = offset as u64;
+        let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {
+            Ok(frame) => frame,
+            Err(error) => {
+                return Ok(SegmentScan {
+                    valid_end: position,
+                    sealed: false,
+                    stop: stop_reason(&error, bytes.len() - offset.min(bytes.len())).map(
+                        |reason| Stop {
+                            offset: position,
+                            reason,
+                        },
+                    ),
+                })
+            }
+        };
+        let record = match Record::decode(&frame) {
+            Ok(Some(record)) => record,
+            Ok(None) if frame.flags & frame::FLAG_SKIPPABLE != 0 => {
+                offset += frame.total_bytes;
+                continue;
+            }
+            Ok(None) => {
+                return Err(Error::UnknownRecordKind {
+                    segment,
+                    offset: position,
+                    kind: frame.kind,
+                })
+            }
+            // A frame with a valid checksum but a malformed payload was written that way:
+            // that is corruption, never a torn write.
+            Err(error) => {
+                return Err(Error::Corrupt {
+                    segment,
+                    offset: position,
+                    reason: format!("{error:?}"),
+                })
+            }
+        };
+        offset += frame.total_bytes;
+        let sealed = matches!(record, Record::Seal { .. });
+        on_record(position, record)?;
+        if sealed {
+            return Ok(SegmentScan {
+                valid_end: offset as u64,
+                sealed: true,
+                stop: None,
+            });
+        }
+    }
+}
+
+/// `None` when the scan simply reached unwritten space or the end of the file.
+fn stop_reason(error: &FrameError, remaining: usize) -> Option<String> {
+    match error {
+        FrameError::Zero | FrameError::Incomplete if remaining < FRAME_HEADER_BYTES => None,
+        FrameError::Zero => None,
+        other => Some(format!("{other:?}")),
+    }
+}
+
+/// Whether any valid commit or seal frame after `damage` proves that the bytes at `damage`
+/// had been made durable before it was written (F-05-3). Such a frame's `durable_offset`
+/// lies past the damage.
+pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
+    let start = usize::try_from(damage)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    let mut offset = start;
+    while offset + FRAME_HEADER_BYTES <= bytes.len() {
+        let kind = bytes[offset + 8];
+        let plausible = (kind == Kind::Commit as u8 || kind == Kind::Seal as u8)
+            && bytes[offset + 9] == 0
+            && bytes[offset + 10] == 0
+            && bytes[offset + 11] == 0;
+        if plausible {
+            if let Ok(frame) = decode_frame(&bytes[offset..], salt) {
+                let durable_offset = match Record::decode(&frame) {
+                    Ok(Some(Record::Commit { durable_offset, .. }))
+                    | Ok(Some(Record::Seal { durable_offset, .. })) => durable_offset,
+                    _ => 0,
+                };
+                if durable_offset > damage {
+                    return true;
+                }
+            }
+        }
+        offset += 1;
+    }
+    false
+}
+
+/// Whether the segment holds at least one valid frame (used to decide whether an earlier
+/// segment's damage lies before data that was written after it was synced).
+pub fn has_valid_frame(bytes: &[u8], salt: u64) -> bool {
+    let start = SEGMENT_HEADER_BYTES as usize;
+    start < bytes.len() && decode_frame(&bytes[start..], salt).is_ok()
+}
+
+/// The end of the last non-zero byte at or after `from` (for wiping a torn tail).
+pub fn nonzero_end(bytes: &[u8], from: u64) -> u64 {
+    let from = usize::try_from(from)
+        .unwrap_or(bytes.len())
+        .min(bytes.len());
+    bytes[from..]
+        .iter()
+        .rposition(|byte| *byte != 0)
+        .map(|index| (from + index + 1) as u64)
+        .unwrap_or(from as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_round_trips_and_a_wrong_salt_is_refused() {
+        let header = encode_header(3, 77);
+        assert_eq!(header.len() as u64, SEGMENT_HEADER_BYTES);
+        check_header(&header, 3, 77).expect("valid header");
+        assert!(matches!(
+            check_header(&header, 3, 78),
+            Err(Error::CorruptFile { .. })
+        ));
+    }
+
+    #[test]
+    fn segment_names_round_trip() {
+        let path = segment_path(0xabc);
+        let name = path.strip_prefix("wal/").expect("in wal");
+        assert_eq!(parse_segment_name(name), Some(0xabc));
+        assert_eq!(parse_segment_name("x.seg"), None);
+    }
+}

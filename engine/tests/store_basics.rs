@@ -1,0 +1,200 @@
+//! End-to-end behaviour of the store on real files and on the simulator.
+
+mod common;
+
+use common::*;
+use dshdb::commit::Durability;
+use dshdb::db::{NewEvent, Options, Store};
+use dshdb::io::sim::SimStorage;
+use dshdb::Error;
+
+#[test]
+fn events_survive_close_and_reopen_byte_for_byte() {
+    let dir = tempdir();
+    let store = Store::open(&dir, Options::default()).expect("open");
+    let mut writer = store.create_session_with_id("s1").expect("create");
+    let data = r#"{"n":1e+21,"s":"\ud800","f":0.1}"#;
+    let envelope = r#""sourceEventSeqs":[0],"surfaceOp":"append""#;
+    writer
+        .append(NewEvent {
+            event_type: "user/message",
+            time: Some(-5),
+            data,
+            envelope,
+        })
+        .expect("append");
+    let receipt = writer
+        .append_batch(&[chunk("{\"a\":1}"), chunk("[1,2]")])
+        .expect("batch");
+    assert_eq!(
+        (receipt.first_seq, receipt.end_seq, receipt.durable),
+        (1, 3, true)
+    );
+    drop(writer);
+    store.close().expect("close");
+    drop(store);
+    let reopened = Store::open(&dir, Options::default()).expect("reopen");
+    let events = reopened.read("s1", 0, 10).expect("read");
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[0].data, data);
+    assert_eq!(events[0].time, -5);
+    assert_eq!(
+        events[0].to_json_line(),
+        format!(r#"{{"type":"user/message","seq":0,"time":-5,"data":{data},{envelope}}}"#)
+    );
+    assert_eq!(events[2].data, "[1,2]");
+    assert!(reopened.recovery_report().torn_tail.is_none());
+}
+
+#[test]
+fn a_second_writer_on_the_same_store_is_refused_and_read_only_opens_work() {
+    let dir = tempdir();
+    let store = Store::open(&dir, Options::default()).expect("open");
+    store.create_session_with_id("a").expect("create");
+    let second = Store::open(&dir, Options::default());
+    assert!(matches!(second, Err(Error::Locked { .. })));
+    let reader = Store::open(
+        &dir,
+        Options {
+            read_only: true,
+            ..Options::default()
+        },
+    )
+    .expect("read-only open");
+    assert_eq!(reader.sessions().len(), 1);
+    assert!(matches!(
+        reader.create_session_with_id("b"),
+        Err(Error::ReadOnly)
+    ));
+}
+
+#[test]
+fn many_sessions_roll_segments_and_read_back_after_reopen() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let mut writers: Vec<_> = (0..5)
+        .map(|index| {
+            store
+                .create_session_with_id(&format!("s{index}"))
+                .expect("create")
+        })
+        .collect();
+    for seq in 0..40u64 {
+        for (session, writer) in writers.iter_mut().enumerate() {
+            let data = event_data(session, seq, 60 + (seq as usize % 7) * 30);
+            writer.append(chunk(&data)).expect("append");
+        }
+    }
+    drop(writers);
+    store.close().expect("close");
+    let reopened = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+    assert!(
+        reopened.recovery_report().segments_scanned > 3,
+        "segments rolled"
+    );
+    for session in 0..5 {
+        let events = reopened
+            .read(&format!("s{session}"), 0, u64::MAX)
+            .expect("read");
+        assert_eq!(events.len(), 40);
+        for (seq, event) in events.iter().enumerate() {
+            assert_eq!(event.seq, seq as u64);
+            assert_eq!(
+                event.data,
+                event_data(session, seq as u64, 60 + (seq % 7) * 30)
+            );
+        }
+    }
+}
+
+#[test]
+fn every_durability_mode_reads_back_and_flush_makes_batched_durable() {
+    for durability in [Durability::Sync, Options::batched(), Durability::Buffered] {
+        let disk = SimStorage::new();
+        let store = open_sim(&disk, sim_options(durability)).expect("open");
+        let mut writer = store.create_session_with_id("s").expect("create");
+        for seq in 0..10 {
+            writer
+                .append(chunk(&event_data(0, seq, 50)))
+                .expect("append");
+        }
+        assert_eq!(store.read("s", 0, 100).expect("read").len(), 10);
+        store.flush().expect("flush");
+        let image = disk.durable_image();
+        let after_cut = open_sim(&SimStorage::from_image(&image), sim_options(durability))
+            .expect("reopen after cut");
+        assert_eq!(
+            after_cut.read("s", 0, 100).expect("read").len(),
+            10,
+            "{durability:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_refused_with_a_typed_error_and_writes_nothing() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let mut writer = store.create_session_with_id("s").expect("create");
+    writer.append(chunk("{}")).expect("first");
+    let before = disk.operation_count();
+    let cases: Vec<NewEvent<'_>> = vec![
+        chunk("{not json"),
+        NewEvent::new("", "{}"),
+        NewEvent {
+            envelope: r#""extra":1"#,
+            ..chunk("{}")
+        },
+        NewEvent {
+            envelope: r#""surfaceOp":"#,
+            ..chunk("{}")
+        },
+    ];
+    for case in cases {
+        let outcome = writer.append(case);
+        assert!(
+            matches!(outcome, Err(Error::InvalidInput { .. })),
+            "{case:?}"
+        );
+    }
+    let huge = format!("\"{}\"", "x".repeat(dshdb::db::MAX_EVENT_DATA_BYTES));
+    assert!(matches!(
+        writer.append(chunk(&huge)),
+        Err(Error::TooLarge { .. })
+    ));
+    let too_big_for_segment = format!("\"{}\"", "y".repeat(8000));
+    assert!(matches!(
+        writer.append(chunk(&too_big_for_segment)),
+        Err(Error::TooLarge { .. })
+    ));
+    assert!(matches!(
+        store.create_session_with_id("s"),
+        Err(Error::DuplicateSession { .. })
+    ));
+    assert!(matches!(store.writer("s"), Err(Error::SessionBusy { .. })));
+    assert!(matches!(
+        store.writer("nope"),
+        Err(Error::UnknownSession { .. })
+    ));
+    assert!(matches!(
+        store.create_session(r#"{"version":1,"id":"x","createdAt":1}"#),
+        Err(Error::InvalidInput { .. })
+    ));
+    assert_eq!(disk.operation_count(), before, "nothing was written");
+    assert_eq!(store.read("s", 0, 10).expect("read").len(), 1);
+    store.close().expect("close");
+    assert!(matches!(writer.append(chunk("{}")), Err(Error::Closed)));
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let base = std::env::temp_dir().join(format!(
+        "dshdb-test-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|elapsed| elapsed.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&base).expect("temp dir");
+    base
+}
