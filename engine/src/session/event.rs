@@ -279,33 +279,39 @@ type SurfaceMetadata = (Option<SurfaceOp>, Option<Vec<u64>>);
 /// Reads `surfaceOp`/`sourceEventSeqs`. Shapes the typed event cannot hold are rejected here
 /// with DSH's surface texts; representable violations (marker on an ineligible type, missing
 /// marker, empty/duplicate/later sources) are left to the surface fold, which reports them
-/// in DSH's order.
+/// in DSH's order. (Only an event with several defects can thus see a different first error.)
 fn parse_surface_metadata(
     event_type: &str,
     seq: u64,
     surface_op: Option<&RawValue>,
     sources: Option<&RawValue>,
 ) -> Result<SurfaceMetadata, SessionError> {
+    // On an ineligible type DSH reports the eligibility rule before any shape rule, so a
+    // malformed marker there is reported as ineligible; a well-formed one is kept for the
+    // fold to reject in order.
     let eligible = is_surface_eligible_type(event_type);
     let owned = || event_type.to_owned();
-    let surface_op = match surface_op {
-        None => None,
-        Some(_) if !eligible => {
-            return Err(SessionError::SurfaceOpOnIneligible {
+    let surface_op = surface_op
+        .map(|raw| parse_surface_op(event_type, raw.get()))
+        .transpose()
+        .map_err(|error| match eligible {
+            true => error,
+            false => SessionError::SurfaceOpOnIneligible {
                 event_type: owned(),
-            })
-        }
-        Some(raw) => Some(parse_surface_op(event_type, raw.get())?),
-    };
-    let sources = match sources {
-        None => None,
-        Some(_) if !eligible => {
-            return Err(SessionError::SourcesOnIneligible {
+            },
+        })?;
+    let sources = sources
+        .map(|raw| parse_sources(event_type, seq, raw.get()))
+        .transpose()
+        .map_err(|error| match (eligible, surface_op.is_some()) {
+            (true, _) => error,
+            (false, true) => SessionError::SurfaceOpOnIneligible {
                 event_type: owned(),
-            })
-        }
-        Some(raw) => Some(parse_sources(event_type, seq, raw.get())?),
-    };
+            },
+            (false, false) => SessionError::SourcesOnIneligible {
+                event_type: owned(),
+            },
+        })?;
     Ok((surface_op, sources))
 }
 

@@ -35,3 +35,6 @@ pub use seed::{
 pub use surface::{
     fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldResult, SurfaceReplacement,
 };
+
+#[cfg(test)]
+mod tests;
