@@ -263,7 +263,7 @@ fn workloads() -> Vec<Workload> {
         max_bytes: 2048,
     };
     let mut list = Vec::new();
-    for seed in 0..60 {
+    for seed in 0..64 {
         list.push(Workload {
             seed,
             sessions: 3,
@@ -272,7 +272,7 @@ fn workloads() -> Vec<Workload> {
             threads: 1,
         });
     }
-    for seed in 0..14 {
+    for seed in 0..16 {
         list.push(Workload {
             seed,
             sessions: 4,
