@@ -465,9 +465,15 @@ impl Shared {
         let mut manifest = state.manifest.clone();
         manifest.segments.push(SegmentEntry { id, salt });
         manifest.next_segment_id = id + 1;
-        if let Err(error) = manifest.write(self.storage.as_ref()) {
-            let _ = self.storage.remove(&segment_path(id));
-            return Err(error);
+        if let Err(failure) = manifest.write_reporting_stage(self.storage.as_ref()) {
+            if failure.after_rename {
+                // The new manifest may be durable: keep the segment file, refuse further
+                // writes, and let the next open decide from what is on disk.
+                state.poisoned = Some("manifest sync");
+            } else {
+                let _ = self.storage.remove(&segment_path(id));
+            }
+            return Err(failure.error);
         }
         state.manifest = manifest;
         let old = &state.active.context;

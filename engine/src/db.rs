@@ -840,9 +840,12 @@ fn start_log(
     let file = create_segment(storage.as_ref(), id, salt, options.segment_bytes)?;
     manifest.segments.push(SegmentEntry { id, salt });
     manifest.next_segment_id = id + 1;
-    if let Err(error) = manifest.write(storage.as_ref()) {
-        let _ = storage.remove(&segment_path(id));
-        return Err(error);
+    if let Err(failure) = manifest.write_reporting_stage(storage.as_ref()) {
+        // After the rename the new manifest may be durable: then the file must stay.
+        if !failure.after_rename {
+            let _ = storage.remove(&segment_path(id));
+        }
+        return Err(failure.error);
     }
     Ok(Log::start(
         storage.clone(),

@@ -119,26 +119,52 @@ impl Manifest {
 
     /// Replaces the manifest atomically (F-04-4).
     pub fn write(&self, storage: &dyn Storage) -> Result<()> {
+        self.write_reporting_stage(storage)
+            .map_err(|failure| failure.error)
+    }
+
+    /// Like [`Manifest::write`], but says whether the failure came after the rename, when
+    /// the new manifest may or may not be durable and the caller must not undo anything.
+    pub fn write_reporting_stage(
+        &self,
+        storage: &dyn Storage,
+    ) -> std::result::Result<(), ManifestWriteFailure> {
         let bytes = self.encode();
-        let io = |operation| move |error| Error::io(operation, error);
+        let before = |operation| {
+            move |error| ManifestWriteFailure {
+                error: Error::io(operation, error),
+                after_rename: false,
+            }
+        };
         if storage
             .exists(MANIFEST_TEMP_FILE)
-            .map_err(io("manifest write"))?
+            .map_err(before("manifest write"))?
         {
             storage
                 .remove(MANIFEST_TEMP_FILE)
-                .map_err(io("manifest write"))?;
+                .map_err(before("manifest write"))?;
         }
         let file = storage
             .open(MANIFEST_TEMP_FILE, true)
-            .map_err(io("manifest write"))?;
-        file.write_at(&bytes, 0).map_err(io("manifest write"))?;
-        file.sync_data().map_err(io("manifest sync"))?;
+            .map_err(before("manifest write"))?;
+        file.write_at(&bytes, 0).map_err(before("manifest write"))?;
+        file.sync_data().map_err(before("manifest sync"))?;
+        // A failed rename did not happen (rename is atomic), so it still counts as "before".
         storage
             .rename(MANIFEST_TEMP_FILE, MANIFEST_FILE)
-            .map_err(io("manifest rename"))?;
-        storage.sync_dir("").map_err(io("directory sync"))
+            .map_err(before("manifest rename"))?;
+        storage.sync_dir("").map_err(|error| ManifestWriteFailure {
+            error: Error::io("directory sync", error),
+            after_rename: true,
+        })
     }
+}
+
+/// A failed manifest replacement and whether it failed after the rename.
+#[derive(Debug)]
+pub struct ManifestWriteFailure {
+    pub error: Error,
+    pub after_rename: bool,
 }
 
 pub(crate) fn word4(bytes: &[u8], at: usize) -> [u8; 4] {
