@@ -29,6 +29,8 @@ pub const MAX_EVENT_DATA_BYTES: usize = MAX_PAYLOAD_BYTES - EVENT_FIXED_BYTES - 
 pub const MAX_HEADER_BYTES: usize = 1024 * 1024;
 /// Largest event type name, in bytes.
 pub const MAX_TYPE_BYTES: usize = 1024;
+/// 2^53: JavaScript's safe integers (DSH's `createdAt`, `seq`, `time`) lie below it.
+pub const MAX_SAFE_INTEGER_EXCLUSIVE: u64 = 1 << 53;
 /// Envelope keys besides `type`, `seq`, `time` and `data` that an event may carry.
 pub const ENVELOPE_KEYS: [&str; 3] = ["surfaceOp", "sourceEventSeqs", "ignorable"];
 
@@ -560,15 +562,13 @@ impl SessionWriter {
             validate_event(event)?;
         }
         let now = now_millis();
-        let (type_numbers, type_names) = {
+        let type_numbers: Vec<u32> = {
             let mut catalog = inner.catalog.write();
-            let numbers: Vec<u32> = events
+            events
                 .iter()
                 .map(|event| catalog.intern_type(event.event_type))
-                .collect();
-            (numbers, ())
+                .collect()
         };
-        let _ = type_names;
         let first_seq = inner
             .catalog
             .read()
@@ -704,7 +704,7 @@ fn validate_header(header_json: &str) -> Result<String> {
         _ => return Err(Error::invalid("session header version must be 0")),
     }
     match object.get("createdAt").and_then(serde_json::Value::as_u64) {
-        Some(created) if created <= (1 << 53) - 1 => {}
+        Some(created) if created < MAX_SAFE_INTEGER_EXCLUSIVE => {}
         _ => {
             return Err(Error::invalid(
                 "session header createdAt must be a safe integer >= 0",

@@ -119,7 +119,7 @@ fn run_sessions(
             entries.written.insert(*session, receipt.end_seq);
         }
         drop(entries);
-        if workload.durability != Durability::Sync && next_random(&mut random) % 5 == 0 {
+        if workload.durability != Durability::Sync && next_random(&mut random).is_multiple_of(5) {
             if store.flush().is_err() {
                 return;
             }

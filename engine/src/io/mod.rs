@@ -19,6 +19,10 @@ pub trait StorageFile: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     /// Current length in bytes.
     fn len(&self) -> io::Result<u64>;
+    /// Whether the file holds no bytes.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
     /// Truncates or extends (with zeros) to `length` bytes.
     fn set_len(&self, length: u64) -> io::Result<()>;
     /// Reserves `length` bytes of disk (zero-filled), so later writes below it cannot fail
