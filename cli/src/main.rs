@@ -1,1 +1,439 @@
-fn main() {}
+//! `dshdb`: the command-line front end of the dshdb storage engine.
+
+mod input;
+mod quickstart;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use dshdb::commit::Durability;
+use dshdb::db::{Options, SessionWriter, Store, MANIFEST};
+use dshdb::Error;
+use std::io::{BufRead, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Exit code of `verify` when the store is damaged.
+const EXIT_CORRUPT: u8 = 3;
+/// Events read per call while streaming a session out.
+const READ_CHUNK: u64 = 4096;
+
+#[derive(Parser)]
+#[command(
+    name = "dshdb",
+    version,
+    about = "Embedded storage engine for AI-agent session logs (DSH model)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a store in DIR, write a few demo agent sessions, reopen it and print them.
+    Quickstart {
+        /// Store directory (created if missing; an existing store gets new sessions).
+        dir: PathBuf,
+    },
+    /// Create an empty store.
+    Init {
+        /// Store directory (created if missing; must not already hold a store).
+        store: PathBuf,
+    },
+    /// Append events read from stdin, one JSON object per line:
+    /// {"type":..,"data":..,"time"?:..,"surfaceOp"?:..,"sourceEventSeqs"?:..,"ignorable"?:..}
+    Append {
+        store: PathBuf,
+        session: String,
+        /// Create the store and the session (with a minimal header) if missing.
+        #[arg(long)]
+        create: bool,
+        /// When an append counts as done.
+        #[arg(long, value_enum, default_value_t = DurabilityArg::Sync)]
+        durability: DurabilityArg,
+        /// Print `durable <seq>` on stdout as each event becomes durable.
+        #[arg(long)]
+        ack: bool,
+    },
+    /// Print a session's events as DSH JSON lines.
+    Events {
+        store: PathBuf,
+        session: String,
+        /// First seq to print (inclusive).
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Seq to stop at (exclusive); default: the end of the session.
+        #[arg(long)]
+        to: Option<u64>,
+        /// Print only events of this type.
+        #[arg(long = "type", value_name = "TYPE")]
+        event_type: Option<String>,
+        /// Print one JSON array instead of JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List sessions with their event counts.
+    Ls {
+        store: PathBuf,
+        /// Print a JSON array of {"id","events","header"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every segment of a store (read-only). Exit 0 when readable, 3 on corruption.
+    Verify { store: PathBuf },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DurabilityArg {
+    /// Each append returns once it is on stable storage.
+    Sync,
+    /// Appends are synced in groups (within 5 ms or 1 MiB); flushed at the end.
+    Batched,
+    /// Appends reach the OS at once and are synced at the end.
+    Buffered,
+}
+
+impl DurabilityArg {
+    fn durability(self) -> Durability {
+        match self {
+            DurabilityArg::Sync => Durability::Sync,
+            DurabilityArg::Batched => Options::batched(),
+            DurabilityArg::Buffered => Durability::Buffered,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let result = run(cli.command, &mut out).and_then(|code| {
+        out.flush()?;
+        Ok(code)
+    });
+    match result {
+        Ok(code) => code,
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            let _ = out.flush();
+            eprintln!("dshdb: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
+    match command {
+        Command::Quickstart { dir } => quickstart::run(&dir, out)?,
+        Command::Init { store } => init(&store, out)?,
+        Command::Append {
+            store,
+            session,
+            create,
+            durability,
+            ack,
+        } => append(&store, &session, create, durability.durability(), ack, out)?,
+        Command::Events {
+            store,
+            session,
+            from,
+            to,
+            event_type,
+            json,
+        } => events(&store, &session, from, to, event_type.as_deref(), json, out)?,
+        Command::Ls { store, json } => ls(&store, json, out)?,
+        Command::Verify { store } => return verify(&store, out),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_only_options() -> Options {
+    Options {
+        read_only: true,
+        create_if_missing: false,
+        ..Options::default()
+    }
+}
+
+fn open_read_only(path: &Path) -> Result<Store> {
+    Store::open(path, read_only_options())
+        .with_context(|| format!("cannot open store {}", path.display()))
+}
+
+fn init(path: &Path, out: &mut impl Write) -> Result<()> {
+    if path.join(MANIFEST).exists() {
+        return Err(Error::AlreadyExists {
+            path: path.to_path_buf(),
+        }
+        .into());
+    }
+    let store = Store::open(path, Options::default())
+        .with_context(|| format!("cannot create store {}", path.display()))?;
+    store.close()?;
+    writeln!(out, "created store {}", path.display())?;
+    Ok(())
+}
+
+fn append(
+    path: &Path,
+    session: &str,
+    create: bool,
+    durability: Durability,
+    ack: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    let options = Options {
+        create_if_missing: create,
+        durability,
+        ..Options::default()
+    };
+    let store = Store::open(path, options)
+        .with_context(|| format!("cannot open store {}", path.display()))?;
+    let outcome = append_lines(&store, session, create, durability, ack, out);
+    let closed = store.close().context("closing the store");
+    outcome.and(closed)
+}
+
+fn open_writer(store: &Store, session: &str, create: bool) -> Result<SessionWriter> {
+    match store.writer(session) {
+        Ok(writer) => Ok(writer),
+        Err(Error::UnknownSession { .. }) if create => store
+            .create_session_with_id(session)
+            .with_context(|| format!("cannot create session {session:?}")),
+        Err(Error::UnknownSession { .. }) => {
+            bail!("session {session:?} does not exist (use --create to create it)")
+        }
+        Err(error) => Err(error).with_context(|| format!("cannot write session {session:?}")),
+    }
+}
+
+fn append_lines(
+    store: &Store,
+    session: &str,
+    create: bool,
+    durability: Durability,
+    ack: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    let mut writer = open_writer(store, session, create)?;
+    writer.set_durability(durability);
+    let mut next_seq = store.session(session)?.events;
+    // Seqs appended but not yet reported durable.
+    let first_unacked = next_seq;
+    let mut acked_to = next_seq;
+    let stdin = std::io::stdin();
+    let mut failure = None;
+    for (index, line) in stdin.lock().lines().enumerate() {
+        let number = index + 1;
+        let line = match line {
+            Ok(line) => line,
+            Err(error) => {
+                failure = Some(anyhow::anyhow!("line {number}: cannot read input: {error}"));
+                break;
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let event = match input::parse_line(&line) {
+            Ok(event) => event,
+            Err(reason) => {
+                failure = Some(anyhow::anyhow!("line {number}: {reason}"));
+                break;
+            }
+        };
+        if let Some(seq) = event.seq {
+            if seq != next_seq {
+                failure = Some(anyhow::anyhow!(
+                    "line {number}: \"seq\" is {seq} but the event would get seq {next_seq}"
+                ));
+                break;
+            }
+        }
+        match writer.append(event.as_new_event()) {
+            Ok(receipt) => {
+                next_seq = receipt.end_seq;
+                if ack && receipt.durable {
+                    for seq in acked_to..receipt.end_seq {
+                        writeln!(out, "durable {seq}")?;
+                    }
+                    out.flush()?;
+                    acked_to = receipt.end_seq;
+                }
+            }
+            Err(error) => {
+                failure = Some(anyhow::Error::new(error).context(format!(
+                    "line {number}: event of type {:?} not appended",
+                    event.event_type
+                )));
+                break;
+            }
+        }
+    }
+    // Whatever was appended before a bad line stays, made durable.
+    if next_seq > first_unacked {
+        store.flush().context("flushing the appended events")?;
+        if ack {
+            for seq in acked_to..next_seq {
+                writeln!(out, "durable {seq}")?;
+            }
+            out.flush()?;
+        }
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn events(
+    path: &Path,
+    session: &str,
+    from: u64,
+    to: Option<u64>,
+    event_type: Option<&str>,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    let store = open_read_only(path)?;
+    let length = store.session(session)?.events;
+    let end = to.unwrap_or(length).min(length);
+    let mut first = true;
+    if json {
+        write!(out, "[")?;
+    }
+    let mut start = from.min(end);
+    while start < end {
+        let stop = end.min(start.saturating_add(READ_CHUNK));
+        for event in store.read(session, start, stop)? {
+            if event_type.is_some_and(|wanted| wanted != event.event_type) {
+                continue;
+            }
+            let line = event.to_json_line();
+            if json {
+                if !first {
+                    write!(out, ",")?;
+                }
+                write!(out, "\n{line}")?;
+            } else {
+                writeln!(out, "{line}")?;
+            }
+            first = false;
+        }
+        start = stop;
+    }
+    if json {
+        writeln!(out, "{}]", if first { "" } else { "\n" })?;
+    }
+    Ok(())
+}
+
+fn ls(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {
+    let store = open_read_only(path)?;
+    let sessions = store.sessions();
+    if json {
+        let items: Vec<String> = sessions
+            .iter()
+            .map(|session| {
+                format!(
+                    "{{\"id\":{},\"events\":{},\"header\":{}}}",
+                    serde_json::Value::String(session.id.clone()),
+                    session.events,
+                    session.header_json
+                )
+            })
+            .collect();
+        writeln!(out, "[{}]", items.join(","))?;
+        return Ok(());
+    }
+    if sessions.is_empty() {
+        writeln!(out, "no sessions")?;
+        return Ok(());
+    }
+    let width = sessions
+        .iter()
+        .map(|session| session.id.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("SESSION".len());
+    writeln!(out, "{:<width$}  EVENTS", "SESSION")?;
+    for session in &sessions {
+        writeln!(out, "{:<width$}  {:>6}", session.id, session.events)?;
+    }
+    Ok(())
+}
+
+/// Whether the error means damaged data (as opposed to a missing store, I/O, a lock, ...).
+fn is_corruption(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Corrupt { .. }
+            | Error::CorruptFile { .. }
+            | Error::UnknownRecordKind { .. }
+            | Error::UnsupportedVersion { .. }
+    )
+}
+
+fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
+    let corrupt = |error: Error, out: &mut dyn Write| -> Result<ExitCode> {
+        out.flush()?;
+        eprintln!("dshdb: CORRUPT: store {}: {error}", path.display());
+        Ok(ExitCode::from(EXIT_CORRUPT))
+    };
+    let store = match Store::open(path, read_only_options()) {
+        Ok(store) => store,
+        Err(error) if is_corruption(&error) => return corrupt(error, out),
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot open store {}", path.display()))
+        }
+    };
+    // Recovery checked every frame; reading every event back checks the index as well.
+    let sessions = store.sessions();
+    for session in &sessions {
+        let mut start = 0;
+        while start < session.events {
+            let stop = session.events.min(start + READ_CHUNK);
+            match store.read(&session.id, start, stop) {
+                Ok(_) => {}
+                Err(error) if is_corruption(&error) => return corrupt(error, out),
+                Err(error) => {
+                    return Err(error).with_context(|| format!("reading session {:?}", session.id))
+                }
+            }
+            start = stop;
+        }
+    }
+    let report = store.recovery_report();
+    writeln!(out, "store {}: ok", path.display())?;
+    writeln!(out, "segments scanned: {}", report.segments_scanned)?;
+    writeln!(out, "events: {}", report.events)?;
+    writeln!(out, "batches: {}", report.batches)?;
+    writeln!(out, "sessions: {}", sessions.len())?;
+    if let Some(tail) = &report.torn_tail {
+        writeln!(
+            out,
+            "torn tail: segment {} offset {}: {} bytes of an unfinished write, {} events of incomplete batches dropped ({})",
+            tail.segment, tail.offset, tail.bytes, tail.dropped_events, tail.reason
+        )?;
+        writeln!(
+            out,
+            "(an interrupted write; the next writable open discards it)"
+        )?;
+    }
+    for orphan in &report.orphan_segments {
+        writeln!(
+            out,
+            "orphan segment {orphan} (not in the manifest; removed by the next writable open)"
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,187 @@
+//! Parsing of `dshdb append` input lines: `{"type":..,"data":..,"time"?:..,"surfaceOp"?:..,
+//! "sourceEventSeqs"?:..,"ignorable"?:..}`. Values are kept as their exact JSON text.
+
+use dshdb::db::{NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::fmt;
+
+/// The members of one JSON object, in the order they appear, values as raw JSON text.
+struct Members(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MembersVisitor;
+        impl<'de> Visitor<'de> for MembersVisitor {
+            type Value = Members;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: Box<RawValue> = map.next_value()?;
+                    members.push((key, value));
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(MembersVisitor)
+    }
+}
+
+/// One parsed input line.
+#[derive(Debug)]
+pub struct InputEvent {
+    pub event_type: String,
+    pub time: Option<i64>,
+    /// `seq`, when the line carries one (e.g. a line exported by `dshdb events`).
+    pub seq: Option<u64>,
+    pub data: Box<RawValue>,
+    /// The envelope members as `"key":value` text, in input order.
+    pub envelope: String,
+}
+
+impl InputEvent {
+    pub fn as_new_event(&self) -> NewEvent<'_> {
+        NewEvent {
+            time: self.time,
+            envelope: &self.envelope,
+            ..NewEvent::new(&self.event_type, self.data.get())
+        }
+    }
+}
+
+/// Parses one input line. The error says what is wrong (without the line number).
+pub fn parse_line(line: &str) -> Result<InputEvent, String> {
+    let Members(members) = serde_json::from_str(line).map_err(|error| error.to_string())?;
+    let mut event_type = None;
+    let mut time = None;
+    let mut seq = None;
+    let mut data = None;
+    let mut envelope = String::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for (key, value) in &members {
+        if seen.contains(&key.as_str()) {
+            return Err(format!("duplicate member {key:?}"));
+        }
+        seen.push(key);
+        let raw = value.get();
+        match key.as_str() {
+            "type" => {
+                let name: String = serde_json::from_str(raw)
+                    .map_err(|_| format!("\"type\" must be a string, got {raw}"))?;
+                if name.is_empty() {
+                    return Err("\"type\" must not be empty".to_string());
+                }
+                event_type = Some(name);
+            }
+            "data" => data = Some(value.clone()),
+            "time" => {
+                let parsed = raw
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|time| time.unsigned_abs() < MAX_SAFE_INTEGER_EXCLUSIVE);
+                time = Some(parsed.ok_or_else(|| {
+                    format!("\"time\" must be a safe integer (epoch milliseconds), got {raw}")
+                })?);
+            }
+            "seq" => {
+                let parsed = raw
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|seq| *seq < MAX_SAFE_INTEGER_EXCLUSIVE);
+                seq =
+                    Some(parsed.ok_or_else(|| {
+                        format!("\"seq\" must be a safe integer >= 0, got {raw}")
+                    })?);
+            }
+            "surfaceOp" | "sourceEventSeqs" | "ignorable" => {
+                check_envelope_value(key, raw)?;
+                if !envelope.is_empty() {
+                    envelope.push(',');
+                }
+                envelope.push('"');
+                envelope.push_str(key);
+                envelope.push_str("\":");
+                envelope.push_str(raw);
+            }
+            other => {
+                return Err(format!(
+                    "unknown member {other:?}; allowed: type, data, time, seq, {}",
+                    ENVELOPE_KEYS.join(", ")
+                ))
+            }
+        }
+    }
+    let event_type = event_type.ok_or("missing member \"type\"")?;
+    let data = data.ok_or("missing member \"data\"")?;
+    Ok(InputEvent {
+        event_type,
+        time,
+        seq,
+        data,
+        envelope,
+    })
+}
+
+/// The DSH envelope rules on value shapes (reference/dsh-persistence.md §1.2).
+fn check_envelope_value(key: &str, raw: &str) -> Result<(), String> {
+    let value: serde_json::Value = serde_json::from_str(raw)
+        .map_err(|error| format!("\"{key}\" is not valid JSON: {error}"))?;
+    let ok = match key {
+        "ignorable" => value == serde_json::Value::Bool(true),
+        "surfaceOp" => value.as_str() == Some("append") || value.is_object(),
+        "sourceEventSeqs" => value
+            .as_array()
+            .is_some_and(|seqs| seqs.iter().all(|seq| seq.as_u64().is_some())),
+        _ => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        let expected = match key {
+            "ignorable" => "true",
+            "surfaceOp" => "\"append\" or a replace record",
+            _ => "an array of seqs",
+        };
+        Err(format!("\"{key}\" must be {expected}, got {raw}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_raw_text_and_envelope_order() {
+        let line = r#"{"type":"tool/result","data":{"n":1e+21,"s":"\ud800"},"sourceEventSeqs":[3],"time":7,"surfaceOp":"append"}"#;
+        let event = parse_line(line).expect("parses");
+        assert_eq!(event.event_type, "tool/result");
+        assert_eq!(event.data.get(), r#"{"n":1e+21,"s":"\ud800"}"#);
+        assert_eq!(event.time, Some(7));
+        assert_eq!(
+            event.envelope,
+            r#""sourceEventSeqs":[3],"surfaceOp":"append""#
+        );
+    }
+
+    #[test]
+    fn rejects_bad_lines() {
+        for line in [
+            "",
+            "[]",
+            r#"{"data":{}}"#,
+            r#"{"type":"x"}"#,
+            r#"{"type":1,"data":{}}"#,
+            r#"{"type":"x","data":{},"extra":1}"#,
+            r#"{"type":"x","data":{},"time":1.5}"#,
+            r#"{"type":"x","data":{},"ignorable":false}"#,
+            r#"{"type":"x","data":{},"type":"y"}"#,
+            r#"{"type":"x","data":{"#,
+        ] {
+            assert!(parse_line(line).is_err(), "{line} should be rejected");
+        }
+    }
+}
