@@ -1,1 +1,754 @@
-fn main() {}
+//! `dshdb-benches compare [--quick] [--out DIR]`: dshdb against DSH JSONL, DSH SQLite and the
+//! raw `pwrite`+`fdatasync` floor, on the same machine and the same event stream.
+//! See BENCHMARKS.md at the repository root for the method.
+
+use anyhow::{bail, Context, Result};
+use dshdb::commit::Durability;
+use dshdb::db::{NewEvent, Options, SessionWriter, Store};
+use dshdb_benches::baselines::{JsonlSession, Prealloc, RawFile, Sqlite};
+use dshdb_benches::workload::{GenEvent, SessionStream, Shape};
+use parking_lot_free::Mutex;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// `std::sync::Mutex` without poisoning noise.
+mod parking_lot_free {
+    pub struct Mutex<T>(std::sync::Mutex<T>);
+    impl<T> Mutex<T> {
+        pub fn new(value: T) -> Self {
+            Mutex(std::sync::Mutex::new(value))
+        }
+        pub fn into_inner(self) -> T {
+            self.0
+                .into_inner()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+        pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+            self.0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+    }
+}
+
+const SEED: u64 = 0xD5D8_2026;
+const FLEET_EVENT_BYTES: usize = 256;
+const FLEET_THREADS: usize = 64;
+
+#[derive(Debug, Clone)]
+struct Config {
+    quick: bool,
+    reps: usize,
+    /// Appends measured per interactive run (after a warm-up).
+    interactive_appends: usize,
+    warmup: usize,
+    /// Duration of one fleet run.
+    fleet_time: Duration,
+    /// Bytes-on-disk stream: sessions × events per session.
+    disk_sessions: usize,
+    disk_events: usize,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Config> {
+    let mut args = std::env::args().skip(1);
+    let command = args.next().unwrap_or_default();
+    if command != "compare" {
+        bail!("usage: dshdb-benches compare [--quick] [--out DIR]");
+    }
+    let mut quick = false;
+    let mut out = PathBuf::from("bench-out");
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--out" => out = PathBuf::from(args.next().context("--out needs a directory")?),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    Ok(if quick {
+        Config {
+            quick,
+            reps: 1,
+            interactive_appends: 300,
+            warmup: 20,
+            fleet_time: Duration::from_millis(1000),
+            disk_sessions: 16,
+            disk_events: 300,
+            out,
+        }
+    } else {
+        Config {
+            quick,
+            reps: 3,
+            interactive_appends: 1000,
+            warmup: 50,
+            fleet_time: Duration::from_millis(2500),
+            disk_sessions: 64,
+            disk_events: 500,
+            out,
+        }
+    })
+}
+
+fn main() -> Result<()> {
+    let config = parse_args()?;
+    std::fs::create_dir_all(&config.out)?;
+    let work = config
+        .out
+        .canonicalize()?
+        .join(format!("work-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let started = Instant::now();
+    let result = run(&config, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    let report = result?;
+    let report = format!(
+        "{report}\nTotal run time: {:.0} s.\n",
+        started.elapsed().as_secs_f64()
+    );
+    let path = config.out.join(if config.quick {
+        "compare-quick.md"
+    } else {
+        "compare.md"
+    });
+    std::fs::write(&path, &report)?;
+    println!("{report}");
+    eprintln!("written to {}", path.display());
+    Ok(())
+}
+
+// ---------------------------------------------------------------- statistics
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[rank]
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut values = values.to_vec();
+    values.sort_by(f64::total_cmp);
+    percentile(&values, 0.5)
+}
+
+/// p50 and p99 of one run, in microseconds.
+#[derive(Debug, Clone, Copy)]
+struct Latency {
+    p50: f64,
+    p99: f64,
+}
+
+fn latency_of(mut micros: Vec<f64>) -> Latency {
+    micros.sort_by(f64::total_cmp);
+    Latency {
+        p50: percentile(&micros, 0.5),
+        p99: percentile(&micros, 0.99),
+    }
+}
+
+/// Median p50 and median p99 over the repetitions.
+fn median_latency(runs: &[Latency]) -> Latency {
+    Latency {
+        p50: median(&runs.iter().map(|run| run.p50).collect::<Vec<_>>()),
+        p99: median(&runs.iter().map(|run| run.p99).collect::<Vec<_>>()),
+    }
+}
+
+fn micros(elapsed: Duration) -> f64 {
+    elapsed.as_secs_f64() * 1e6
+}
+
+// ---------------------------------------------------------------- single session
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum System {
+    Raw,
+    RawFallocate,
+    Dshdb,
+    DshdbBatched,
+    Jsonl,
+    Sqlite,
+}
+
+impl System {
+    fn name(self) -> &'static str {
+        match self {
+            System::Raw => "raw floor (pwrite+fdatasync, zero-filled file)",
+            System::RawFallocate => "raw, fallocate'd file (unwritten extents)",
+            System::Dshdb => "dshdb Sync",
+            System::DshdbBatched => "dshdb Batched (5 ms / 1 MiB)",
+            System::Jsonl => "DSH JSONL (fdatasync per append)",
+            System::Sqlite => "DSH SQLite (WAL, synchronous=FULL)",
+        }
+    }
+}
+
+fn fresh_dir(work: &Path, name: &str) -> Result<PathBuf> {
+    let dir = work.join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Durable single-event appends to one session; the latency of each after the warm-up.
+fn interactive(config: &Config, work: &Path, system: System, size: usize) -> Result<Latency> {
+    let total = config.warmup + config.interactive_appends;
+    let events = SessionStream::new(SEED, 0, Shape::Fixed(size)).take(total);
+    let dir = fresh_dir(work, "interactive")?;
+    let mut samples = Vec::with_capacity(total);
+    match system {
+        System::Raw | System::RawFallocate => {
+            let prealloc = if system == System::Raw {
+                Prealloc::Zeroed
+            } else {
+                Prealloc::Fallocate
+            };
+            let mut file = RawFile::create(&dir.join("raw"), 64 << 20, prealloc)?;
+            for event in &events {
+                let start = Instant::now();
+                file.append_sync(event.data.as_bytes())?;
+                samples.push(micros(start.elapsed()));
+            }
+        }
+        System::Dshdb | System::DshdbBatched => {
+            let store = Store::open(dir.join("store"), Options::default())?;
+            let mut writer = store.create_session_with_id("interactive")?;
+            for event in &events {
+                let start = Instant::now();
+                writer.append(NewEvent::new(event.event_type, &event.data))?;
+                samples.push(micros(start.elapsed()));
+            }
+            drop(writer);
+            store.close()?;
+        }
+        System::Jsonl => {
+            let mut session = JsonlSession::create(&dir, "interactive", true)?;
+            for event in &events {
+                let start = Instant::now();
+                session.append_batch(std::slice::from_ref(event), true)?;
+                samples.push(micros(start.elapsed()));
+            }
+        }
+        System::Sqlite => {
+            let mut db = Sqlite::create(&dir.join("dsh.sqlite"))?;
+            db.create_sessions(&["interactive".to_string()])?;
+            for event in &events {
+                let start = Instant::now();
+                db.append_batch("interactive", std::slice::from_ref(event))?;
+                samples.push(micros(start.elapsed()));
+            }
+            db.close()?;
+        }
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(latency_of(samples.split_off(config.warmup)))
+}
+
+// ---------------------------------------------------------------- fleet ingest
+
+/// Per thread, a pool of pre-generated 256 B events cycled through (no generation in the loop).
+fn event_pool(thread: usize) -> Vec<GenEvent> {
+    SessionStream::new(
+        SEED,
+        10_000 + thread as u64,
+        Shape::Fixed(FLEET_EVENT_BYTES),
+    )
+    .take(64)
+}
+
+/// Runs `body(thread, stop)` on `FLEET_THREADS` threads for the fleet time; returns the sum of
+/// what they return (events appended) and the wall time from start to the last join.
+fn run_threads<S: Send>(
+    config: &Config,
+    states: Vec<S>,
+    body: impl Fn(usize, S, &AtomicBool) -> Result<u64> + Sync,
+) -> Result<(u64, Duration)> {
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(states.len() + 1);
+    let total = AtomicU64::new(0);
+    let mut failure = None;
+    let mut elapsed = Duration::ZERO;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = states
+            .into_iter()
+            .enumerate()
+            .map(|(thread, state)| {
+                let (stop, barrier, total, body) = (&stop, &barrier, &total, &body);
+                scope.spawn(move || -> Result<()> {
+                    barrier.wait();
+                    let count = body(thread, state, stop)?;
+                    total.fetch_add(count, Ordering::Relaxed);
+                    Ok(())
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        std::thread::sleep(config.fleet_time);
+        stop.store(true, Ordering::Relaxed);
+        for handle in handles {
+            match handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => failure = Some(error),
+                Err(_) => failure = Some(anyhow::anyhow!("a fleet thread panicked")),
+            }
+        }
+        elapsed = start.elapsed();
+    });
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    Ok((total.load(Ordering::Relaxed), elapsed))
+}
+
+/// Durable events/s with `sessions` live sessions spread over `FLEET_THREADS` threads, each
+/// thread appending one 256 B event at a time to its sessions in turn.
+fn fleet(config: &Config, work: &Path, system: System, sessions: usize) -> Result<f64> {
+    let threads = FLEET_THREADS.min(sessions);
+    let per_thread = sessions / threads;
+    let dir = fresh_dir(work, "fleet")?;
+    let ids: Vec<String> = (0..sessions).map(|i| format!("session-{i:05}")).collect();
+    let rate = match system {
+        System::Dshdb | System::DshdbBatched => {
+            let durability = if system == System::Dshdb {
+                Durability::Sync
+            } else {
+                Options::batched()
+            };
+            // Sessions are created unsynced then flushed once: setup is not measured.
+            let options = Options {
+                durability: Durability::Buffered,
+                ..Options::default()
+            };
+            let store = Store::open(dir.join("store"), options)?;
+            let mut groups: Vec<Vec<SessionWriter>> = (0..threads).map(|_| Vec::new()).collect();
+            for (i, id) in ids.iter().enumerate() {
+                let mut writer = store.create_session_with_id(id)?;
+                writer.set_durability(durability);
+                groups[i / per_thread].push(writer);
+            }
+            store.flush()?;
+            let start = Instant::now();
+            let (count, _) = run_threads(config, groups, |thread, mut writers, stop| {
+                let pool = event_pool(thread);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for writer in writers.iter_mut() {
+                        let event = &pool[n as usize % pool.len()];
+                        writer.append(NewEvent::new(event.event_type, &event.data))?;
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })?;
+            // Batched appends are durable only once flushed: the flush is part of the time.
+            store.flush()?;
+            let elapsed = start.elapsed();
+            store.close()?;
+            count as f64 / elapsed.as_secs_f64()
+        }
+        System::Jsonl => {
+            let mut groups: Vec<Vec<JsonlSession>> = (0..threads).map(|_| Vec::new()).collect();
+            for (i, id) in ids.iter().enumerate() {
+                groups[i / per_thread].push(JsonlSession::create(&dir, id, false)?);
+            }
+            // SAFETY: sync(2) has no preconditions.
+            unsafe { libc::sync() };
+            let (count, elapsed) = run_threads(config, groups, |thread, mut files, stop| {
+                let pool = event_pool(thread);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for file in files.iter_mut() {
+                        let event = &pool[n as usize % pool.len()];
+                        file.append_batch(std::slice::from_ref(event), true)?;
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })?;
+            count as f64 / elapsed.as_secs_f64()
+        }
+        System::Sqlite => {
+            let mut db = Sqlite::create(&dir.join("dsh.sqlite"))?;
+            db.create_sessions(&ids)?;
+            let db = Arc::new(Mutex::new(db));
+            let groups: Vec<Vec<String>> = ids.chunks(per_thread).map(<[String]>::to_vec).collect();
+            let (count, elapsed) = run_threads(config, groups, |thread, mine, stop| {
+                let pool = event_pool(thread);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for id in &mine {
+                        let event = &pool[n as usize % pool.len()];
+                        db.lock().append_batch(id, std::slice::from_ref(event))?;
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })?;
+            match Arc::try_unwrap(db) {
+                Ok(db) => db.into_inner().close()?,
+                Err(_) => bail!("sqlite handle still shared"),
+            }
+            count as f64 / elapsed.as_secs_f64()
+        }
+        System::Raw | System::RawFallocate => bail!("no fleet run for the raw floor"),
+    };
+    std::fs::remove_dir_all(&dir)?;
+    Ok(rate)
+}
+
+// ---------------------------------------------------------------- bytes on disk
+
+#[derive(Debug, Clone, Copy, Default)]
+struct DiskUse {
+    /// Sum of file sizes (`ls -l`).
+    apparent: u64,
+    /// Sum of allocated blocks (`du`), st_blocks × 512.
+    allocated: u64,
+}
+
+fn disk_use(path: &Path) -> Result<DiskUse> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = DiskUse::default();
+    let metadata = std::fs::symlink_metadata(path)?;
+    if metadata.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            let inner = disk_use(&entry?.path())?;
+            total.apparent += inner.apparent;
+            total.allocated += inner.allocated;
+        }
+    } else {
+        total.apparent = metadata.len();
+        total.allocated = metadata.blocks() * 512;
+    }
+    Ok(total)
+}
+
+struct DiskReport {
+    events: u64,
+    jsonl_line_bytes: u64,
+    dshdb_open: DiskUse,
+    dshdb_closed: DiskUse,
+    jsonl: DiskUse,
+    sqlite: DiskUse,
+}
+
+/// The same DSH-mix stream (sessions appended round-robin, one event per append) into each
+/// store, then the bytes each leaves on disk.
+fn bytes_on_disk(config: &Config, work: &Path) -> Result<DiskReport> {
+    let dir = fresh_dir(work, "disk")?;
+    let streams: Vec<Vec<GenEvent>> = (0..config.disk_sessions)
+        .map(|i| SessionStream::new(SEED, i as u64, Shape::Dsh).take(config.disk_events))
+        .collect();
+    let ids: Vec<String> = (0..config.disk_sessions)
+        .map(|i| format!("session-{i:05}"))
+        .collect();
+    let events = (config.disk_sessions * config.disk_events) as u64;
+    let jsonl_line_bytes = streams
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, event)| event.jsonl_line(i as u64, dshdb::db::now_millis()).len() as u64)
+        .sum();
+
+    let options = Options {
+        durability: Durability::Buffered,
+        ..Options::default()
+    };
+    let store_dir = dir.join("dshdb");
+    let store = Store::open(&store_dir, options)?;
+    let mut writers = ids
+        .iter()
+        .map(|id| store.create_session_with_id(id))
+        .collect::<dshdb::Result<Vec<_>>>()?;
+    for step in 0..config.disk_events {
+        for (writer, stream) in writers.iter_mut().zip(&streams) {
+            let event = &stream[step];
+            writer.append(NewEvent::new(event.event_type, &event.data))?;
+        }
+    }
+    store.flush()?;
+    let dshdb_open = disk_use(&store_dir)?;
+    drop(writers);
+    store.close()?;
+    drop(store);
+    let dshdb_closed = disk_use(&store_dir)?;
+
+    let jsonl_dir = dir.join("jsonl");
+    let mut files = ids
+        .iter()
+        .map(|id| JsonlSession::create(&jsonl_dir, id, false))
+        .collect::<Result<Vec<_>>>()?;
+    for step in 0..config.disk_events {
+        for (file, stream) in files.iter_mut().zip(&streams) {
+            file.append_batch(std::slice::from_ref(&stream[step]), false)?;
+        }
+    }
+    drop(files);
+    // SAFETY: sync(2) has no preconditions; it makes delayed allocation visible in st_blocks.
+    unsafe { libc::sync() };
+    let jsonl = disk_use(&jsonl_dir)?;
+
+    let sqlite_dir = dir.join("sqlite");
+    std::fs::create_dir_all(&sqlite_dir)?;
+    let mut db = Sqlite::create(&sqlite_dir.join("dsh.sqlite"))?;
+    db.unsynced()?;
+    db.create_sessions(&ids)?;
+    for step in 0..config.disk_events {
+        for (id, stream) in ids.iter().zip(&streams) {
+            db.append_batch(id, std::slice::from_ref(&stream[step]))?;
+        }
+    }
+    db.close()?;
+    // SAFETY: as above.
+    unsafe { libc::sync() };
+    let sqlite = disk_use(&sqlite_dir)?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(DiskReport {
+        events,
+        jsonl_line_bytes,
+        dshdb_open,
+        dshdb_closed,
+        jsonl,
+        sqlite,
+    })
+}
+
+// ---------------------------------------------------------------- the run
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "**met**"
+    } else {
+        "**not met**"
+    }
+}
+
+fn run(config: &Config, work: &Path) -> Result<String> {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let load_before = load_average();
+    let sizes = [256usize, 1024];
+    let single = [
+        System::Raw,
+        System::RawFallocate,
+        System::Dshdb,
+        System::Jsonl,
+        System::Sqlite,
+    ];
+    // Latencies[size][system] over reps; repetitions are interleaved so drift hits all alike.
+    let mut latencies: Vec<Vec<Vec<Latency>>> = vec![vec![Vec::new(); single.len()]; sizes.len()];
+    let fleet_sizes = [64usize, 1024];
+    let fleet_systems = [
+        System::Dshdb,
+        System::DshdbBatched,
+        System::Jsonl,
+        System::Sqlite,
+    ];
+    let mut rates: Vec<Vec<Vec<f64>>> =
+        vec![vec![Vec::new(); fleet_systems.len()]; fleet_sizes.len()];
+    for rep in 0..config.reps {
+        for (s, &size) in sizes.iter().enumerate() {
+            for (k, &system) in single.iter().enumerate() {
+                eprintln!("rep {rep}: interactive {size} B {}", system.name());
+                latencies[s][k].push(interactive(config, work, system, size)?);
+            }
+        }
+        for (f, &sessions) in fleet_sizes.iter().enumerate() {
+            for (k, &system) in fleet_systems.iter().enumerate() {
+                eprintln!("rep {rep}: fleet {sessions} sessions {}", system.name());
+                let rate = fleet(config, work, system, sessions)?;
+                eprintln!("  {rate:.0} events/s");
+                rates[f][k].push(rate);
+            }
+        }
+    }
+    eprintln!("bytes on disk");
+    let disk = bytes_on_disk(config, work)?;
+    let load_after = load_average();
+
+    let lat: Vec<Vec<Latency>> = latencies
+        .iter()
+        .map(|per| per.iter().map(|runs| median_latency(runs)).collect())
+        .collect();
+    let rate: Vec<Vec<f64>> = rates
+        .iter()
+        .map(|per| per.iter().map(|runs| median(runs)).collect())
+        .collect();
+
+    let mut out = String::new();
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string())
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "## dshdb compare ({})\n",
+        if config.quick { "--quick" } else { "default" }
+    )?;
+    writeln!(
+        out,
+        "{date}; {cores} cores; load average before {load_before}, after {load_after}; \
+         {} repetition(s), medians shown; {} measured appends per latency run \
+         (after {} warm-up); fleet runs of {:.1} s with {FLEET_THREADS} threads.\n",
+        config.reps,
+        config.interactive_appends,
+        config.warmup,
+        config.fleet_time.as_secs_f64()
+    )?;
+    let floor = lat[0][0].p50;
+    writeln!(
+        out,
+        "**fsync floor** (pwrite 256 B + fdatasync, zero-filled preallocated file): \
+         p50 {floor:.0} µs, p99 {:.0} µs.\n",
+        lat[0][0].p99
+    )?;
+
+    writeln!(
+        out,
+        "### One interactive session, durable append latency (µs)\n"
+    )?;
+    writeln!(
+        out,
+        "| system | 256 B p50 | 256 B p99 | 1 KiB p50 | 1 KiB p99 | p50 vs dshdb (256 B / 1 KiB) |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|")?;
+    let dshdb_index = 2;
+    for (k, system) in single.iter().enumerate() {
+        writeln!(
+            out,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2}× / {:.2}× |",
+            system.name(),
+            lat[0][k].p50,
+            lat[0][k].p99,
+            lat[1][k].p50,
+            lat[1][k].p99,
+            lat[0][k].p50 / lat[0][dshdb_index].p50,
+            lat[1][k].p50 / lat[1][dshdb_index].p50,
+        )?;
+    }
+    let floor_ratio_256 = lat[0][dshdb_index].p50 / lat[0][0].p50;
+    let floor_ratio_1k = lat[1][dshdb_index].p50 / lat[1][0].p50;
+    writeln!(
+        out,
+        "\ndshdb Sync p50 / raw floor p50: {floor_ratio_256:.2}× (256 B), {floor_ratio_1k:.2}× (1 KiB); \
+         against the fallocate'd raw file: {:.2}× / {:.2}×.\n",
+        lat[0][dshdb_index].p50 / lat[0][1].p50,
+        lat[1][dshdb_index].p50 / lat[1][1].p50,
+    )?;
+
+    writeln!(
+        out,
+        "### Fleet ingest, durable 256 B events/s ({FLEET_THREADS} threads)\n"
+    )?;
+    writeln!(out, "| system | 64 sessions | 1024 sessions |")?;
+    writeln!(out, "|---|---:|---:|")?;
+    for (k, system) in fleet_systems.iter().enumerate() {
+        writeln!(
+            out,
+            "| {} | {:.0} | {:.0} |",
+            system.name(),
+            rate[0][k],
+            rate[1][k]
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "| ratio | 64 sessions | 1024 sessions |")?;
+    writeln!(out, "|---|---:|---:|")?;
+    for (dk, dname) in [(0usize, "dshdb Sync"), (1, "dshdb Batched")] {
+        for (bk, bname) in [(2usize, "JSONL"), (3, "SQLite")] {
+            writeln!(
+                out,
+                "| {dname} / {bname} | {:.2}× | {:.2}× |",
+                rate[0][dk] / rate[0][bk],
+                rate[1][dk] / rate[1][bk]
+            )?;
+        }
+    }
+    writeln!(out)?;
+
+    writeln!(
+        out,
+        "### Bytes on disk, same DSH-mix stream ({} sessions × {} events = {} events, \
+         mean JSONL line {:.0} B)\n",
+        config.disk_sessions,
+        config.disk_events,
+        disk.events,
+        disk.jsonl_line_bytes as f64 / disk.events as f64
+    )?;
+    writeln!(
+        out,
+        "| store | file sizes, B/event | allocated (du), B/event |"
+    )?;
+    writeln!(out, "|---|---:|---:|")?;
+    let per = |bytes: u64| bytes as f64 / disk.events as f64;
+    for (name, usage) in [
+        ("dshdb, open (active segment preallocated)", disk.dshdb_open),
+        ("dshdb, after close (trimmed)", disk.dshdb_closed),
+        ("DSH JSONL (raw, one file per session)", disk.jsonl),
+        ("DSH SQLite (after close, WAL checkpointed)", disk.sqlite),
+    ] {
+        writeln!(
+            out,
+            "| {name} | {:.1} | {:.1} |",
+            per(usage.apparent),
+            per(usage.allocated)
+        )?;
+    }
+    writeln!(out)?;
+
+    writeln!(out, "### Targets\n")?;
+    writeln!(out, "| target | measured | verdict |")?;
+    writeln!(out, "|---|---|---|")?;
+    writeln!(
+        out,
+        "| single-session Sync p50 ≤ 1.3× raw floor (256 B) | {floor_ratio_256:.2}× ({:.0} µs vs {floor:.0} µs) | {} |",
+        lat[0][dshdb_index].p50,
+        verdict(floor_ratio_256 <= 1.3)
+    )?;
+    writeln!(
+        out,
+        "| ≥ 300,000 durable 256 B events/s at 64 sessions | Sync {:.0}/s, Batched {:.0}/s | Sync {}, Batched {} |",
+        rate[0][0],
+        rate[0][1],
+        verdict(rate[0][0] >= 300_000.0),
+        verdict(rate[0][1] >= 300_000.0)
+    )?;
+    for (f, sessions) in fleet_sizes.iter().enumerate() {
+        writeln!(
+            out,
+            "| ≥ 10× SQLite, fleet {sessions} | Sync {:.1}×, Batched {:.1}× | Sync {}, Batched {} |",
+            rate[f][0] / rate[f][3],
+            rate[f][1] / rate[f][3],
+            verdict(rate[f][0] >= 10.0 * rate[f][3]),
+            verdict(rate[f][1] >= 10.0 * rate[f][3])
+        )?;
+        writeln!(
+            out,
+            "| ≥ 5× JSONL, fleet {sessions} | Sync {:.1}×, Batched {:.1}× | Sync {}, Batched {} |",
+            rate[f][0] / rate[f][2],
+            rate[f][1] / rate[f][2],
+            verdict(rate[f][0] >= 5.0 * rate[f][2]),
+            verdict(rate[f][1] >= 5.0 * rate[f][2])
+        )?;
+    }
+    Ok(out)
+}

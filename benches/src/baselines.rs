@@ -1,0 +1,276 @@
+//! The baselines dshdb is compared with.
+//!
+//! - [`JsonlSession`]: DSH's JSONL backend (`compression: 'none'`, dsh-persistence.md §2 and
+//!   §4.4): one file per session, a header line, then one line per event; every batch is one
+//!   `write` of its lines followed by one `fdatasync` of that file.
+//! - [`Sqlite`]: DSH's SQLite backend, schema 17 (§3): `journal_mode=WAL`, `synchronous=FULL`,
+//!   STRICT tables, one IMMEDIATE transaction per batch (tail read, one row per event,
+//!   revision bump), as `appendBatch` does (§3.6).
+//! - [`RawFile`]: the floor: `pwrite` of the same bytes at increasing offsets of a preallocated
+//!   file, then `fdatasync`.
+
+use crate::workload::GenEvent;
+use anyhow::{Context, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Syncs a directory (after creating an entry in it).
+pub fn sync_dir(path: &Path) -> Result<()> {
+    File::open(path)
+        .with_context(|| format!("open dir {}", path.display()))?
+        .sync_all()
+        .context("fsync dir")
+}
+
+/// How [`RawFile`] preallocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prealloc {
+    /// Written with zeros and fsynced: overwrites need no metadata at all (the true floor).
+    Zeroed,
+    /// `fallocate(2)`: unwritten extents, so the first write of each block changes metadata.
+    Fallocate,
+}
+
+/// A preallocated file written at increasing offsets, each write followed by `fdatasync`.
+pub struct RawFile {
+    file: File,
+    offset: u64,
+    size: u64,
+}
+
+impl RawFile {
+    pub fn create(path: &Path, size: u64, prealloc: Prealloc) -> Result<RawFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .with_context(|| format!("create {}", path.display()))?;
+        match prealloc {
+            Prealloc::Zeroed => {
+                let zeros = vec![0u8; 1 << 20];
+                let mut written = 0;
+                while written < size {
+                    let n = zeros.len().min((size - written) as usize);
+                    file.write_all_at(&zeros[..n], written)?;
+                    written += n as u64;
+                }
+            }
+            Prealloc::Fallocate => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: a valid open descriptor; fallocate does not touch our memory.
+                let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
+                if rc != 0 {
+                    return Err(std::io::Error::last_os_error()).context("fallocate");
+                }
+            }
+        }
+        file.sync_all()?;
+        if let Some(parent) = path.parent() {
+            sync_dir(parent)?;
+        }
+        Ok(RawFile {
+            file,
+            offset: 0,
+            size,
+        })
+    }
+
+    /// `pwrite` + `fdatasync`. Wraps to the start when the file is full.
+    pub fn append_sync(&mut self, bytes: &[u8]) -> Result<()> {
+        if self.offset + bytes.len() as u64 > self.size {
+            self.offset = 0;
+        }
+        self.file.write_all_at(bytes, self.offset)?;
+        self.offset += bytes.len() as u64;
+        self.file.sync_data()?;
+        Ok(())
+    }
+}
+
+/// One DSH JSONL session file (`<root>/_no-cwd/<id>/session.jsonl`).
+pub struct JsonlSession {
+    file: File,
+    seq: u64,
+    line: String,
+    pub path: PathBuf,
+}
+
+impl JsonlSession {
+    /// Materializes the session: directory, header line. With `durable`, the file and its
+    /// directory are fsynced (DSH's first-append protocol minus the temp file and link).
+    pub fn create(root: &Path, id: &str, durable: bool) -> Result<JsonlSession> {
+        let dir = root.join("_no-cwd").join(id);
+        std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+        let path = dir.join("session.jsonl");
+        let mut file = OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .with_context(|| format!("create {}", path.display()))?;
+        let header = format!(
+            "{{\"type\":\"session\",\"version\":0,\"id\":\"{id}\",\"createdAt\":{},\"delegationDepth\":0}}\n",
+            dshdb::db::now_millis()
+        );
+        file.write_all(header.as_bytes())?;
+        if durable {
+            file.sync_all()?;
+            sync_dir(&dir)?;
+        }
+        Ok(JsonlSession {
+            file,
+            seq: 0,
+            line: String::new(),
+            path,
+        })
+    }
+
+    /// Appends a batch as one write, then `fdatasync`.
+    pub fn append_batch(&mut self, events: &[GenEvent], durable: bool) -> Result<()> {
+        self.line.clear();
+        let time = dshdb::db::now_millis();
+        for event in events {
+            self.line.push_str(&event.jsonl_line(self.seq, time));
+            self.seq += 1;
+        }
+        self.file.write_all(self.line.as_bytes())?;
+        if durable {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+}
+
+/// DSH schema 17 (dsh-persistence.md §3.3).
+pub const SQLITE_SCHEMA: &str = "
+CREATE TABLE persistence_state (
+  singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+  store_id TEXT NOT NULL
+) STRICT;
+CREATE TABLE sessions (
+  id TEXT PRIMARY KEY,
+  version INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  cwd TEXT,
+  parent_session TEXT,
+  seed_length INTEGER,
+  origin TEXT,
+  delegation_depth INTEGER,
+  agent_preset TEXT,
+  incarnation TEXT NOT NULL,
+  revision INTEGER NOT NULL
+) STRICT;
+CREATE TABLE events (
+  session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+  seq INTEGER NOT NULL,
+  type TEXT NOT NULL,
+  time INTEGER NOT NULL,
+  data ANY NOT NULL,
+  source_event_seqs ANY,
+  surface_op TEXT,
+  ignorable INTEGER CHECK (ignorable IS NULL OR ignorable IN (0, 1)),
+  PRIMARY KEY (session_id, seq)
+) STRICT;
+";
+
+/// A DSH SQLite store: one connection.
+pub struct Sqlite {
+    conn: Connection,
+    pub path: PathBuf,
+}
+
+impl Sqlite {
+    /// Opens a new database with DSH's pragmas (§3.2) and schema.
+    pub fn create(path: &Path) -> Result<Sqlite> {
+        let conn = Connection::open(path).with_context(|| format!("open {}", path.display()))?;
+        conn.execute_batch(
+            "PRAGMA trusted_schema = OFF; PRAGMA mmap_size = 0; PRAGMA foreign_keys = ON;",
+        )?;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        conn.execute_batch(SQLITE_SCHEMA)?;
+        conn.execute(
+            "INSERT INTO persistence_state (singleton, store_id) VALUES (1, ?1)",
+            params!["00000000-0000-4000-8000-000000000000"],
+        )?;
+        conn.execute_batch(
+            "PRAGMA application_id = 1146308688; PRAGMA user_version = 17; COMMIT;",
+        )?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
+        anyhow::ensure!(mode.eq_ignore_ascii_case("wal"), "journal_mode {mode}");
+        conn.execute_batch("PRAGMA synchronous = FULL")?;
+        let sync: i64 = conn.query_row("PRAGMA synchronous", [], |row| row.get(0))?;
+        anyhow::ensure!(sync == 2, "synchronous {sync}");
+        Ok(Sqlite {
+            conn,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Inserts session rows (untimed setup; DSH does this in the first append's transaction).
+    pub fn create_sessions(&mut self, ids: &[String]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut insert = tx.prepare(
+                "INSERT INTO sessions (id, version, created_at, cwd, parent_session, seed_length, \
+                 origin, delegation_depth, agent_preset, incarnation, revision) \
+                 VALUES (?1, 0, ?2, NULL, NULL, NULL, NULL, 0, NULL, ?3, 0)",
+            )?;
+            for id in ids {
+                insert.execute(params![
+                    id,
+                    dshdb::db::now_millis(),
+                    "00000000-0000-4000-8000-000000000001"
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// One IMMEDIATE transaction: read the two tail rows, check the seq, insert one row per
+    /// event, bump the revision, commit (one WAL `fsync` under `synchronous=FULL`).
+    pub fn append_batch(&mut self, session: &str, events: &[GenEvent]) -> Result<()> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let last: Option<i64> = tx
+            .prepare_cached(
+                "SELECT seq, type, time, data, source_event_seqs, surface_op, ignorable \
+                 FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 2",
+            )?
+            .query_row(params![session], |row| row.get(0))
+            .optional()?;
+        let mut seq = last.map_or(0, |last| last + 1);
+        let time = dshdb::db::now_millis();
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO events (session_id, seq, type, time, data, source_event_seqs, \
+                 surface_op, ignorable) VALUES (?1, ?2, ?3, ?4, ?5, NULL, NULL, NULL)",
+            )?;
+            for event in events {
+                insert.execute(params![session, seq, event.event_type, time, event.data])?;
+                seq += 1;
+            }
+        }
+        tx.prepare_cached("UPDATE sessions SET revision = revision + 1 WHERE id = ?1")?
+            .execute(params![session])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Turns `synchronous` off: for measuring bytes on disk only (the rows are the same).
+    pub fn unsynced(&self) -> Result<()> {
+        self.conn.execute_batch("PRAGMA synchronous = OFF")?;
+        Ok(())
+    }
+
+    /// Closes the connection (checkpoints and removes the WAL).
+    pub fn close(self) -> Result<()> {
+        self.conn.close().map_err(|(_, error)| error)?;
+        Ok(())
+    }
+}
