@@ -279,18 +279,25 @@ fn append_lines(
         }
     }
     // Whatever was appended before a bad line stays, made durable.
-    if next_seq > first_unacked {
-        store.flush().context("flushing the appended events")?;
-        if ack {
-            for seq in acked_to..next_seq {
-                writeln!(out, "durable {seq}")?;
+    let flushed = if next_seq > first_unacked {
+        store.flush().map_err(anyhow::Error::new).and_then(|()| {
+            if ack {
+                for seq in acked_to..next_seq {
+                    writeln!(out, "durable {seq}")?;
+                }
+                out.flush()?;
             }
-            out.flush()?;
-        }
-    }
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(()),
+            Ok(())
+        })
+    } else {
+        Ok(())
+    };
+    match (failure, flushed) {
+        (None, flushed) => flushed.context("flushing the appended events"),
+        (Some(error), Ok(())) => Err(error),
+        (Some(error), Err(flush_error)) => Err(anyhow::anyhow!(
+            "{error:#}; flushing the events before it failed too: {flush_error:#}"
+        )),
     }
 }
 
