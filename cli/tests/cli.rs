@@ -403,3 +403,33 @@ fn ls_lists_sessions_with_event_counts() {
     assert_eq!(json[1]["header"]["id"], "beta");
     assert_eq!(json[1]["header"]["version"], 0);
 }
+
+#[test]
+fn quickstart_sessions_pass_the_dsh_session_model_checks() {
+    use dshdb::session::{parse_event_line, validate_seed, InvariantTracker, SeedMode};
+    let dir = TempDir::new("model");
+    let store = dir.join("store");
+    let store = path_str(&store);
+    ok(&["quickstart", store], "");
+    let listing: serde_json::Value =
+        serde_json::from_str(&ok(&["ls", store, "--json"], "")).expect("JSON");
+    let sessions = listing.as_array().expect("array");
+    assert_eq!(sessions.len(), 3);
+    for session in sessions {
+        let id = session["id"].as_str().expect("id");
+        let lines = ok(&["events", store, id], "");
+        let mut tracker = InvariantTracker::new();
+        let mut events = Vec::new();
+        for line in lines.lines() {
+            let event = parse_event_line(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            tracker
+                .check_next(&event)
+                .unwrap_or_else(|e| panic!("{id}: {line}: {e}"));
+            events.push(event);
+        }
+        assert_eq!(events.len() as u64, session["events"].as_u64().expect("n"));
+        if let Err(error) = validate_seed(&events, SeedMode::Snapshot) {
+            panic!("{id}: {error}");
+        }
+    }
+}
