@@ -41,6 +41,8 @@ const FLEET_THREADS: usize = 64;
 #[derive(Debug, Clone)]
 struct Config {
     quick: bool,
+    /// Only this fleet configuration (the `fleet` command).
+    single: Option<(System, usize)>,
     reps: usize,
     /// Appends measured per interactive run (after a warm-up).
     interactive_appends: usize,
@@ -56,8 +58,28 @@ struct Config {
 fn parse_args() -> Result<Config> {
     let mut args = std::env::args().skip(1);
     let command = args.next().unwrap_or_default();
-    if command != "compare" {
-        bail!("usage: dshdb-benches compare [--quick] [--out DIR]");
+    let mut single = None;
+    match command.as_str() {
+        "compare" => {}
+        // Diagnosis: one fleet configuration, e.g. `fleet sync 64` (for strace/perf).
+        "fleet" => {
+            let system = match args.next().as_deref() {
+                Some("sync") => System::Dshdb,
+                Some("batched") => System::DshdbBatched,
+                Some("jsonl") => System::Jsonl,
+                Some("sqlite") => System::Sqlite,
+                other => bail!("fleet needs sync|batched|jsonl|sqlite, not {other:?}"),
+            };
+            let sessions = args
+                .next()
+                .context("fleet needs a session count")?
+                .parse()?;
+            single = Some((system, sessions));
+        }
+        _ => bail!(
+            "usage: dshdb-benches compare [--quick] [--out DIR]\n       \
+             dshdb-benches fleet sync|batched|jsonl|sqlite SESSIONS [--quick] [--out DIR]"
+        ),
     }
     let mut quick = false;
     let mut out = PathBuf::from("bench-out");
@@ -71,6 +93,7 @@ fn parse_args() -> Result<Config> {
     Ok(if quick {
         Config {
             quick,
+            single,
             reps: 1,
             interactive_appends: 300,
             warmup: 20,
@@ -82,8 +105,9 @@ fn parse_args() -> Result<Config> {
     } else {
         Config {
             quick,
+            single,
             reps: 3,
-            interactive_appends: 1000,
+            interactive_appends: 600,
             warmup: 50,
             fleet_time: Duration::from_millis(2500),
             disk_sessions: 64,
@@ -103,6 +127,16 @@ fn main() -> Result<()> {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
     let started = Instant::now();
+    if let Some((system, sessions)) = config.single {
+        let result = fleet(&config, &work, system, sessions);
+        let _ = std::fs::remove_dir_all(&work);
+        println!(
+            "{}, {sessions} sessions: {:.0} events/s",
+            system.name(),
+            result?
+        );
+        return Ok(());
+    }
     let result = run(&config, &work);
     let _ = std::fs::remove_dir_all(&work);
     let report = result?;
@@ -196,58 +230,100 @@ fn fresh_dir(work: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Durable single-event appends to one session; the latency of each after the warm-up.
-fn interactive(config: &Config, work: &Path, system: System, size: usize) -> Result<Latency> {
+/// One open single-session target of the interactive measurement.
+enum Target {
+    Raw(RawFile),
+    Dshdb(Store, SessionWriter),
+    Jsonl(JsonlSession),
+    Sqlite(Sqlite),
+}
+
+impl Target {
+    fn open(system: System, dir: &Path) -> Result<Target> {
+        Ok(match system {
+            System::Raw => Target::Raw(RawFile::create(
+                &dir.join("raw"),
+                64 << 20,
+                Prealloc::Zeroed,
+            )?),
+            System::RawFallocate => Target::Raw(RawFile::create(
+                &dir.join("raw-fallocate"),
+                64 << 20,
+                Prealloc::Fallocate,
+            )?),
+            System::Dshdb | System::DshdbBatched => {
+                let store = Store::open(dir.join("store"), Options::default())?;
+                let writer = store.create_session_with_id("interactive")?;
+                Target::Dshdb(store, writer)
+            }
+            System::Jsonl => Target::Jsonl(JsonlSession::create(dir, "interactive", true)?),
+            System::Sqlite => {
+                let mut db = Sqlite::create(&dir.join("dsh.sqlite"))?;
+                db.create_sessions(&["interactive".to_string()])?;
+                Target::Sqlite(db)
+            }
+        })
+    }
+
+    /// One durable append; returns its latency in µs.
+    fn append(&mut self, event: &GenEvent) -> Result<f64> {
+        let start = Instant::now();
+        match self {
+            Target::Raw(file) => file.append_sync(event.data.as_bytes())?,
+            Target::Dshdb(_, writer) => {
+                writer.append(NewEvent::new(event.event_type, &event.data))?;
+            }
+            Target::Jsonl(session) => session.append_batch(std::slice::from_ref(event), true)?,
+            Target::Sqlite(db) => db.append_batch("interactive", std::slice::from_ref(event))?,
+        }
+        Ok(micros(start.elapsed()))
+    }
+
+    fn close(self) -> Result<()> {
+        match self {
+            Target::Dshdb(store, writer) => {
+                drop(writer);
+                store.close()?;
+            }
+            Target::Sqlite(db) => db.close()?,
+            Target::Raw(_) | Target::Jsonl(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// Durable single-event appends to one session per system. The systems take turns append by
+/// append, so that a change in the device's fsync latency during the run hits all of them
+/// alike. Returns, per system, the latency distribution after the warm-up.
+fn interactive(
+    config: &Config,
+    work: &Path,
+    systems: &[System],
+    size: usize,
+) -> Result<Vec<Latency>> {
     let total = config.warmup + config.interactive_appends;
     let events = SessionStream::new(SEED, 0, Shape::Fixed(size)).take(total);
     let dir = fresh_dir(work, "interactive")?;
-    let mut samples = Vec::with_capacity(total);
-    match system {
-        System::Raw | System::RawFallocate => {
-            let prealloc = if system == System::Raw {
-                Prealloc::Zeroed
-            } else {
-                Prealloc::Fallocate
-            };
-            let mut file = RawFile::create(&dir.join("raw"), 64 << 20, prealloc)?;
-            for event in &events {
-                let start = Instant::now();
-                file.append_sync(event.data.as_bytes())?;
-                samples.push(micros(start.elapsed()));
-            }
-        }
-        System::Dshdb | System::DshdbBatched => {
-            let store = Store::open(dir.join("store"), Options::default())?;
-            let mut writer = store.create_session_with_id("interactive")?;
-            for event in &events {
-                let start = Instant::now();
-                writer.append(NewEvent::new(event.event_type, &event.data))?;
-                samples.push(micros(start.elapsed()));
-            }
-            drop(writer);
-            store.close()?;
-        }
-        System::Jsonl => {
-            let mut session = JsonlSession::create(&dir, "interactive", true)?;
-            for event in &events {
-                let start = Instant::now();
-                session.append_batch(std::slice::from_ref(event), true)?;
-                samples.push(micros(start.elapsed()));
-            }
-        }
-        System::Sqlite => {
-            let mut db = Sqlite::create(&dir.join("dsh.sqlite"))?;
-            db.create_sessions(&["interactive".to_string()])?;
-            for event in &events {
-                let start = Instant::now();
-                db.append_batch("interactive", std::slice::from_ref(event))?;
-                samples.push(micros(start.elapsed()));
-            }
-            db.close()?;
+    let mut targets = Vec::new();
+    for (k, &system) in systems.iter().enumerate() {
+        let sub = dir.join(format!("{k}"));
+        std::fs::create_dir_all(&sub)?;
+        targets.push(Target::open(system, &sub)?);
+    }
+    let mut samples = vec![Vec::with_capacity(total); systems.len()];
+    for event in &events {
+        for (target, samples) in targets.iter_mut().zip(samples.iter_mut()) {
+            samples.push(target.append(event)?);
         }
     }
+    for target in targets {
+        target.close()?;
+    }
     std::fs::remove_dir_all(&dir)?;
-    Ok(latency_of(samples.split_off(config.warmup)))
+    Ok(samples
+        .into_iter()
+        .map(|mut samples| latency_of(samples.split_off(config.warmup)))
+        .collect())
 }
 
 // ---------------------------------------------------------------- fleet ingest
@@ -565,9 +641,16 @@ fn run(config: &Config, work: &Path) -> Result<String> {
         vec![vec![Vec::new(); fleet_systems.len()]; fleet_sizes.len()];
     for rep in 0..config.reps {
         for (s, &size) in sizes.iter().enumerate() {
-            for (k, &system) in single.iter().enumerate() {
-                eprintln!("rep {rep}: interactive {size} B {}", system.name());
-                latencies[s][k].push(interactive(config, work, system, size)?);
+            eprintln!("rep {rep}: interactive {size} B");
+            let runs = interactive(config, work, &single, size)?;
+            for (k, run) in runs.into_iter().enumerate() {
+                eprintln!(
+                    "  {}: p50 {:.0} µs, p99 {:.0} µs",
+                    single[k].name(),
+                    run.p50,
+                    run.p99
+                );
+                latencies[s][k].push(run);
             }
         }
         for (f, &sessions) in fleet_sizes.iter().enumerate() {
