@@ -106,10 +106,10 @@ fn parse_args() -> Result<Config> {
         Config {
             quick,
             single,
-            reps: 3,
+            reps: 5,
             interactive_appends: 600,
             warmup: 50,
-            fleet_time: Duration::from_millis(2500),
+            fleet_time: Duration::from_millis(2000),
             disk_sessions: 64,
             disk_events: 500,
             out,
@@ -526,11 +526,11 @@ fn bytes_on_disk(config: &Config, work: &Path) -> Result<DiskReport> {
         .map(|i| format!("session-{i:05}"))
         .collect();
     let events = (config.disk_sessions * config.disk_events) as u64;
+    let now = dshdb::db::now_millis();
     let jsonl_line_bytes = streams
         .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, event)| event.jsonl_line(i as u64, dshdb::db::now_millis()).len() as u64)
+        .flat_map(|stream| stream.iter().enumerate())
+        .map(|(seq, event)| event.jsonl_line(seq as u64, now).len() as u64)
         .sum();
 
     let options = Options {
@@ -689,7 +689,8 @@ fn run(config: &Config, work: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "{date}; {cores} cores; load average before {load_before}, after {load_after}; \
+        "{date}; {cores} cores; load average before the run {load_before}, after {load_after} \
+         (the fleet runs' 64 threads blocked in fsync count towards it); \
          {} repetition(s), medians shown; {} measured appends per latency run \
          (after {} warm-up); fleet runs of {:.1} s with {FLEET_THREADS} threads.\n",
         config.reps,
