@@ -25,10 +25,31 @@ pub struct SessionEntry {
     pub number: u32,
     /// The header exactly as it was given (JSON text).
     pub header_json: String,
-    /// Position of every event, indexed by seq.
+    /// The session whose first events this one shares (a fork), and how many.
+    pub seed: Option<Seed>,
+    /// Position of every event of this session's own log, indexed by `seq - seed length`.
     pub positions: Vec<Position>,
     /// Whether a writer handle is alive for this session.
     pub has_writer: bool,
+}
+
+/// A fork's shared prefix: the first `length` events are the parent's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seed {
+    pub parent: u32,
+    pub length: u64,
+}
+
+impl SessionEntry {
+    /// Events in the session, the seed included.
+    pub fn length(&self) -> u64 {
+        self.seed_length() + self.positions.len() as u64
+    }
+
+    /// Events shared with the parent (0 for a session that is not a fork).
+    pub fn seed_length(&self) -> u64 {
+        self.seed.map_or(0, |seed| seed.length)
+    }
 }
 
 /// Sessions and event types known to the store.
@@ -55,12 +76,26 @@ pub fn header_id(header_json: &[u8]) -> Result<String, String> {
 
 impl Catalog {
     /// Records a session header found in the log (or re-emitted in a later segment).
-    pub fn define_session(&mut self, number: u32, header_json: &[u8]) -> Result<(), String> {
+    pub fn define_session(
+        &mut self,
+        number: u32,
+        seed: Option<Seed>,
+        header_json: &[u8],
+    ) -> Result<(), String> {
         if let Some(existing) = self.sessions.get(&number) {
-            if existing.header_json.as_bytes() != header_json {
+            if existing.header_json.as_bytes() != header_json || existing.seed != seed {
                 return Err(format!("session {number} redefined with another header"));
             }
             return Ok(());
+        }
+        if let Some(seed) = seed {
+            let parent = self
+                .sessions
+                .get(&seed.parent)
+                .ok_or_else(|| format!("fork of unknown session {}", seed.parent))?;
+            if seed.length > parent.length() {
+                return Err("fork seed longer than its parent".to_string());
+            }
         }
         let text = std::str::from_utf8(header_json)
             .map_err(|_| "session header is not UTF-8".to_string())?;
@@ -68,11 +103,11 @@ impl Catalog {
         if self.by_id.contains_key(&id) {
             return Err(format!("session id {id:?} defined twice"));
         }
-        self.insert_session(number, id, text.to_string());
+        self.insert_session(number, id, seed, text.to_string());
         Ok(())
     }
 
-    fn insert_session(&mut self, number: u32, id: String, header_json: String) {
+    fn insert_session(&mut self, number: u32, id: String, seed: Option<Seed>, header_json: String) {
         self.by_id.insert(id.clone(), number);
         self.sessions.insert(
             number,
@@ -80,6 +115,7 @@ impl Catalog {
                 id,
                 number,
                 header_json,
+                seed,
                 positions: Vec::new(),
                 has_writer: false,
             },
@@ -88,9 +124,9 @@ impl Catalog {
     }
 
     /// Reserves a number for a new session (before its header is committed).
-    pub fn reserve_session(&mut self, id: String, header_json: String) -> u32 {
+    pub fn reserve_session(&mut self, id: String, seed: Option<Seed>, header_json: String) -> u32 {
         let number = self.next_session;
-        self.insert_session(number, id, header_json);
+        self.insert_session(number, id, seed, header_json);
         number
     }
 
@@ -137,11 +173,11 @@ impl Catalog {
             .sessions
             .get_mut(&session)
             .ok_or_else(|| format!("event for undefined session {session}"))?;
-        if seq != entry.positions.len() as u64 {
+        if seq != entry.length() {
             return Err(format!(
                 "session {:?} seq {seq} is not contiguous; expected {}",
                 entry.id,
-                entry.positions.len()
+                entry.length()
             ));
         }
         entry.positions.push(position);

@@ -221,6 +221,16 @@ impl Log {
             bytes.clear();
             context_snapshot = state.active.context.clone_sets();
             outcome = encode(&mut context_snapshot, &mut bytes)?;
+            // Re-encoding repeats headers and type definitions: check the limit again.
+            if state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES
+                > shared.options.segment_bytes
+            {
+                return Err(Error::TooLarge {
+                    what: "batch",
+                    size: bytes.len() as u64,
+                    limit,
+                });
+            }
         }
         let ticket = state.next_ticket;
         let context = &mut state.active.context;

@@ -1,13 +1,16 @@
 //! `Store` and `SessionWriter`: the only place that wires the layers together.
 
-use crate::catalog::{header_id, Catalog, Position, SessionEntry};
+use crate::catalog::{header_id, Catalog, Position, Seed, SessionEntry};
 use crate::commit::{new_salt, Durability, Log, LogOptions, SegmentContext};
 use crate::error::{Error, Result};
-use crate::frame::{decode_frame, EventRecord, Record, EVENT_FIXED_BYTES, MAX_PAYLOAD_BYTES};
+use crate::frame::{
+    decode_frame, EventRecord, Record, EVENT_FIXED_BYTES, EVENT_FLAG_VERBATIM_LINE,
+    KNOWN_EVENT_FLAGS, MAX_PAYLOAD_BYTES, NO_SEED_PARENT,
+};
 use crate::io::fs::FsStorage;
 use crate::io::{LockGuard, Storage, StorageFile};
 use crate::manifest::{Manifest, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
-use crate::recovery::{recover, LogTail, RecoveryReport};
+use crate::recovery::{recover, LogTail, RecoveryReport, TornSegment};
 use crate::segment::{
     create_segment, parse_segment_name, segment_path, SEGMENT_HEADER_BYTES, WAL_DIR,
 };
@@ -80,7 +83,10 @@ pub struct NewEvent<'a> {
     pub data: &'a str,
     /// Further envelope members as JSON object members without braces, in the order they are
     /// to be exported, e.g. `"sourceEventSeqs":[3],"surfaceOp":"append"`. Empty for none.
+    /// With [`EVENT_FLAG_VERBATIM_LINE`] it holds the whole original line instead.
     pub envelope: &'a str,
+    /// Event flags (`frame::EVENT_FLAG_*`): how an importer saw the event, for byte-exact export.
+    pub flags: u8,
 }
 
 impl<'a> NewEvent<'a> {
@@ -90,6 +96,7 @@ impl<'a> NewEvent<'a> {
             time: None,
             data,
             envelope: "",
+            flags: 0,
         }
     }
 }
@@ -106,8 +113,12 @@ pub struct Event {
 }
 
 impl Event {
-    /// The event as one DSH JSONL line: `{"type":..,"seq":..,"time":..,"data":..,<envelope>}`.
+    /// The event as one DSH JSONL line: `{"type":..,"seq":..,"time":..,"data":..,<envelope>}`,
+    /// or the original line when it was stored verbatim.
     pub fn to_json_line(&self) -> String {
+        if self.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
+            return self.envelope.clone();
+        }
         let mut line = String::with_capacity(self.data.len() + self.envelope.len() + 64);
         line.push_str("{\"type\":");
         line.push_str(&serde_json::Value::String(self.event_type.clone()).to_string());
@@ -271,14 +282,29 @@ impl Store {
         header_json: &str,
         durability: Durability,
     ) -> Result<SessionWriter> {
-        let log = self.log()?;
+        self.create_with_seed(header_json, None, &[], durability)
+    }
+
+    /// Creates a session (optionally a fork sharing `seed`) and commits its header together
+    /// with `initial` events as one batch.
+    fn create_with_seed(
+        &self,
+        header_json: &str,
+        seed: Option<Seed>,
+        initial: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<SessionWriter> {
+        self.log()?;
         let id = validate_header(header_json)?;
+        for event in initial {
+            validate_event(event)?;
+        }
         let number = {
             let mut catalog = self.inner.catalog.write();
             if catalog.by_id.contains_key(&id) {
                 return Err(Error::DuplicateSession { id });
             }
-            let number = catalog.reserve_session(id.clone(), header_json.to_string());
+            let number = catalog.reserve_session(id.clone(), seed, header_json.to_string());
             if let Some(entry) = catalog.sessions.get_mut(&number) {
                 entry.has_writer = true;
             }
@@ -287,27 +313,142 @@ impl Store {
         let writer = SessionWriter {
             store: self.clone(),
             number,
-            id: id.clone(),
+            id,
             durability,
         };
-        let submitted = log.submit(durability, |context, out| {
-            encode_header_if_new(context, out, number, header_json);
-            encode_commit(context, out, number, 0, 0);
-            Ok(())
-        });
-        let outcome = submitted
-            .and_then(|(submitted, ())| wait_for(log, submitted.ticket, durability).map(|_| ()));
-        if let Err(error) = outcome {
+        if let Err(error) = self.commit_batch(number, initial, durability) {
+            // Refused before anything was queued: forget the reservation. Otherwise (a
+            // poisoned log) the outcome is unknown and the next open decides.
             if matches!(
                 error,
-                Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed
+                Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed | Error::Io { .. }
             ) {
                 self.inner.catalog.write().unreserve_session(number);
-                std::mem::forget(writer);
             }
             return Err(error);
         }
         Ok(writer)
+    }
+
+    /// Forks `parent` after seq `at` (inclusive) into a new session `child` (DSH `fork`): the
+    /// child's header names the parent and `seedLength = at + 1`; its first events are read
+    /// from the parent, never copied; a `session/end-seed` event follows them.
+    pub fn fork(&self, parent: &str, at: u64, child: &str) -> Result<SessionWriter> {
+        self.log()?;
+        if self.session(child).is_ok() {
+            return Err(Error::DuplicateSession {
+                id: child.to_string(),
+            });
+        }
+        let parent_summary = self.session(parent)?;
+        if at >= parent_summary.events {
+            return Err(Error::SeqOutOfRange {
+                id: parent.to_string(),
+                seq: at,
+                length: parent_summary.events,
+            });
+        }
+        let seed_events = self.read(parent, 0, at + 1)?;
+        if let Some(open_turn) = open_turn_at_end(&seed_events) {
+            return Err(Error::invalid(format!(
+                "fork boundary {at} in session \"{parent}\" ends inside open turn {open_turn}"
+            )));
+        }
+        let parent_number = self.with_session(parent, |entry| entry.number)?;
+        let mut header = serde_json::Map::new();
+        header.insert("version".into(), 0.into());
+        header.insert("id".into(), child.into());
+        header.insert("createdAt".into(), now_millis().into());
+        let parent_header: serde_json::Value =
+            serde_json::from_str(&parent_summary.header_json).unwrap_or_default();
+        if let Some(cwd) = parent_header.get("cwd") {
+            header.insert("cwd".into(), cwd.clone());
+        }
+        header.insert("parentSession".into(), parent.into());
+        header.insert("seedLength".into(), (at + 1).into());
+        let header_json = serde_json::Value::Object(header).to_string();
+        let seed = Some(Seed {
+            parent: parent_number,
+            length: at + 1,
+        });
+        let ends_with_marker = seed_events
+            .last()
+            .is_some_and(|event| event.event_type == END_SEED_TYPE);
+        let marker = NewEvent::new(END_SEED_TYPE, "{}");
+        let initial: &[NewEvent<'_>] = if ends_with_marker { &[] } else { &[marker] };
+        self.create_with_seed(&header_json, seed, initial, self.inner.options.durability)
+    }
+
+    /// Commits `events` (possibly none, for a new session's header) to session `number`.
+    fn commit_batch(
+        &self,
+        number: u32,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<Receipt> {
+        let inner = &self.inner;
+        let log = self.log()?;
+        let now = now_millis();
+        let (type_numbers, first_seq, seed, header_json) = {
+            let mut catalog = inner.catalog.write();
+            let type_numbers: Vec<u32> = events
+                .iter()
+                .map(|event| catalog.intern_type(event.event_type))
+                .collect();
+            let entry = catalog
+                .sessions
+                .get(&number)
+                .ok_or_else(|| Error::invalid("session vanished"))?;
+            (
+                type_numbers,
+                entry.length(),
+                entry.seed,
+                entry.header_json.clone(),
+            )
+        };
+        let (submitted, positions) = log.submit(durability, |context, out| {
+            encode_header_if_new(context, out, number, seed, &header_json);
+            for (event, type_number) in events.iter().zip(&type_numbers) {
+                if context.defined_types.insert(*type_number) {
+                    Record::TypeDefinition {
+                        type_number: *type_number,
+                        name: event.event_type.as_bytes(),
+                    }
+                    .encode(out, context.salt);
+                }
+            }
+            let mut positions = Vec::with_capacity(events.len());
+            for (index, (event, type_number)) in events.iter().zip(&type_numbers).enumerate() {
+                let start = out.len();
+                EventRecord {
+                    session: number,
+                    seq: first_seq + index as u64,
+                    time: event.time.unwrap_or(now),
+                    type_number: *type_number,
+                    flags: event.flags,
+                    data: event.data.as_bytes(),
+                    envelope: event.envelope.as_bytes(),
+                }
+                .encode(out, context.salt);
+                positions.push(Position {
+                    segment: context.segment,
+                    offset: context.base_offset + start as u64,
+                    frame_bytes: u32::try_from(out.len() - start).unwrap_or(u32::MAX),
+                });
+            }
+            let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
+            encode_commit(context, out, number, first_seq, count);
+            Ok(positions)
+        })?;
+        if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
+            entry.positions.extend(positions);
+        }
+        let durable = wait_for(log, submitted.ticket, durability)?;
+        Ok(Receipt {
+            first_seq,
+            end_seq: first_seq + events.len() as u64,
+            durable,
+        })
     }
 
     /// Takes the writer handle of an existing session.
@@ -343,7 +484,7 @@ impl Store {
             .map(|entry| SessionSummary {
                 id: entry.id.clone(),
                 header_json: entry.header_json.clone(),
-                events: entry.positions.len() as u64,
+                events: entry.length(),
             })
             .collect();
         list.sort_by(|left, right| left.id.cmp(&right.id));
@@ -355,7 +496,7 @@ impl Store {
         self.with_session(id, |entry| SessionSummary {
             id: entry.id.clone(),
             header_json: entry.header_json.clone(),
-            events: entry.positions.len() as u64,
+            events: entry.length(),
         })
     }
 
@@ -376,15 +517,12 @@ impl Store {
     pub fn read(&self, id: &str, from: u64, to: u64) -> Result<Vec<Event>> {
         let (positions, types) = {
             let catalog = self.inner.catalog.read();
-            let number = catalog
+            let number = *catalog
                 .by_id
                 .get(id)
                 .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
-            let entry = &catalog.sessions[number];
-            let length = entry.positions.len() as u64;
-            let end = to.min(length);
-            let start = from.min(end);
-            let positions = entry.positions[start as usize..end as usize].to_vec();
+            let mut positions = Vec::new();
+            collect_positions(&catalog, number, from, to, &mut positions);
             (positions, catalog.type_names.clone())
         };
         let mut events = Vec::with_capacity(positions.len());
@@ -553,81 +691,15 @@ impl SessionWriter {
 
     /// Appends events as one atomic batch: after a crash either all of them are there or none.
     pub fn append_batch(&mut self, events: &[NewEvent<'_>]) -> Result<Receipt> {
-        let inner = &self.store.inner;
-        let log = self.store.log()?;
         if events.is_empty() {
             return Err(Error::invalid("an empty batch"));
         }
+        self.store.log()?;
         for event in events {
             validate_event(event)?;
         }
-        let now = now_millis();
-        let type_numbers: Vec<u32> = {
-            let mut catalog = inner.catalog.write();
-            events
-                .iter()
-                .map(|event| catalog.intern_type(event.event_type))
-                .collect()
-        };
-        let first_seq = inner
-            .catalog
-            .read()
-            .sessions
-            .get(&self.number)
-            .map(|entry| entry.positions.len() as u64)
-            .ok_or_else(|| Error::UnknownSession {
-                id: self.id.clone(),
-            })?;
-        let header_json = inner.catalog.read().sessions[&self.number]
-            .header_json
-            .clone();
-        let number = self.number;
-        let (submitted, positions) = log.submit(self.durability, |context, out| {
-            encode_header_if_new(context, out, number, &header_json);
-            for (event, type_number) in events.iter().zip(&type_numbers) {
-                if context.defined_types.insert(*type_number) {
-                    Record::TypeDefinition {
-                        type_number: *type_number,
-                        name: event.event_type.as_bytes(),
-                    }
-                    .encode(out, context.salt);
-                }
-            }
-            let mut positions = Vec::with_capacity(events.len());
-            for (index, (event, type_number)) in events.iter().zip(&type_numbers).enumerate() {
-                let start = out.len();
-                EventRecord {
-                    session: number,
-                    seq: first_seq + index as u64,
-                    time: event.time.unwrap_or(now),
-                    type_number: *type_number,
-                    flags: 0,
-                    data: event.data.as_bytes(),
-                    envelope: event.envelope.as_bytes(),
-                }
-                .encode(out, context.salt);
-                positions.push(Position {
-                    segment: context.segment,
-                    offset: context.base_offset + start as u64,
-                    frame_bytes: u32::try_from(out.len() - start).unwrap_or(u32::MAX),
-                });
-            }
-            let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
-            encode_commit(context, out, number, first_seq, count);
-            Ok(positions)
-        })?;
-        {
-            let mut catalog = inner.catalog.write();
-            if let Some(entry) = catalog.sessions.get_mut(&number) {
-                entry.positions.extend(positions);
-            }
-        }
-        let durable = wait_for(log, submitted.ticket, self.durability)?;
-        Ok(Receipt {
-            first_seq,
-            end_seq: first_seq + events.len() as u64,
-            durable,
-        })
+        self.store
+            .commit_batch(self.number, events, self.durability)
     }
 }
 
@@ -646,6 +718,45 @@ impl Drop for SessionWriter {
     }
 }
 
+/// Positions of seqs `from..to` of session `number`, following a fork's seed into its parent.
+fn collect_positions(catalog: &Catalog, number: u32, from: u64, to: u64, out: &mut Vec<Position>) {
+    let Some(entry) = catalog.sessions.get(&number) else {
+        return;
+    };
+    let end = to.min(entry.length());
+    let start = from.min(end);
+    let seed_length = entry.seed_length();
+    if let Some(seed) = entry.seed {
+        if start < seed_length {
+            collect_positions(catalog, seed.parent, start, end.min(seed_length), out);
+        }
+    }
+    let own_start = start.max(seed_length) - seed_length;
+    let own_end = end.max(seed_length) - seed_length;
+    if own_start < own_end {
+        out.extend_from_slice(&entry.positions[own_start as usize..own_end as usize]);
+    }
+}
+
+/// The event type DSH appends after a seed.
+pub const END_SEED_TYPE: &str = "session/end-seed";
+
+/// The open turn, if the last `turn/start`/`turn/end` of `events` is a start (DSH `OPEN_TURN`).
+fn open_turn_at_end(events: &[Event]) -> Option<String> {
+    let last = events
+        .iter()
+        .rev()
+        .find(|event| event.event_type == "turn/start" || event.event_type == "turn/end")?;
+    if last.event_type != "turn/start" {
+        return None;
+    }
+    let data: serde_json::Value = serde_json::from_str(&last.data).unwrap_or_default();
+    Some(match data.get("turn") {
+        Some(turn) => turn.to_string(),
+        None => last.seq.to_string(),
+    })
+}
+
 /// Waits as the durability asks; returns whether the batch is durable.
 fn wait_for(log: &Log, ticket: u64, durability: Durability) -> Result<bool> {
     match durability {
@@ -659,11 +770,14 @@ fn encode_header_if_new(
     context: &mut SegmentContext,
     out: &mut Vec<u8>,
     number: u32,
+    seed: Option<Seed>,
     header_json: &str,
 ) {
     if context.defined_sessions.insert(number) {
         Record::SessionHeader {
             session: number,
+            seed_parent: seed.map_or(NO_SEED_PARENT, |seed| seed.parent),
+            seed_length: seed.map_or(0, |seed| seed.length),
             header_json: header_json.as_bytes(),
         }
         .encode(out, context.salt);
@@ -729,6 +843,19 @@ fn validate_event(event: &NewEvent<'_>) -> Result<()> {
     }
     serde_json::from_str::<&serde_json::value::RawValue>(event.data)
         .map_err(|error| Error::invalid(format!("event data is not valid JSON: {error}")))?;
+    if event.flags & !KNOWN_EVENT_FLAGS != 0 {
+        return Err(Error::invalid(format!(
+            "unknown event flags {:#x}",
+            event.flags
+        )));
+    }
+    if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(event.envelope)
+            .map_err(|error| {
+                Error::invalid(format!("verbatim line is not a JSON object: {error}"))
+            })?;
+        return Ok(());
+    }
     if event.envelope.is_empty() {
         return Ok(());
     }
@@ -755,6 +882,19 @@ fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
     if foreign {
         return Err(Error::NotAStore {
             path: label.to_path_buf(),
+        });
+    }
+    let segments_left = storage
+        .list(WAL_DIR)
+        .map_err(io_error("store list"))?
+        .iter()
+        .any(|name| parse_segment_name(name).is_some());
+    if segments_left {
+        // Segments without a MANIFEST are a damaged store, never a new one: creating a
+        // manifest here would make this very open delete every segment as an orphan.
+        return Err(Error::CorruptFile {
+            file: MANIFEST_FILE.to_string(),
+            reason: format!("missing while {} holds segments", label.display()),
         });
     }
     storage
@@ -822,9 +962,13 @@ fn start_log(
             let zeros = vec![0; (tail.wipe_end - tail.offset) as usize];
             file.write_at(&zeros, tail.offset)
                 .map_err(io_error("torn tail wipe"))?;
-            file.sync_data().map_err(io_error("torn tail sync"))?;
         }
-        seal_torn_earlier_segments(storage.as_ref(), &manifest, tail.segment)?;
+        // The previous process may have left Buffered or Batched writes unsynced: make what
+        // recovery kept durable before new commits claim it as their durable offset.
+        file.sync_data().map_err(io_error("tail sync"))?;
+        for torn in &tail.seal_earlier {
+            seal_torn_segment(storage.as_ref(), torn)?;
+        }
         return Ok(Log::start(
             storage.clone(),
             log_options,
@@ -860,50 +1004,23 @@ fn start_log(
 
 /// Recovery found the tail in an older segment than the newest one (a crash right after a
 /// roll). Seal that older segment at its committed end so that the newest can take data.
-fn seal_torn_earlier_segments(
-    storage: &dyn Storage,
-    manifest: &Manifest,
-    active: u64,
-) -> Result<()> {
-    let Some(position) = manifest
-        .segments
-        .iter()
-        .position(|entry| entry.id == active)
-    else {
-        return Ok(());
-    };
-    for entry in &manifest.segments[..position] {
-        let bytes = crate::segment::read_segment(storage, entry.id)?;
-        let scan = crate::segment::scan_frames(&bytes, entry.id, entry.salt, |_, _| Ok(()))?;
-        if scan.sealed {
-            continue;
-        }
-        let mut committed_end = SEGMENT_HEADER_BYTES;
-        crate::segment::scan_frames(&bytes, entry.id, entry.salt, |offset, record| {
-            if let Record::Commit { .. } = record {
-                committed_end = offset + crate::frame::FRAME_HEADER_BYTES as u64 + 24;
-            }
-            Ok(())
-        })?;
-        let mut seal = Vec::new();
-        Record::Seal {
-            used_bytes: committed_end,
-            durable_offset: committed_end,
-        }
-        .encode(&mut seal, entry.salt);
-        let file = storage
-            .open(&segment_path(entry.id), false)
-            .map_err(io_error("segment open"))?;
-        let end = crate::segment::nonzero_end(&bytes, committed_end).max(committed_end);
-        let mut patch = seal.clone();
-        if (patch.len() as u64) < end - committed_end {
-            patch.resize((end - committed_end) as usize, 0);
-        }
-        file.write_at(&patch, committed_end)
-            .map_err(io_error("seal write"))?;
-        file.sync_data().map_err(io_error("seal sync"))?;
+fn seal_torn_segment(storage: &dyn Storage, torn: &TornSegment) -> Result<()> {
+    let mut patch = Vec::new();
+    Record::Seal {
+        used_bytes: torn.committed_end,
+        durable_offset: torn.committed_end,
     }
-    Ok(())
+    .encode(&mut patch, torn.salt);
+    let wiped = torn.wipe_end.saturating_sub(torn.committed_end);
+    if (patch.len() as u64) < wiped {
+        patch.resize(wiped as usize, 0);
+    }
+    let file = storage
+        .open(&segment_path(torn.segment), false)
+        .map_err(io_error("segment open"))?;
+    file.write_at(&patch, torn.committed_end)
+        .map_err(io_error("seal write"))?;
+    file.sync_data().map_err(io_error("seal sync"))
 }
 
 /// The manifest file name, for tools.

@@ -17,9 +17,26 @@ pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 /// Frame flag: a reader that does not know the kind skips the record (F-02-7).
 pub const FLAG_SKIPPABLE: u8 = 1;
 
-/// Event flag: the envelope field holds the complete original JSON line.
+/// Event flag: the envelope field holds the complete original JSON line (F-02-11).
 pub const EVENT_FLAG_VERBATIM_LINE: u8 = 1;
-const KNOWN_EVENT_FLAGS: u8 = EVENT_FLAG_VERBATIM_LINE;
+/// Event flag: the event starts a DSH write batch (a zstd frame in `session.jsonl.zstd`).
+pub const EVENT_FLAG_BATCH_START: u8 = 1 << 1;
+/// Event flag: the event starts a packed DSH chunk row.
+pub const EVENT_FLAG_ROW_START: u8 = 1 << 2;
+/// Event flag: the event continues the packed DSH chunk row of the event before it.
+pub const EVENT_FLAG_ROW_MEMBER: u8 = 1 << 3;
+/// Event flag: (with ROW_START) the envelope holds the row's original line verbatim.
+pub const EVENT_FLAG_ROW_VERBATIM: u8 = 1 << 4;
+/// Every event flag this version defines; others make the record invalid.
+pub const KNOWN_EVENT_FLAGS: u8 = EVENT_FLAG_VERBATIM_LINE
+    | EVENT_FLAG_BATCH_START
+    | EVENT_FLAG_ROW_START
+    | EVENT_FLAG_ROW_MEMBER
+    | EVENT_FLAG_ROW_VERBATIM;
+/// Session header field: no seed parent.
+pub const NO_SEED_PARENT: u32 = u32::MAX;
+/// Fixed bytes of a session header payload before its JSON text.
+pub const SESSION_HEADER_FIXED_BYTES: usize = 4 + 4 + 8;
 
 /// Record kinds (F-02-5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,8 +90,12 @@ pub struct Frame<'a> {
 /// A decoded record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record<'a> {
+    /// A session's header. A fork names the session whose first `seed_length` events it
+    /// shares (read from the parent, never copied); `seed_parent` is [`NO_SEED_PARENT`] else.
     SessionHeader {
         session: u32,
+        seed_parent: u32,
+        seed_length: u64,
         header_json: &'a [u8],
     },
     TypeDefinition {
@@ -200,10 +221,15 @@ impl<'a> Record<'a> {
         };
         let record = match kind {
             Kind::SessionHeader => {
-                need(4, "session header shorter than 4 bytes")?;
+                need(
+                    SESSION_HEADER_FIXED_BYTES,
+                    "session header shorter than its fixed fields",
+                )?;
                 Record::SessionHeader {
                     session: read_u32(payload, 0),
-                    header_json: &payload[4..],
+                    seed_parent: read_u32(payload, 4),
+                    seed_length: read_u64(payload, 8),
+                    header_json: &payload[SESSION_HEADER_FIXED_BYTES..],
                 }
             }
             Kind::TypeDefinition => {
@@ -239,13 +265,20 @@ impl<'a> Record<'a> {
         match self {
             Record::SessionHeader {
                 session,
+                seed_parent,
+                seed_length,
                 header_json,
             } => encode_frame(
                 out,
                 salt,
                 Kind::SessionHeader as u8,
                 0,
-                &[&session.to_le_bytes(), header_json],
+                &[
+                    &session.to_le_bytes(),
+                    &seed_parent.to_le_bytes(),
+                    &seed_length.to_le_bytes(),
+                    header_json,
+                ],
             ),
             Record::TypeDefinition { type_number, name } => encode_frame(
                 out,
@@ -360,6 +393,8 @@ mod tests {
         let records = [
             Record::SessionHeader {
                 session: 1,
+                seed_parent: NO_SEED_PARENT,
+                seed_length: 0,
                 header_json: br#"{"version":0,"id":"a","createdAt":1}"#,
             },
             Record::TypeDefinition {

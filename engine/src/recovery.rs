@@ -2,9 +2,9 @@
 //! every committed batch of every live segment into a [`Catalog`], tells a torn tail from
 //! corruption, and says where the log continues.
 
-use crate::catalog::{Catalog, Position};
+use crate::catalog::{Catalog, Position, Seed};
 use crate::error::{Error, Result};
-use crate::frame::{EventRecord, Record, FRAME_HEADER_BYTES};
+use crate::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
 use crate::io::Storage;
 use crate::manifest::Manifest;
 use crate::segment::{
@@ -38,7 +38,7 @@ pub struct RecoveryReport {
 }
 
 /// Where appends continue after recovery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogTail {
     pub segment: u64,
     pub salt: u64,
@@ -47,6 +47,18 @@ pub struct LogTail {
     /// Whether the segment ends with a seal (then a new segment must be started).
     pub sealed: bool,
     /// End of the non-zero bytes past `offset` that must be wiped before appending.
+    pub wipe_end: u64,
+    /// An older segment that ends in a torn tail while the log continues in a newer (empty)
+    /// one: it must be sealed at its committed end before the newer one takes data.
+    pub seal_earlier: Vec<TornSegment>,
+}
+
+/// A segment to seal at `committed_end`, wiping its bytes up to `wipe_end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TornSegment {
+    pub segment: u64,
+    pub salt: u64,
+    pub committed_end: u64,
     pub wipe_end: u64,
 }
 
@@ -98,6 +110,7 @@ pub fn recover(storage: &dyn Storage, manifest: &Manifest) -> Result<Recovered> 
                 offset: scan.valid_end,
                 sealed: true,
                 wipe_end: scan.valid_end,
+                seal_earlier: Vec::new(),
             });
             index += 1;
             continue;
@@ -149,25 +162,32 @@ pub fn recover(storage: &dyn Storage, manifest: &Manifest) -> Result<Recovered> 
             offset: replay.committed_end,
             sealed: false,
             wipe_end,
+            seal_earlier: Vec::new(),
         });
-        // Later segments hold no valid frame; appends continue in the last one named.
-        for later in &segments[index + 1..] {
-            report.segments_scanned += 1;
+        // Later segments hold no valid frame; appends continue in the last one named, and
+        // every segment before it must be sealed first (the torn one and empty ones).
+        if let Some((last, between)) = segments[index + 1..].split_last() {
+            let mut seal_earlier = vec![TornSegment {
+                segment: entry.id,
+                salt: entry.salt,
+                committed_end: replay.committed_end,
+                wipe_end,
+            }];
+            seal_earlier.extend(between.iter().map(|empty| TornSegment {
+                segment: empty.id,
+                salt: empty.salt,
+                committed_end: SEGMENT_HEADER_BYTES,
+                wipe_end: SEGMENT_HEADER_BYTES,
+            }));
+            report.segments_scanned += between.len() + 1;
             tail = Some(LogTail {
-                segment: later.id,
-                salt: later.salt,
+                segment: last.id,
+                salt: last.salt,
                 offset: SEGMENT_HEADER_BYTES,
                 sealed: false,
                 wipe_end: SEGMENT_HEADER_BYTES,
+                seal_earlier,
             });
-        }
-        if let Some(last) = &mut tail {
-            if last.segment != entry.id {
-                // The torn segment is no longer the active one: it must be sealed at its
-                // committed end so that data in the newer segment does not make it look
-                // damaged later. The caller does that (it needs the write path).
-                last.sealed = false;
-            }
         }
         break;
     }
@@ -235,10 +255,16 @@ impl<'a> SegmentReplay<'a> {
             match record {
                 Record::SessionHeader {
                     session: number,
+                    seed_parent,
+                    seed_length,
                     header_json,
                 } => {
+                    let seed = (seed_parent != NO_SEED_PARENT).then_some(Seed {
+                        parent: seed_parent,
+                        length: seed_length,
+                    });
                     catalog
-                        .define_session(number, header_json)
+                        .define_session(number, seed, header_json)
                         .map_err(|reason| corrupt(segment, offset, &reason))?;
                     self.defined_sessions.insert(number);
                 }
@@ -262,6 +288,16 @@ impl<'a> SegmentReplay<'a> {
                     next_seq += 1;
                 }
                 Record::Commit { .. } | Record::Seal { .. } => {}
+            }
+        }
+        if event_count == 0 {
+            let length = catalog.sessions.get(&session).map(|entry| entry.length());
+            if length != Some(first_seq) {
+                return Err(corrupt(
+                    segment,
+                    commit_offset,
+                    "empty commit names another seq",
+                ));
             }
         }
         if next_seq - first_seq != u64::from(event_count) {

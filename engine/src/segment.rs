@@ -25,7 +25,8 @@ pub fn segment_path(id: u64) -> String {
 /// Parses a segment file name back to its id.
 pub fn parse_segment_name(name: &str) -> Option<u64> {
     let hex = name.strip_suffix(".seg")?;
-    if hex.len() != 16 {
+    let lower_hex = |byte: u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
+    if hex.len() != 16 || !hex.bytes().all(lower_hex) {
         return None;
     }
     u64::from_str_radix(hex, 16).ok()
@@ -235,7 +236,7 @@ pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
     while offset + FRAME_HEADER_BYTES <= bytes.len() {
         let kind = bytes[offset + 8];
         let plausible = (kind == Kind::Commit as u8 || kind == Kind::Seal as u8)
-            && bytes[offset + 9] == 0
+            && bytes[offset + 9] & !frame::FLAG_SKIPPABLE == 0
             && bytes[offset + 10] == 0
             && bytes[offset + 11] == 0;
         if plausible {

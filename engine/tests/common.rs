@@ -34,5 +34,6 @@ pub fn chunk(data: &str) -> NewEvent<'_> {
         time: Some(1_700_000_000_000),
         data,
         envelope: "",
+        flags: 0,
     }
 }

@@ -102,10 +102,10 @@ fn header_id(header: &Value) -> Option<String> {
             .and_then(|value| js_safe_integer(&value.to_string()))
             .is_some_and(|value| value >= 0)
     };
-    let optional_string = |key: &str| header.get(key).map_or(true, Value::is_string);
+    let optional_string = |key: &str| header.get(key).is_none_or(Value::is_string);
     let origin_ok = header
         .get("origin")
-        .map_or(true, |origin| origin == "subagent");
+        .is_none_or(|origin| origin == "subagent");
     let valid = header.get("type") == Some(&Value::from("session"))
         && header.get("version").is_some_and(Value::is_number)
         && non_negative("createdAt")

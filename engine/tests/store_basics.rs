@@ -21,6 +21,7 @@ fn events_survive_close_and_reopen_byte_for_byte() {
             time: Some(-5),
             data,
             envelope,
+            flags: 0,
         })
         .expect("append");
     let receipt = writer
@@ -197,4 +198,94 @@ fn tempdir() -> std::path::PathBuf {
     ));
     std::fs::create_dir_all(&base).expect("temp dir");
     base
+}
+
+#[test]
+fn a_fork_reads_its_seed_from_the_parent_and_survives_reopen() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let mut parent = store.create_session_with_id("parent").expect("create");
+    let texts: Vec<String> = (0..6).map(|seq| event_data(0, seq, 80)).collect();
+    for text in &texts {
+        parent.append(chunk(text)).expect("append");
+    }
+    let before = disk.operation_count();
+    let mut child = store.fork("parent", 3, "child").expect("fork");
+    let forked_bytes = disk.operation_count() - before;
+    child.append(chunk("{\"own\":1}")).expect("child append");
+    parent
+        .append(chunk("{\"parent\":7}"))
+        .expect("parent append");
+    let check = |store: &Store| {
+        let events = store.read("child", 0, u64::MAX).expect("read child");
+        assert_eq!(events.len(), 6, "4 seed events, end-seed, own event");
+        for seq in 0..4 {
+            assert_eq!(events[seq].data, texts[seq]);
+        }
+        assert_eq!(events[4].event_type, "session/end-seed");
+        assert_eq!(events[4].seq, 4);
+        assert_eq!(events[5].data, "{\"own\":1}");
+        assert_eq!(store.read("child", 2, 5).expect("range").len(), 3);
+        let header: serde_json::Value =
+            serde_json::from_str(&store.session("child").expect("child").header_json)
+                .expect("json");
+        assert_eq!(header["parentSession"], "parent");
+        assert_eq!(header["seedLength"], 4);
+    };
+    check(&store);
+    assert!(forked_bytes < 10, "a fork writes one batch, not a copy");
+    assert!(matches!(
+        store.fork("parent", 99, "other"),
+        Err(Error::SeqOutOfRange { .. })
+    ));
+    assert!(matches!(
+        store.fork("parent", 1, "child"),
+        Err(Error::DuplicateSession { .. })
+    ));
+    drop((parent, child));
+    store.close().expect("close");
+    check(&open_sim(&disk, sim_options(Durability::Sync)).expect("reopen"));
+}
+
+#[test]
+fn a_fork_inside_an_open_turn_is_refused() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let mut parent = store.create_session_with_id("p").expect("create");
+    parent
+        .append(NewEvent::new("turn/start", "{\"turn\":1}"))
+        .expect("append");
+    parent.append(chunk("{}")).expect("append");
+    let outcome = store.fork("p", 1, "c");
+    assert!(
+        matches!(&outcome, Err(Error::InvalidInput { reason }) if reason.contains("open turn 1")),
+        "{:?}",
+        outcome.err()
+    );
+}
+
+#[test]
+fn a_store_without_its_manifest_is_refused_not_recreated() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    store.create_session_with_id("s").expect("create");
+    store.close().expect("close");
+    let mut image = disk.durable_image();
+    let mut files = image.clone();
+    let _ = &mut files;
+    let stripped = {
+        let names: Vec<String> = image.file_names().map(str::to_string).collect();
+        assert!(names.iter().any(|name| name == "MANIFEST"));
+        image.remove_file("MANIFEST");
+        image
+    };
+    let outcome = open_sim(
+        &SimStorage::from_image(&stripped),
+        sim_options(Durability::Sync),
+    );
+    assert!(
+        matches!(outcome, Err(Error::CorruptFile { .. })),
+        "{:?}",
+        outcome.err()
+    );
 }

@@ -47,6 +47,11 @@ impl CrashImage {
         self.files.keys().map(String::as_str)
     }
 
+    /// Drops a file from the image (for damage tests).
+    pub fn remove_file(&mut self, name: &str) {
+        self.files.remove(name);
+    }
+
     /// Mutable access to one file's bytes (for bit-flip tests).
     pub fn file_mut(&mut self, name: &str) -> Option<&mut Vec<u8>> {
         self.files.get_mut(name)
