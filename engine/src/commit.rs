@@ -90,6 +90,23 @@ struct State {
     closing: bool,
     committer_done: bool,
     sealed: bool,
+    /// Appenders asleep until their ticket is written or durable.
+    waiters: Vec<Waiter>,
+    /// Appenders the previous group finished: about how many will submit again soon.
+    last_group_waiters: usize,
+    /// When the oldest queued batch was submitted.
+    queued_since: Option<Instant>,
+    /// A flush or a reader waits: write without gathering.
+    urgent: bool,
+}
+
+/// One sleeping appender. The committer wakes exactly the appenders a group finished, so a
+/// group costs one wake-up per finished appender rather than one per sleeping thread.
+struct Waiter {
+    ticket: u64,
+    durable: bool,
+    thread: std::thread::Thread,
+    woken: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct Shared {
@@ -114,6 +131,12 @@ pub struct Submitted {
     pub segment: u64,
     pub offset: u64,
 }
+
+/// Longest a group waits for the appenders the previous group woke to submit again.
+/// Waiting lets one `fdatasync` cover them all instead of starting a sync for the first
+/// arrival alone; it only happens when several appenders were active (gathering never
+/// delays a lone appender).
+pub const MAX_GROUP_GATHER: Duration = Duration::from_micros(100);
 
 /// A fresh random salt: segments must never share one, so that stale bytes never validate.
 pub fn new_salt() -> u64 {
@@ -166,6 +189,10 @@ impl Log {
             closing: false,
             committer_done: false,
             sealed: false,
+            waiters: Vec::new(),
+            last_group_waiters: 0,
+            queued_since: None,
+            urgent: false,
         };
         let shared = Arc::new(Shared {
             storage,
@@ -243,33 +270,45 @@ impl Log {
         };
         context.base_offset += bytes.len() as u64;
         state.next_ticket += 1;
+        if state.queued_since.is_none() {
+            state.queued_since = Some(Instant::now());
+        }
         state.note_durability(durability, bytes.len(), submitted.ticket);
         let file = state.active.file.clone();
         state.enqueue(file, submitted.segment, submitted.offset, bytes, None);
-        shared.work.notify_one();
+        // Wake the committer when a group starts or when the gathered group is complete;
+        // waking it for every arrival in between would only cost context switches.
+        let queued = state.next_ticket - 1 - state.written_ticket;
+        if queued == 1 || queued >= state.last_group_waiters as u64 {
+            shared.work.notify_one();
+        }
         Ok((submitted, outcome))
     }
 
     /// Waits until `ticket` is written (`Buffered`) or durable (otherwise).
     pub fn wait(&self, ticket: u64, durable: bool) -> Result<()> {
-        let mut state = self.shared.state.lock();
-        loop {
-            let reached = if durable {
-                state.durable_ticket >= ticket
-            } else {
-                state.written_ticket >= ticket
-            };
-            if reached {
-                return Ok(());
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let woken = Arc::new(AtomicBool::new(false));
+        {
+            let mut state = self.shared.state.lock();
+            if let Some(outcome) = state.wait_outcome(ticket, durable) {
+                return outcome;
             }
-            if let Some(operation) = state.poisoned {
-                return Err(Error::Poisoned { operation });
-            }
-            if state.committer_done {
-                return Err(Error::Closed);
-            }
-            self.shared.done.wait(&mut state);
+            state.waiters.push(Waiter {
+                ticket,
+                durable,
+                thread: std::thread::current(),
+                woken: woken.clone(),
+            });
         }
+        // `park` may return spuriously: only the committer's flag ends the wait.
+        while !woken.load(Ordering::Acquire) {
+            std::thread::park();
+        }
+        let state = self.shared.state.lock();
+        state
+            .wait_outcome(ticket, durable)
+            .unwrap_or(Err(Error::Closed))
     }
 
     /// Makes everything queued so far durable.
@@ -279,6 +318,7 @@ impl Log {
             let last = state.next_ticket - 1;
             state.sync_wanted = state.sync_wanted.max(last);
             state.write_wanted = state.write_wanted.max(last);
+            state.urgent = true;
             if state.durable_ticket < last {
                 // A flush after buffered writes with nothing new queued still needs a sync.
                 self.shared.work.notify_one();
@@ -299,6 +339,7 @@ impl Log {
                 return Err(Error::Poisoned { operation });
             }
             state.write_wanted = state.next_ticket - 1;
+            state.urgent = true;
             self.shared.work.notify_one();
             self.shared.done.wait(&mut state);
         }
@@ -385,6 +426,40 @@ impl SegmentContext {
 }
 
 impl State {
+    /// `Some` once waiting for `ticket` is over: reached, poisoned or stopped.
+    fn wait_outcome(&self, ticket: u64, durable: bool) -> Option<Result<()>> {
+        let reached = if durable {
+            self.durable_ticket >= ticket
+        } else {
+            self.written_ticket >= ticket
+        };
+        if reached {
+            return Some(Ok(()));
+        }
+        if let Some(operation) = self.poisoned {
+            return Some(Err(Error::Poisoned { operation }));
+        }
+        if self.committer_done {
+            return Some(Err(Error::Closed));
+        }
+        None
+    }
+
+    /// Removes and returns the waiters whose wait is over.
+    fn finished_waiters(&mut self) -> Vec<Waiter> {
+        let mut finished = Vec::new();
+        let mut index = 0;
+        while index < self.waiters.len() {
+            let waiter = &self.waiters[index];
+            if self.wait_outcome(waiter.ticket, waiter.durable).is_some() {
+                finished.push(self.waiters.swap_remove(index));
+            } else {
+                index += 1;
+            }
+        }
+        finished
+    }
+
     fn check_usable(&self) -> Result<()> {
         if let Some(operation) = self.poisoned {
             return Err(Error::Poisoned { operation });
@@ -448,6 +523,16 @@ impl State {
     fn due(&self, now: Instant) -> (bool, Option<Instant>) {
         let unwritten = self.next_ticket - 1 > self.written_ticket;
         let unsynced = self.next_ticket - 1 > self.durable_ticket;
+        let queued_tickets =
+            usize::try_from(self.next_ticket - 1 - self.written_ticket).unwrap_or(usize::MAX);
+        if !self.closing && !self.urgent && queued_tickets < self.last_group_waiters {
+            if let Some(since) = self.queued_since {
+                let gather_end = since + MAX_GROUP_GATHER;
+                if now < gather_end {
+                    return (false, Some(gather_end));
+                }
+            }
+        }
         if self.closing || self.write_wanted > self.written_ticket {
             return (true, None);
         }
@@ -538,7 +623,10 @@ impl Shared {
                     }
                 }
                 state.committer_done = true;
+                let finished = state.finished_waiters();
                 self.done.notify_all();
+                drop(state);
+                wake(finished);
                 return;
             }
             state = self.commit_group(state);
@@ -552,6 +640,8 @@ impl Shared {
     ) -> parking_lot::MutexGuard<'a, State> {
         let chunks: Vec<Chunk> = state.queue.drain(..).collect();
         let last_ticket = state.next_ticket - 1;
+        state.queued_since = None;
+        state.urgent = false;
         let batched_due = state.batched_deadline.is_some();
         let sync = state.sync_wanted > state.durable_ticket || batched_due || state.closing;
         let active_file = state.active.file.clone();
@@ -581,9 +671,13 @@ impl Shared {
             }
             Err(operation) => state.poisoned = Some(operation),
         }
+        let finished = state.finished_waiters();
+        state.last_group_waiters = finished.len();
         self.done.notify_all();
         self.space.notify_all();
-        state
+        drop(state);
+        wake(finished);
+        self.state.lock()
     }
 
     fn seal_active(&self, state: &State) -> Result<()> {
@@ -601,6 +695,15 @@ impl Shared {
         file.set_len(context.base_offset + seal.len() as u64)
             .map_err(io("seal trim"))?;
         file.sync_data().map_err(io("seal sync"))
+    }
+}
+
+fn wake(finished: Vec<Waiter>) {
+    for waiter in finished {
+        waiter
+            .woken
+            .store(true, std::sync::atomic::Ordering::Release);
+        waiter.thread.unpark();
     }
 }
 

@@ -263,7 +263,7 @@ fn workloads() -> Vec<Workload> {
         max_bytes: 2048,
     };
     let mut list = Vec::new();
-    for seed in 0..64 {
+    for seed in 0..72 {
         list.push(Workload {
             seed,
             sessions: 3,
