@@ -20,25 +20,30 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Frame vectors that decode to one known record.
-const RECORD_FRAMES: [&str; 6] = [
+const RECORD_FRAMES: [&str; 7] = [
     "frame-session-header",
     "frame-type-definition",
     "frame-event",
     "frame-event-verbatim",
+    "frame-event-row",
     "frame-commit",
     "frame-seal",
 ];
 
 /// Every single-frame vector (the flip check runs over all of them).
-const ALL_FRAMES: [&str; 7] = [
+const ALL_FRAMES: [&str; 8] = [
     "frame-session-header",
     "frame-type-definition",
     "frame-event",
     "frame-event-verbatim",
+    "frame-event-row",
     "frame-commit",
     "frame-seal",
     "frame-unknown-skippable",
 ];
+
+/// Whole-segment vectors (a sealed, trimmed segment 1 each).
+const SEGMENTS: [&str; 2] = ["segment-two-sessions", "segment-fork"];
 
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -173,6 +178,32 @@ fn a_frame_checked_with_another_salt_is_refused() {
             matches!(decode_frame(&bytes, salt ^ 1), Err(FrameError::BadChecksum)),
             "{name}"
         );
+    }
+}
+
+#[test]
+fn every_defined_event_flag_decodes_and_the_others_make_the_record_invalid() {
+    let (bytes, json) = load("frame-event-row");
+    let salt = hex(&json["salt"]);
+    // The event flags byte is payload offset 24, frame offset 36.
+    for flags in 0..=u8::MAX {
+        let mut variant = bytes.clone();
+        variant[36] = flags;
+        let sum = dshdb::frame::checksum(salt, &variant[4..]);
+        variant[0..4].copy_from_slice(&sum.to_le_bytes());
+        let frame = decode_frame(&variant, salt).expect("checksum recomputed");
+        let decoded = Record::decode(&frame);
+        if flags & 0xe0 == 0 {
+            assert!(
+                matches!(decoded, Ok(Some(Record::Event(event))) if event.flags == flags),
+                "flags {flags:#04x}: {decoded:?}"
+            );
+        } else {
+            assert!(
+                matches!(decoded, Err(FrameError::BadPayload(_))),
+                "flags {flags:#04x}: {decoded:?}"
+            );
+        }
     }
 }
 
@@ -341,8 +372,14 @@ fn manifest_vector() {
 }
 
 #[test]
-fn whole_segment_vector_scans_to_its_records() {
-    let (bytes, json) = load("segment-two-sessions");
+fn whole_segment_vectors_scan_to_their_records() {
+    for name in SEGMENTS {
+        check_segment_scan(name);
+    }
+}
+
+fn check_segment_scan(name: &str) {
+    let (bytes, json) = load(name);
     let id = hex(&json["segment_id"]);
     let salt = hex(&json["salt"]);
     assert_eq!(bytes.len() as u64, uint(&json["file_bytes"]));
@@ -365,15 +402,21 @@ fn whole_segment_vector_scans_to_its_records() {
         assert_eq!(*offset, uint(&want["offset"]), "record offset");
         assert_eq!(encoded.len() as u64, *offset, "records are contiguous");
         let want_record = record_from_json(want);
-        assert_eq!(record, &want_record, "record at {offset}");
+        assert_eq!(record, &want_record, "{name}: record at {offset}");
         want_record.encode(&mut encoded, salt);
     }
-    assert_eq!(encoded, bytes, "re-encoding the segment differs");
+    assert_eq!(encoded, bytes, "{name}: re-encoding the segment differs");
 }
 
 #[test]
-fn whole_segment_vector_opens_as_a_store() {
-    let (bytes, json) = load("segment-two-sessions");
+fn whole_segment_vectors_open_as_a_store() {
+    for name in SEGMENTS {
+        check_segment_store(name);
+    }
+}
+
+fn check_segment_store(name: &str) {
+    let (bytes, json) = load(name);
     let id = hex(&json["segment_id"]);
     let salt = hex(&json["salt"]);
     let disk = SimStorage::new();
@@ -402,6 +445,8 @@ fn whole_segment_vector_opens_as_a_store() {
         let id = text(&session["id"]);
         let summary = store.session(id).expect("session exists");
         assert_eq!(summary.header_json, text(&session["header_json"]));
+        let want_events = session["json_lines"].as_array().expect("lines").len() as u64;
+        assert_eq!(summary.events, want_events, "{name}: length of {id}");
         let lines: Vec<String> = store
             .read(id, 0, u64::MAX)
             .expect("read")
@@ -414,7 +459,19 @@ fn whole_segment_vector_opens_as_a_store() {
             .iter()
             .map(text)
             .collect();
-        assert_eq!(lines, want, "session {id}");
+        assert_eq!(lines, want, "{name}: session {id}");
+        // Any range reads the same lines, across a fork's seed boundary too.
+        for from in 0..=want.len() {
+            for to in from..=want.len() {
+                let part: Vec<String> = store
+                    .read(id, from as u64, to as u64)
+                    .expect("read")
+                    .iter()
+                    .map(Event::to_json_line)
+                    .collect();
+                assert_eq!(part, want[from..to], "{name}: {id} {from}..{to}");
+            }
+        }
     }
 }
 
@@ -451,11 +508,13 @@ fn regenerate_vectors_with_engine_encoders() {
         "manifest",
         &manifest_from_json(&load_json("manifest")).encode(),
     );
-    let json = load_json("segment-two-sessions");
-    let salt = hex(&json["salt"]);
-    let mut bytes = encode_header(hex(&json["segment_id"]), salt);
-    for record in json["records"].as_array().expect("records") {
-        record_from_json(record).encode(&mut bytes, salt);
+    for name in SEGMENTS {
+        let json = load_json(name);
+        let salt = hex(&json["salt"]);
+        let mut bytes = encode_header(hex(&json["segment_id"]), salt);
+        for record in json["records"].as_array().expect("records") {
+            record_from_json(record).encode(&mut bytes, salt);
+        }
+        write(name, &bytes);
     }
-    write("segment-two-sessions", &bytes);
 }

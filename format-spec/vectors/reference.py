@@ -220,6 +220,21 @@ def main():
         export_type="assistant/text",
     )
     frame_vector(
+        "frame-event-row",
+        "An event with ROW_MEMBER (0x08): an export hint only; the line is built as usual.",
+        {
+            "kind": "event",
+            "session": 7,
+            "seq": 44,
+            "time": 1733011200500,
+            "type_number": 3,
+            "flags": 8,
+            "data": '{"text":" there"}',
+            "envelope": "",
+        },
+        export_type="assistant/text",
+    )
+    frame_vector(
         "frame-commit",
         "A commit of 2 events of session 7 from seq 42; bytes below 4096 were durable.",
         {
@@ -282,52 +297,31 @@ def main():
     )
 
     two_sessions()
+    fork()
 
 
-def two_sessions():
-    """A whole, sealed and trimmed segment 1 with two sessions, as a Sync writer lays it out."""
+def event(session, seq, time, type_number, data, envelope="", flags=0):
+    return {
+        "kind": "event",
+        "session": session,
+        "seq": seq,
+        "time": time,
+        "type_number": type_number,
+        "flags": flags,
+        "data": data,
+        "envelope": envelope,
+    }
+
+
+def session_header(session, header_json, seed=None):
+    parent, length = seed if seed is not None else (NO_SEED_PARENT, 0)
+    return {"kind": "session_header", "session": session, "seed_parent": parent,
+            "seed_length": length, "header_json": header_json}
+
+
+def segment_vector(name, description, types, batches):
+    """A whole, sealed and trimmed segment 1, laid out as a Sync writer writes it."""
     salt = SEGMENT_SALT
-    types = {0: "user/message", 1: "assistant/text"}
-    alpha = '{"version":0,"id":"alpha","createdAt":1733011200000}'
-    beta = '{"version":0,"id":"beta","createdAt":1733011202000}'
-    verbatim = (
-        '{"type":"assistant/text","seq":1,"time":1733011204000,'
-        '"data":{"text":"ok"},"ignorable":true}'
-    )
-
-    def event(session, seq, time, type_number, data, envelope="", flags=0):
-        return {
-            "kind": "event",
-            "session": session,
-            "seq": seq,
-            "time": time,
-            "type_number": type_number,
-            "flags": flags,
-            "data": data,
-            "envelope": envelope,
-        }
-
-    batches = [
-        [
-            {"kind": "session_header", "session": 0, "seed_parent": NO_SEED_PARENT,
-             "seed_length": 0, "header_json": alpha},
-            {"kind": "type_definition", "type_number": 0, "name": types[0]},
-            event(0, 0, 1733011201000, 0, '{"text":"hello"}'),
-            ("commit", 0, 0, 1),
-        ],
-        [
-            {"kind": "session_header", "session": 1, "seed_parent": NO_SEED_PARENT,
-             "seed_length": 0, "header_json": beta},
-            {"kind": "type_definition", "type_number": 1, "name": types[1]},
-            event(1, 0, 1733011202500, 0, '{"text":"hi, beta"}'),
-            event(1, 1, 1733011203000, 1, '{"text":"hello back"}', '"surfaceOp":"append"'),
-            ("commit", 1, 0, 2),
-        ],
-        [
-            event(0, 1, 1733011204000, 1, '{"text":"ok"}', verbatim, flags=1),
-            ("commit", 0, 1, 1),
-        ],
-    ]
     raw = segment_header(1, salt)
     records = []
     durable = 64  # Sync mode: each commit records where the previous batch ended.
@@ -350,21 +344,34 @@ def two_sessions():
     records.append(entry)
     raw += record_frame(salt, seal)
 
+    headers = {r["session"]: r for r in records if r["kind"] == "session_header"}
+
+    def session_events(number, end=None):
+        """F-02-17: a fork's first seed_length events are its parent's (recursively)."""
+        header = headers[number]
+        own = [r for r in records if r["kind"] == "event" and r["session"] == number]
+        if header["seed_parent"] == NO_SEED_PARENT:
+            events = own
+        else:
+            events = session_events(header["seed_parent"], header["seed_length"]) + own
+        assert [e["seq"] for e in events] == list(range(len(events)))
+        return events if end is None else events[:end]
+
     sessions = []
-    for number, header in ((0, alpha), (1, beta)):
-        events = [r for r in records if r["kind"] == "event" and r["session"] == number]
+    for number in sorted(headers):
+        header = headers[number]["header_json"]
         sessions.append({
             "number": number,
             "id": json.loads(header)["id"],
             "header_json": header,
-            "json_lines": [json_line(e, types[e["type_number"]]) for e in events],
+            "json_lines": [json_line(e, types[e["type_number"]])
+                           for e in session_events(number)],
         })
     write(
-        "segment-two-sessions",
+        name,
         raw,
         {
-            "description": "Segment 1 of a store: header, three committed batches of two "
-            "sessions, seal; trimmed after the seal.",
+            "description": description,
             "segment_id": hex64(1),
             "salt": hex64(salt),
             "file_bytes": len(raw),
@@ -373,6 +380,78 @@ def two_sessions():
             "types": {str(k): v for k, v in types.items()},
             "sessions": sessions,
         },
+    )
+
+
+def two_sessions():
+    alpha = '{"version":0,"id":"alpha","createdAt":1733011200000}'
+    beta = '{"version":0,"id":"beta","createdAt":1733011202000}'
+    verbatim = (
+        '{"type":"assistant/text","seq":1,"time":1733011204000,'
+        '"data":{"text":"ok"},"ignorable":true}'
+    )
+    segment_vector(
+        "segment-two-sessions",
+        "Segment 1 of a store: header, three committed batches of two "
+        "sessions, seal; trimmed after the seal.",
+        {0: "user/message", 1: "assistant/text"},
+        [
+            [
+                session_header(0, alpha),
+                {"kind": "type_definition", "type_number": 0, "name": "user/message"},
+                event(0, 0, 1733011201000, 0, '{"text":"hello"}'),
+                ("commit", 0, 0, 1),
+            ],
+            [
+                session_header(1, beta),
+                {"kind": "type_definition", "type_number": 1, "name": "assistant/text"},
+                event(1, 0, 1733011202500, 0, '{"text":"hi, beta"}'),
+                event(1, 1, 1733011203000, 1, '{"text":"hello back"}', '"surfaceOp":"append"'),
+                ("commit", 1, 0, 2),
+            ],
+            [
+                event(0, 1, 1733011204000, 1, '{"text":"ok"}', verbatim, flags=1),
+                ("commit", 0, 1, 1),
+            ],
+        ],
+    )
+
+
+def fork():
+    main_header = '{"version":0,"id":"main","createdAt":1733011200000}'
+    fork_header = (
+        '{"version":0,"id":"fork-1","createdAt":1733011205000,'
+        '"parentSession":"main","seedLength":2}'
+    )
+    segment_vector(
+        "segment-fork",
+        "Segment 1 of a store: session main (3 events) and fork-1, a fork of main after "
+        "seq 1 (seed_length 2) with 2 events of its own; events carry importer flags.",
+        {0: "assistant/chunk", 1: "session/end-seed", 2: "user/message"},
+        [
+            [
+                session_header(0, main_header),
+                {"kind": "type_definition", "type_number": 0, "name": "assistant/chunk"},
+                event(0, 0, 1733011201000, 0, '{"text":"a"}', flags=0x06),
+                event(0, 1, 1733011201000, 0, '{"text":"b"}', flags=0x08),
+                ("commit", 0, 0, 2),
+            ],
+            [
+                session_header(1, fork_header, seed=(0, 2)),
+                {"kind": "type_definition", "type_number": 1, "name": "session/end-seed"},
+                event(1, 2, 1733011205000, 1, "{}", flags=0x02),
+                ("commit", 1, 2, 1),
+            ],
+            [
+                event(0, 2, 1733011206000, 0, '{"text":"c"}', flags=0x06),
+                ("commit", 0, 2, 1),
+            ],
+            [
+                {"kind": "type_definition", "type_number": 2, "name": "user/message"},
+                event(1, 3, 1733011207000, 2, '{"text":"in the fork"}', flags=0x02),
+                ("commit", 1, 3, 1),
+            ],
+        ],
     )
 
 
