@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod commit;
 pub mod db;
 pub mod error;
+pub mod exchange;
 pub mod frame;
 pub mod io;
 pub mod manifest;

@@ -1,0 +1,464 @@
+//! L10: exchange with DeepSeek Harness session files (`session.jsonl`, `session.jsonl.zstd`).
+//!
+//! Import keeps every byte: an event line whose re-rendering by [`Event::to_json_line`]
+//! would differ is stored verbatim ([`EVENT_FLAG_VERBATIM_LINE`]); a packed chunk row is
+//! expanded into its `assistant/chunk` members (flagged [`EVENT_FLAG_ROW_START`] /
+//! [`EVENT_FLAG_ROW_MEMBER`]) and its original line kept ([`EVENT_FLAG_ROW_VERBATIM`]) when
+//! re-packing would differ. Export is therefore byte-identical to the imported plaintext,
+//! minus the discardable tail DSH itself drops (reported in [`ImportReport`]).
+//!
+//! A line the store cannot hold as text (invalid UTF-8, or JSON that the store's verbatim
+//! check rejects, such as lone surrogate escapes) is kept verbatim as a hex envelope
+//! `{"dshdb:hex":"…"}`; an original line that itself starts that way is hex-encoded too, so
+//! decoding is unambiguous.
+
+mod scan;
+mod zstd_codec;
+
+use crate::db::{now_millis, Event, NewEvent, Store};
+use crate::frame::{
+    EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
+    EVENT_FLAG_VERBATIM_LINE,
+};
+use crate::session::json::{object_members, string_text};
+use crate::session::{
+    fold_surface, restore_session, KeyOrder, RestoredSession, SessionError, SessionEvent,
+};
+use scan::{pack_row, Record, Scanned};
+use serde_json::Value;
+
+pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd};
+
+/// Bytes of events per append batch on import (well under the store's pending limit).
+const IMPORT_BATCH_BYTES: usize = 32 * 1024 * 1024;
+/// Prefix of a hex-encoded verbatim envelope.
+const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// DSH refuses the log; the text is DSH's (scan, header or zstd framing refusals).
+    #[error("{0}")]
+    Refused(String),
+    /// DSH's session model refuses the log on cold load; the text is DSH's.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::Error),
+    /// A stored event cannot be exported as DSH JSONL.
+    #[error("session {session}: event at seq {seq} cannot be exported: {reason}")]
+    Unexportable {
+        session: String,
+        seq: u64,
+        reason: String,
+    },
+    /// Zstandard compression failed.
+    #[error("zstd compression failed: {0}")]
+    Compress(String),
+}
+
+pub type Result<T, E = ExchangeError> = std::result::Result<T, E>;
+
+/// Bytes at the end of the input that DSH treats as a discardable tail and that were not imported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedTail {
+    /// Offset of the tail in the (decompressed) plaintext.
+    pub offset: u64,
+    pub bytes: u64,
+    pub reason: String,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportReport {
+    pub session_id: String,
+    /// Events stored (packed rows count their members).
+    pub events: u64,
+    /// Record lines imported (after the header).
+    pub lines: u64,
+    /// Packed chunk rows expanded.
+    pub rows: u64,
+    /// Lines (or rows) kept verbatim because re-rendering would differ.
+    pub verbatim: u64,
+    /// Zstd frames read (0 for plain JSONL).
+    pub frames: u64,
+    pub dropped: Option<DroppedTail>,
+}
+
+/// Imports a DSH `session.jsonl` (its bytes). Validates like DSH's cold load first; on a
+/// refusal nothing is written.
+pub fn import_dsh_jsonl(store: &Store, bytes: &[u8]) -> Result<ImportReport> {
+    let scanned = scan::scan(bytes)?;
+    import_scanned(store, &scanned, &[], 0)
+}
+
+/// Stores a scanned log. Lines starting at an offset in `batch_starts` (sorted) start a
+/// recorded batch.
+fn import_scanned(
+    store: &Store,
+    scanned: &Scanned<'_>,
+    batch_starts: &[usize],
+    frames: u64,
+) -> Result<ImportReport> {
+    let events = scanned.events();
+    restore_session(&scanned.session_id, &events, now_millis())?;
+    let mut report = ImportReport {
+        session_id: scanned.session_id.clone(),
+        events: events.len() as u64,
+        lines: scanned.lines.len() as u64,
+        rows: 0,
+        verbatim: 0,
+        frames,
+        dropped: scanned.dropped.clone(),
+    };
+    let mut owned: Vec<OwnedEvent> = Vec::with_capacity(events.len());
+    for line in &scanned.lines {
+        let batch_flag = if batch_starts.binary_search(&line.offset).is_ok() {
+            EVENT_FLAG_BATCH_START
+        } else {
+            0
+        };
+        match &line.record {
+            Record::Event(event) => {
+                let mut stored = plain_event(event, line.raw);
+                if stored.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
+                    report.verbatim += 1;
+                }
+                stored.flags |= batch_flag;
+                owned.push(stored);
+            }
+            Record::Row {
+                members,
+                member_data,
+            } => {
+                report.rows += 1;
+                let triples: Vec<(u64, i64, &str)> = members
+                    .iter()
+                    .zip(member_data)
+                    .map(|(event, data)| (event.seq, event.time, data.as_str()))
+                    .collect();
+                let repacked = pack_row(&triples);
+                let exact = repacked.as_deref().map(str::as_bytes) == Some(line.raw);
+                for (position, (event, data)) in members.iter().zip(member_data).enumerate() {
+                    let mut stored = OwnedEvent {
+                        event_type: event.event_type.clone(),
+                        time: event.time,
+                        data: data.clone(),
+                        envelope: String::new(),
+                        flags: EVENT_FLAG_ROW_MEMBER,
+                    };
+                    if position == 0 {
+                        stored.flags = EVENT_FLAG_ROW_START | batch_flag;
+                        if !exact {
+                            report.verbatim += 1;
+                            // The store checks a non-verbatim envelope as event members, so
+                            // the row line travels as a verbatim envelope.
+                            stored.flags |= EVENT_FLAG_ROW_VERBATIM | EVENT_FLAG_VERBATIM_LINE;
+                            stored.envelope = verbatim_envelope(line.raw);
+                        }
+                    }
+                    owned.push(stored);
+                }
+            }
+        }
+    }
+    let mut writer = store.create_session(scanned.header)?;
+    let mut start = 0;
+    while start < owned.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < owned.len() && (end == start || bytes < IMPORT_BATCH_BYTES) {
+            bytes += owned[end].data.len() + owned[end].envelope.len() + 64;
+            end += 1;
+        }
+        // Never split a packed row across batches.
+        while end < owned.len() && owned[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
+            end += 1;
+        }
+        let batch: Vec<NewEvent<'_>> = owned[start..end].iter().map(OwnedEvent::as_new).collect();
+        writer.append_batch(&batch)?;
+        start = end;
+    }
+    Ok(report)
+}
+
+struct OwnedEvent {
+    event_type: String,
+    time: i64,
+    data: String,
+    envelope: String,
+    flags: u8,
+}
+
+impl OwnedEvent {
+    fn as_new(&self) -> NewEvent<'_> {
+        NewEvent {
+            event_type: &self.event_type,
+            time: Some(self.time),
+            data: &self.data,
+            envelope: &self.envelope,
+            flags: self.flags,
+        }
+    }
+}
+
+/// The envelope members of a line other than `type`/`seq`/`time`/`data`, as their exact text.
+fn envelope_members(line: &str) -> Option<String> {
+    let members = object_members(line)?;
+    let parts: Vec<String> = members
+        .iter()
+        .filter(|(key, _)| !matches!(key.as_str(), "type" | "seq" | "time" | "data"))
+        .map(|(key, value)| format!("{}:{}", string_text(key), value.get()))
+        .collect();
+    Some(parts.join(","))
+}
+
+/// How an event line is stored: split into fields when that re-renders exactly, else verbatim.
+fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
+    let data = event.data.get().to_owned();
+    if let Some(envelope) = std::str::from_utf8(raw).ok().and_then(envelope_members) {
+        let candidate = Event {
+            seq: event.seq,
+            time: event.time,
+            event_type: event.event_type.clone(),
+            data: data.clone(),
+            envelope,
+            flags: 0,
+        };
+        let envelope_ok = candidate.envelope.is_empty()
+            || serde_json::from_str::<serde_json::Map<String, Value>>(&format!(
+                "{{{}}}",
+                candidate.envelope
+            ))
+            .is_ok();
+        if envelope_ok && candidate.to_json_line().as_bytes() == raw {
+            return OwnedEvent {
+                event_type: candidate.event_type,
+                time: candidate.time,
+                data,
+                envelope: candidate.envelope,
+                flags: 0,
+            };
+        }
+    }
+    OwnedEvent {
+        event_type: event.event_type.clone(),
+        time: event.time,
+        data,
+        envelope: verbatim_envelope(raw),
+        flags: EVENT_FLAG_VERBATIM_LINE,
+    }
+}
+
+/// The original line as a verbatim envelope: the text itself, or a hex wrapper (module doc).
+fn verbatim_envelope(raw: &[u8]) -> String {
+    if let Ok(text) = std::str::from_utf8(raw) {
+        if !text.starts_with(HEX_PREFIX)
+            && serde_json::from_str::<serde_json::Map<String, Value>>(text).is_ok()
+        {
+            return text.to_owned();
+        }
+    }
+    let mut hex = String::with_capacity(HEX_PREFIX.len() + raw.len() * 2 + 2);
+    hex.push_str(HEX_PREFIX);
+    for byte in raw {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    hex.push_str("\"}");
+    hex
+}
+
+/// The original line bytes of a verbatim envelope.
+fn verbatim_bytes(envelope: &str) -> Option<Vec<u8>> {
+    let Some(hex) = envelope
+        .strip_prefix(HEX_PREFIX)
+        .and_then(|rest| rest.strip_suffix("\"}"))
+    else {
+        return Some(envelope.as_bytes().to_vec());
+    };
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(hex.get(at..at + 2)?, 16).ok())
+        .collect()
+}
+
+/// The DSH header line of a stored session: the stored header when it is one (imported),
+/// otherwise DSH's `toHeaderLine` layout synthesized from it.
+fn header_line(header_json: &str) -> String {
+    let members = object_members(header_json).unwrap_or_default();
+    let raw = |key: &str| {
+        members
+            .iter()
+            .find(|(name, _)| name == key)
+            .map(|(_, value)| value.get())
+    };
+    if raw("type") == Some("\"session\"") {
+        return header_json.to_owned();
+    }
+    let mut line = String::from("{\"type\":\"session\"");
+    for key in [
+        "version",
+        "id",
+        "createdAt",
+        "cwd",
+        "parentSession",
+        "seedLength",
+        "origin",
+        "delegationDepth",
+        "agentPreset",
+    ] {
+        let value = match (key, raw(key)) {
+            ("delegationDepth", None) => Some("0"),
+            (_, value) => value,
+        };
+        if let Some(value) = value {
+            line.push_str(&format!(",\"{key}\":{value}"));
+        }
+    }
+    line.push('}');
+    line
+}
+
+/// One exported line (no newline) and whether it starts a recorded batch.
+type ExportLine = (Vec<u8>, bool);
+
+/// The stored session as DSH lines (without newlines), each with whether it starts a
+/// recorded batch. The header line comes first.
+fn export_lines(store: &Store, id: &str) -> Result<(String, Vec<ExportLine>)> {
+    let summary = store.session(id)?;
+    let events = store.read(id, 0, summary.events)?;
+    let unexportable = |seq: u64, reason: &str| ExchangeError::Unexportable {
+        session: id.to_owned(),
+        seq,
+        reason: reason.to_owned(),
+    };
+    let mut lines = Vec::with_capacity(events.len());
+    let mut position = 0;
+    while position < events.len() {
+        let event = &events[position];
+        let batch = event.flags & EVENT_FLAG_BATCH_START != 0;
+        if event.flags & EVENT_FLAG_ROW_START != 0 {
+            let mut end = position + 1;
+            while end < events.len() && events[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
+                end += 1;
+            }
+            let line = if event.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
+                verbatim_bytes(&event.envelope)
+                    .ok_or_else(|| unexportable(event.seq, "damaged verbatim row"))?
+            } else {
+                let members: Vec<(u64, i64, &str)> = events[position..end]
+                    .iter()
+                    .map(|member| (member.seq, member.time, member.data.as_str()))
+                    .collect();
+                pack_row(&members)
+                    .ok_or_else(|| unexportable(event.seq, "row members do not pack"))?
+                    .into_bytes()
+            };
+            lines.push((line, batch));
+            position = end;
+            continue;
+        }
+        let line = if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
+            verbatim_bytes(&event.envelope)
+                .ok_or_else(|| unexportable(event.seq, "damaged verbatim line"))?
+        } else {
+            event.to_json_line().into_bytes()
+        };
+        lines.push((line, batch));
+        position += 1;
+    }
+    Ok((header_line(&summary.header_json), lines))
+}
+
+/// Exports a session as DSH `session.jsonl` bytes (byte-identical to an imported file).
+pub fn export_dsh_jsonl(store: &Store, id: &str) -> Result<Vec<u8>> {
+    let (header, lines) = export_lines(store, id)?;
+    let mut out =
+        Vec::with_capacity(header.len() + 1 + lines.iter().map(|l| l.0.len() + 1).sum::<usize>());
+    out.extend_from_slice(header.as_bytes());
+    out.push(b'\n');
+    for (line, _) in lines {
+        out.extend_from_slice(&line);
+        out.push(b'\n');
+    }
+    Ok(out)
+}
+
+/// The stored events as DSH's session model sees them (decoded from the exported lines).
+pub fn session_events(store: &Store, id: &str) -> Result<Vec<SessionEvent>> {
+    let (_, lines) = export_lines(store, id)?;
+    let mut events = Vec::with_capacity(lines.len());
+    for (number, (line, _)) in lines.iter().enumerate() {
+        let record = scan::decode_record(line).map_err(|()| {
+            ExchangeError::Refused(format!(
+                "corrupt session log: unparsable committed event at line {}",
+                number + 1
+            ))
+        })?;
+        match record {
+            Record::Event(event) => events.push(event),
+            Record::Row { members, .. } => events.extend(members),
+        }
+    }
+    Ok(events)
+}
+
+/// The session cold-loaded as DSH does (migration, repair closers in memory, end-seed).
+pub fn restore(store: &Store, id: &str) -> Result<RestoredSession> {
+    let events = session_events(store, id)?;
+    Ok(restore_session(id, &events, now_millis())?)
+}
+
+/// DSH's `deriveMessages()` after a cold load.
+pub fn messages(store: &Store, id: &str) -> Result<Vec<Value>> {
+    Ok(restore(store, id)?.surface.derive_messages())
+}
+
+/// The surface after a cold load: `{nodes, replaceGeneration, foldSurface:{nodes, replacements}}`.
+pub fn surface(store: &Store, id: &str) -> Result<Value> {
+    let restored = restore(store, id)?;
+    let fold = fold_surface(&restored.events)?;
+    let replacements: Vec<Value> = fold
+        .replacements
+        .iter()
+        .map(|replacement| {
+            serde_json::json!({
+                "seq": replacement.seq,
+                "start": replacement.start,
+                "end": replacement.end,
+                "shadowedSeqs": replacement.shadowed_seqs,
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "nodes": restored.surface.nodes(),
+        "replaceGeneration": restored.surface.replace_generation(),
+        "foldSurface": {"nodes": fold.nodes, "replacements": replacements},
+    }))
+}
+
+/// Appends DSH's interrupted-turn closers (in DSH's repair key order, as one batch) and
+/// returns how many were appended.
+pub fn repair(store: &Store, id: &str) -> Result<usize> {
+    let restored = restore(store, id)?;
+    if restored.closers.is_empty() {
+        return Ok(0);
+    }
+    let mut owned = Vec::with_capacity(restored.closers.len());
+    for (position, closer) in restored.closers.iter().enumerate() {
+        let line = closer.to_json_line(KeyOrder::RepairCloser);
+        let mut stored = plain_event(closer, line.as_bytes());
+        if position == 0 {
+            stored.flags |= EVENT_FLAG_BATCH_START;
+        }
+        owned.push(stored);
+    }
+    let batch: Vec<NewEvent<'_>> = owned.iter().map(OwnedEvent::as_new).collect();
+    store.writer(id)?.append_batch(&batch)?;
+    Ok(owned.len())
+}

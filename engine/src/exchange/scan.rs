@@ -1,0 +1,501 @@
+//! DSH's JSONL scan (persistence §2.3–2.5, §5.2): the header line, storage records (plain
+//! events and packed chunk rows) and the committed-region / discardable-tail rule.
+
+use super::{DroppedTail, ExchangeError};
+use crate::session::json::{js_safe_integer, object_members, string_text, value_lossy};
+use crate::session::{parse_event_line, SessionEvent};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// The three packed chunk row tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowTag {
+    Text,
+    Reasoning,
+    ToolCall,
+}
+
+impl RowTag {
+    pub(crate) fn from_tag(tag: &str) -> Option<RowTag> {
+        match tag {
+            "text-chunks" => Some(RowTag::Text),
+            "reasoning-chunks" => Some(RowTag::Reasoning),
+            "tool-call-chunks" => Some(RowTag::ToolCall),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn from_chunk_type(chunk_type: &str) -> Option<RowTag> {
+        match chunk_type {
+            "text-delta" => Some(RowTag::Text),
+            "reasoning-delta" => Some(RowTag::Reasoning),
+            "tool-call-delta" => Some(RowTag::ToolCall),
+            _ => None,
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            RowTag::Text => "text-chunks",
+            RowTag::Reasoning => "reasoning-chunks",
+            RowTag::ToolCall => "tool-call-chunks",
+        }
+    }
+
+    fn chunk_type(self) -> &'static str {
+        match self {
+            RowTag::Text => "text-delta",
+            RowTag::Reasoning => "reasoning-delta",
+            RowTag::ToolCall => "tool-call-delta",
+        }
+    }
+}
+
+/// One decoded storage record.
+#[derive(Debug)]
+pub(crate) enum Record {
+    Event(SessionEvent),
+    /// A packed row: its members as events and each member's `data` text.
+    Row {
+        members: Vec<SessionEvent>,
+        member_data: Vec<String>,
+    },
+}
+
+impl Record {
+    pub(crate) fn events(&self) -> &[SessionEvent] {
+        match self {
+            Record::Event(event) => std::slice::from_ref(event),
+            Record::Row { members, .. } => members,
+        }
+    }
+}
+
+/// A committed line of the log.
+#[derive(Debug)]
+pub(crate) struct ScannedLine<'a> {
+    /// Byte offset of the line in the scanned plaintext.
+    pub offset: usize,
+    /// The line without its `\n`.
+    pub raw: &'a [u8],
+    pub record: Record,
+}
+
+/// The committed content of a DSH JSONL plaintext.
+#[derive(Debug)]
+pub(crate) struct Scanned<'a> {
+    /// The header line text, without its `\n`.
+    pub header: &'a str,
+    pub session_id: String,
+    pub lines: Vec<ScannedLine<'a>>,
+    /// Bytes up to and including the last committed line's `\n`.
+    pub committed: usize,
+    pub dropped: Option<DroppedTail>,
+}
+
+impl Scanned<'_> {
+    pub(crate) fn events(&self) -> Vec<SessionEvent> {
+        self.lines
+            .iter()
+            .flat_map(|line| line.record.events().iter().cloned())
+            .collect()
+    }
+}
+
+fn corrupt(text: impl Into<String>) -> ExchangeError {
+    ExchangeError::Refused(text.into())
+}
+
+/// Parses and checks the header line (persistence §2.3, §2.9); returns the session id.
+pub(crate) fn check_header(line: &str) -> Result<String, ExchangeError> {
+    let header = value_lossy(line)
+        .map_err(|_| corrupt("corrupt session log: header line is not valid JSON"))?;
+    if let Some(object) = header.as_object() {
+        if let Some(version) = object.get("version").filter(|version| version.is_number()) {
+            let number = version.as_f64().unwrap_or(f64::NAN);
+            if number != 0.0 {
+                let id = match object.get("id") {
+                    Some(Value::String(id)) => id.clone(),
+                    Some(other) => other.to_string(),
+                    None => "undefined".to_owned(),
+                };
+                return Err(ExchangeError::Refused(if number > 0.0 {
+                    format!("session \"{id}\" uses log format v{version}, but this harness reads only v0: the log was written by a newer harness — upgrade the harness to open it")
+                } else {
+                    format!("session \"{id}\" uses log format v{version}, but this harness reads only v0")
+                }));
+            }
+        }
+    }
+    let non_negative = |key: &str| {
+        header
+            .get(key)
+            .and_then(|value| js_safe_integer(&value.to_string()))
+            .is_some_and(|value| value >= 0)
+    };
+    let valid = header.get("type") == Some(&Value::from("session"))
+        && header.get("version").is_some_and(Value::is_number)
+        && non_negative("createdAt")
+        && non_negative("delegationDepth")
+        && header
+            .get("origin")
+            .is_none_or(|origin| origin == "subagent")
+        && header.get("agentPreset").is_none_or(Value::is_string);
+    let id = header
+        .get("id")
+        .and_then(Value::as_str)
+        .filter(|_| valid)
+        .ok_or_else(|| corrupt("corrupt session log: first line is not a session header"))?;
+    if header.get("sandboxMode").is_some() || header.get("approvalPolicy").is_some() {
+        return Err(corrupt(
+            "session header uses retired policy baseline fields",
+        ));
+    }
+    Ok(id.to_owned())
+}
+
+/// `SessionLogScanner` over a whole plaintext (persistence §5.2).
+pub(crate) fn scan(bytes: &[u8]) -> Result<Scanned<'_>, ExchangeError> {
+    let header_end = bytes
+        .iter()
+        .position(|byte| *byte == b'\n')
+        .filter(|end| *end > 0)
+        .ok_or_else(|| corrupt("empty or header-less session log"))?;
+    let header = std::str::from_utf8(&bytes[..header_end])
+        .map_err(|_| corrupt("corrupt session log: header line is not valid UTF-8"))?;
+    let session_id = check_header(header)?;
+    let mut lines: Vec<ScannedLine<'_>> = Vec::new();
+    let mut expected: u64 = 0;
+    let mut committed = header_end + 1;
+    // The first defect: its text and where the discardable tail starts.
+    let mut issue: Option<(String, usize)> = None;
+    let mut offset = header_end + 1;
+    let mut line_number = 0usize;
+    while let Some(length) = bytes[offset..].iter().position(|byte| *byte == b'\n') {
+        line_number += 1;
+        let raw = &bytes[offset..offset + length];
+        let line_start = offset;
+        offset += length + 1;
+        let decoded = decode_record(raw);
+        let has_turn_end = |record: &Record| {
+            record
+                .events()
+                .iter()
+                .any(|event| event.event_type == "turn/end")
+        };
+        if let Some((text, _)) = &issue {
+            if decoded.as_ref().is_ok_and(has_turn_end) {
+                return Err(corrupt(text.clone()));
+            }
+            continue;
+        }
+        let Ok(record) = decoded else {
+            issue = Some((
+                format!("corrupt session log: unparsable committed event at line {line_number}"),
+                line_start,
+            ));
+            continue;
+        };
+        if let Some((index, bad)) = record
+            .events()
+            .iter()
+            .enumerate()
+            .find(|(index, event)| event.seq != expected + *index as u64)
+        {
+            let gap = format!(
+                "corrupt session log: seq gap in committed region at line {line_number} (expected {}, got {})",
+                expected + index as u64,
+                bad.seq
+            );
+            if has_turn_end(&record) {
+                return Err(corrupt(gap));
+            }
+            return Ok(Scanned {
+                header,
+                session_id,
+                lines,
+                committed,
+                dropped: Some(DroppedTail {
+                    offset: committed as u64,
+                    bytes: (bytes.len() - committed) as u64,
+                    reason: gap,
+                }),
+            });
+        }
+        expected += record.events().len() as u64;
+        committed = offset;
+        lines.push(ScannedLine {
+            offset: line_start,
+            raw,
+            record,
+        });
+    }
+    let dropped = match issue {
+        Some((reason, _)) => Some(reason),
+        None if committed < bytes.len() => Some("torn final line (no trailing newline)".to_owned()),
+        None => None,
+    }
+    .map(|reason| DroppedTail {
+        offset: committed as u64,
+        bytes: (bytes.len() - committed) as u64,
+        reason,
+    });
+    Ok(Scanned {
+        header,
+        session_id,
+        lines,
+        committed,
+        dropped,
+    })
+}
+
+/// `decodeStorageRecord` on one line's bytes (decoded lossily, as DSH's `TextDecoder` does).
+pub(crate) fn decode_record(raw: &[u8]) -> Result<Record, ()> {
+    let text = String::from_utf8_lossy(raw);
+    let value = value_lossy(&text).map_err(|_| ())?;
+    let tag = value.get("type").and_then(Value::as_str);
+    match tag.and_then(RowTag::from_tag) {
+        Some(tag) => expand_row(tag, &text),
+        None => parse_event_line(&text).map(Record::Event).map_err(|_| ()),
+    }
+}
+
+fn raw_member<'m>(members: &'m [(String, Box<RawValue>)], key: &str) -> Option<&'m str> {
+    members
+        .iter()
+        .find(|(name, _)| name == key)
+        .map(|(_, value)| value.get())
+}
+
+fn has_exact_keys(
+    members: &[(String, Box<RawValue>)],
+    required: &[&str],
+    optional: &[&str],
+) -> bool {
+    required
+        .iter()
+        .all(|key| members.iter().any(|(name, _)| name == key))
+        && members
+            .iter()
+            .all(|(name, _)| required.contains(&name.as_str()) || optional.contains(&name.as_str()))
+}
+
+fn is_number(text: &str) -> bool {
+    value_lossy(text).is_ok_and(|value| value.is_number())
+}
+
+fn is_string(text: &str) -> bool {
+    text.starts_with('"')
+}
+
+fn safe(value: i64) -> Option<i64> {
+    (value.unsigned_abs() <= crate::session::json::MAX_SAFE_INTEGER).then_some(value)
+}
+
+/// The raw texts of a row's shared fields.
+pub(crate) struct RowShape<'t> {
+    pub tag: RowTag,
+    pub turn: &'t str,
+    pub step: &'t str,
+    pub index: &'t str,
+    pub id: Option<&'t str>,
+    pub name: Option<&'t str>,
+}
+
+impl RowShape<'_> {
+    /// A member's `data` text, in DSH key order.
+    pub(crate) fn member_data(&self, payload: &str) -> String {
+        let chunk = match self.tag {
+            RowTag::ToolCall => {
+                let name = self
+                    .name
+                    .map(|name| format!(",\"name\":{name}"))
+                    .unwrap_or_default();
+                format!(
+                    "{{\"type\":\"{}\",\"index\":{},\"id\":{}{name},\"argumentsDelta\":{payload}}}",
+                    self.tag.chunk_type(),
+                    self.index,
+                    self.id.unwrap_or("null")
+                )
+            }
+            _ => format!(
+                "{{\"type\":\"{}\",\"index\":{},\"text\":{payload}}}",
+                self.tag.chunk_type(),
+                self.index
+            ),
+        };
+        format!(
+            "{{\"turn\":{},\"step\":{},\"chunk\":{chunk}}}",
+            self.turn, self.step
+        )
+    }
+
+    /// The packed row line (no newline) in DSH's key order.
+    pub(crate) fn row_line(
+        &self,
+        seq0: u64,
+        time0: i64,
+        gaps: &[i64],
+        payloads: &[&str],
+    ) -> String {
+        let gaps: Vec<String> = gaps.iter().map(i64::to_string).collect();
+        let mut data = format!(
+            "{{\"turn\":{},\"step\":{},\"index\":{},\"dt\":[{}]",
+            self.turn,
+            self.step,
+            self.index,
+            gaps.join(",")
+        );
+        let payload_key = match self.tag {
+            RowTag::ToolCall => {
+                data.push_str(&format!(",\"id\":{}", self.id.unwrap_or("null")));
+                if let Some(name) = self.name {
+                    data.push_str(&format!(",\"name\":{name}"));
+                }
+                "args"
+            }
+            _ => "texts",
+        };
+        data.push_str(&format!(",\"{payload_key}\":[{}]}}", payloads.join(",")));
+        format!(
+            "{{\"type\":{},\"seq0\":{seq0},\"time0\":{time0},\"data\":{data}}}",
+            string_text(self.tag.tag())
+        )
+    }
+}
+
+fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
+    let top = object_members(text).ok_or(())?;
+    if !has_exact_keys(&top, &["type", "seq0", "time0", "data"], &[]) {
+        return Err(());
+    }
+    let seq0 = raw_member(&top, "seq0")
+        .and_then(js_safe_integer)
+        .filter(|seq| *seq >= 0)
+        .ok_or(())?;
+    let time0 = raw_member(&top, "time0")
+        .and_then(js_safe_integer)
+        .ok_or(())?;
+    let data = object_members(raw_member(&top, "data").ok_or(())?).ok_or(())?;
+    let (required, optional, payload_key): (&[&str], &[&str], &str) = match tag {
+        RowTag::ToolCall => (
+            &["turn", "step", "index", "id", "dt", "args"],
+            &["name"],
+            "args",
+        ),
+        _ => (&["turn", "step", "index", "dt", "texts"], &[], "texts"),
+    };
+    if !has_exact_keys(&data, required, optional) {
+        return Err(());
+    }
+    let field = |key: &str| raw_member(&data, key).ok_or(());
+    let shape = RowShape {
+        tag,
+        turn: field("turn")?,
+        step: field("step")?,
+        index: field("index")?,
+        id: raw_member(&data, "id"),
+        name: raw_member(&data, "name"),
+    };
+    if ![shape.turn, shape.step, shape.index]
+        .into_iter()
+        .all(is_number)
+        || !shape.id.is_none_or(is_string)
+        || !shape.name.is_none_or(is_string)
+    {
+        return Err(());
+    }
+    let payloads: Vec<Box<RawValue>> = serde_json::from_str(field(payload_key)?).map_err(|_| ())?;
+    if payloads.is_empty() || !payloads.iter().all(|payload| is_string(payload.get())) {
+        return Err(());
+    }
+    let gaps: Vec<Box<RawValue>> = serde_json::from_str(field("dt")?).map_err(|_| ())?;
+    if gaps.len() + 1 != payloads.len() {
+        return Err(());
+    }
+    let mut members = Vec::with_capacity(payloads.len());
+    let mut member_data = Vec::with_capacity(payloads.len());
+    let mut time = time0;
+    for (offset, payload) in payloads.iter().enumerate() {
+        if offset > 0 {
+            let gap = js_safe_integer(gaps[offset - 1].get()).ok_or(())?;
+            time = time.checked_add(gap).and_then(safe).ok_or(())?;
+        }
+        let seq = seq0.checked_add(offset as i64).and_then(safe).ok_or(())? as u64;
+        let data_text = shape.member_data(payload.get());
+        members.push(SessionEvent::new("assistant/chunk", seq, time, &data_text).map_err(|_| ())?);
+        member_data.push(data_text);
+    }
+    Ok(Record::Row {
+        members,
+        member_data,
+    })
+}
+
+type Members = Vec<(String, Box<RawValue>)>;
+
+/// Re-packs stored chunk events `(seq, time, data)` into one row line, or `None` when they
+/// do not form a row (different shape, non-chunk data).
+pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
+    let (first_seq, first_time, first_data) = *members.first()?;
+    let mut shape_texts: Option<(Members, Members)> = None;
+    let mut payloads: Vec<String> = Vec::with_capacity(members.len());
+    let mut gaps = Vec::with_capacity(members.len());
+    let mut previous_time = first_time;
+    for (position, (_, time, data)) in members.iter().enumerate() {
+        let outer = object_members(data)?;
+        if !has_exact_keys(&outer, &["turn", "step", "chunk"], &[]) {
+            return None;
+        }
+        let chunk = object_members(raw_member(&outer, "chunk")?)?;
+        let chunk_type: String = serde_json::from_str(raw_member(&chunk, "type")?).ok()?;
+        let tag = RowTag::from_chunk_type(&chunk_type)?;
+        let payload_key = if tag == RowTag::ToolCall {
+            "argumentsDelta"
+        } else {
+            "text"
+        };
+        payloads.push(raw_member(&chunk, payload_key)?.to_owned());
+        if position > 0 {
+            gaps.push(time.checked_sub(previous_time)?);
+        }
+        previous_time = *time;
+        match &shape_texts {
+            None => shape_texts = Some((outer, chunk)),
+            Some((first_outer, first_chunk)) => {
+                let same = |a: &[(String, Box<RawValue>)], b: &[(String, Box<RawValue>)], key| {
+                    raw_member(a, key) == raw_member(b, key)
+                };
+                if !same(first_outer, &outer, "turn")
+                    || !same(first_outer, &outer, "step")
+                    || ["type", "index", "id", "name"]
+                        .iter()
+                        .any(|key| !same(first_chunk, &chunk, key))
+                {
+                    return None;
+                }
+            }
+        }
+    }
+    let (outer, chunk) = shape_texts?;
+    let chunk_type: String = serde_json::from_str(raw_member(&chunk, "type")?).ok()?;
+    let shape = RowShape {
+        tag: RowTag::from_chunk_type(&chunk_type)?,
+        turn: raw_member(&outer, "turn")?,
+        step: raw_member(&outer, "step")?,
+        index: raw_member(&chunk, "index")?,
+        id: raw_member(&chunk, "id"),
+        name: raw_member(&chunk, "name"),
+    };
+    let payloads: Vec<&str> = payloads.iter().map(String::as_str).collect();
+    // Each member must be exactly what the row expands back into.
+    if members
+        .iter()
+        .zip(&payloads)
+        .any(|((_, _, data), payload)| shape.member_data(payload) != *data)
+    {
+        return None;
+    }
+    let _ = first_data;
+    Some(shape.row_line(first_seq, first_time, &gaps, &payloads))
+}

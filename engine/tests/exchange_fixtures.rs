@@ -1,0 +1,345 @@
+//! DSH exchange: every case in `shared/fixtures/dsh` imports (or is refused with DSH's text,
+//! leaving nothing behind), exports back byte for byte (minus the reported discardable tail),
+//! round-trips through `session.jsonl.zstd` with the same frames, and derives DSH's messages
+//! and surface.
+
+mod common;
+
+use common::*;
+use dshdb::commit::Durability;
+use dshdb::db::{Options, Store};
+use dshdb::exchange::{
+    export_dsh_jsonl, export_dsh_jsonl_zstd, import_dsh_jsonl, import_dsh_jsonl_zstd, messages,
+    repair, surface, ExchangeError,
+};
+use dshdb::io::sim::SimStorage;
+use dshdb::session::json::{js_number, value_lossy};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/dsh");
+
+fn fixture_path(name: &str, suffix: &str) -> PathBuf {
+    Path::new(FIXTURES).join(format!("{name}.{suffix}"))
+}
+
+fn read_optional(name: &str, suffix: &str) -> Option<String> {
+    fs::read(fixture_path(name, suffix))
+        .ok()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn case_names() -> Vec<String> {
+    let entries = fs::read_dir(FIXTURES).expect("fixture directory is readable");
+    let mut names: Vec<String> = entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter_map(|file| file.strip_suffix(".input.jsonl").map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+fn new_store() -> Store {
+    let options = Options {
+        durability: Durability::Buffered,
+        ..Options::default()
+    };
+    open_sim(&SimStorage::new(), options).expect("open sim store")
+}
+
+fn dsh_error_message(report: &str) -> String {
+    report
+        .lines()
+        .find_map(|line| line.strip_prefix("message: "))
+        .expect("error report has a message line")
+        .to_owned()
+}
+
+/// JSON as DSH holds it (numbers as doubles, objects without key order).
+fn js_normalized(value: &Value) -> Value {
+    match value {
+        Value::Number(number) => match js_number(&number.to_string()) {
+            Some(double) if double.is_finite() => {
+                serde_json::Number::from_f64(double + 0.0).map_or(Value::Null, Value::Number)
+            }
+            _ => Value::Null,
+        },
+        Value::Array(items) => Value::Array(items.iter().map(js_normalized).collect()),
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map
+                .iter()
+                .map(|(key, value)| (key.clone(), js_normalized(value)))
+                .collect();
+            entries.sort_by(|left, right| left.0.cmp(&right.0));
+            Value::Object(entries.into_iter().collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// The header id of an input (for the refusal check).
+fn input_id(bytes: &[u8]) -> String {
+    let end = bytes
+        .iter()
+        .position(|byte| *byte == b'\n')
+        .expect("header");
+    let header = value_lossy(&String::from_utf8_lossy(&bytes[..end])).expect("header JSON");
+    header["id"].as_str().expect("header id").to_owned()
+}
+
+/// Compresses a DSH plaintext the way DSH writes it: frame 1 = the header line, then one
+/// frame per batch of `lines_per_frame` lines. Returns the file and its frame count.
+fn dsh_zstd(plain: &[u8], lines_per_frame: usize) -> (Vec<u8>, usize) {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let mut rest = plain;
+    while let Some(end) = rest.iter().position(|byte| *byte == b'\n') {
+        parts.push(&rest[..=end]);
+        rest = &rest[end + 1..];
+    }
+    assert!(rest.is_empty(), "plaintext ends with a newline");
+    let mut frames: Vec<Vec<u8>> = vec![parts[0].to_vec()];
+    for group in parts[1..].chunks(lines_per_frame) {
+        frames.push(group.concat());
+    }
+    let mut out = Vec::new();
+    for frame in &frames {
+        let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).expect("encoder");
+        encoder.include_checksum(true).expect("checksum flag");
+        std::io::Write::write_all(&mut encoder, frame).expect("compress");
+        out.extend(encoder.finish().expect("finish"));
+    }
+    (out, frames.len())
+}
+
+fn frame_plaintexts(file: &[u8]) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at < file.len() {
+        let size = zstd::zstd_safe::find_frame_compressed_size(&file[at..]).expect("whole frame");
+        assert_eq!(file[at + 4] & 0x04, 0x04, "frame carries a checksum");
+        frames.push(zstd::stream::decode_all(&file[at..at + size]).expect("frame decodes"));
+        at += size;
+    }
+    frames
+}
+
+#[test]
+fn refused_fixtures_fail_with_dsh_text_and_write_nothing() {
+    let mut checked = 0;
+    for name in case_names() {
+        let Some(report) = read_optional(&name, "error.txt") else {
+            continue;
+        };
+        let expected = dsh_error_message(&report);
+        let bytes = fs::read(fixture_path(&name, "input.jsonl")).expect("input");
+        let store = new_store();
+        let error = import_dsh_jsonl(&store, &bytes).expect_err(&format!("{name}: DSH refused it"));
+        assert!(
+            matches!(error, ExchangeError::Refused(_) | ExchangeError::Session(_)),
+            "{name}: typed refusal, got {error:?}"
+        );
+        let message = error.to_string();
+        let backend_suffix = expected
+            .strip_prefix(&message)
+            .filter(|rest| rest.starts_with(" (raw log: "));
+        assert!(
+            message == expected || backend_suffix.is_some(),
+            "{name}:\n  ours: {message}\n  dsh:  {expected}"
+        );
+        assert!(
+            store.sessions().is_empty(),
+            "{name}: refusal wrote a session"
+        );
+        assert!(store.session(&input_id(&bytes)).is_err(), "{name}");
+        checked += 1;
+    }
+    assert_eq!(checked, 4, "the four refused cases");
+}
+
+#[test]
+fn accepted_fixtures_round_trip_byte_for_byte() {
+    let mut checked = 0;
+    let mut torn = 0;
+    for name in case_names() {
+        if read_optional(&name, "error.txt").is_some() {
+            continue;
+        }
+        let bytes = fs::read(fixture_path(&name, "input.jsonl")).expect("input");
+        let store = new_store();
+        let report = import_dsh_jsonl(&store, &bytes)
+            .unwrap_or_else(|error| panic!("{name}: import failed: {error}"));
+        let kept = match &report.dropped {
+            Some(tail) => {
+                torn += 1;
+                assert_eq!(tail.offset + tail.bytes, bytes.len() as u64, "{name}");
+                assert!(!tail.reason.is_empty(), "{name}");
+                tail.offset as usize
+            }
+            None => bytes.len(),
+        };
+        let exported = export_dsh_jsonl(&store, &report.session_id).expect("export");
+        assert!(
+            exported == bytes[..kept],
+            "{name}: export differs from input at byte {:?}",
+            exported
+                .iter()
+                .zip(&bytes[..kept])
+                .position(|(a, b)| a != b)
+                .or(Some(exported.len().min(kept)))
+        );
+        assert_eq!(
+            store.session(&report.session_id).expect("session").events,
+            report.events,
+            "{name}"
+        );
+        // A store reopened from the same disk exports the same bytes.
+        checked += 1;
+    }
+    assert_eq!(checked, 25, "every accepted case");
+    assert_eq!(torn, 2, "the two cases with a discardable tail");
+}
+
+#[test]
+fn torn_tails_are_reported_with_dsh_byte_counts() {
+    for (name, dropped) in [("syn-crash-torn-open-turn", 99), ("syn-unicode-crlf", 1)] {
+        let bytes = fs::read(fixture_path(name, "input.jsonl")).expect("input");
+        let report = import_dsh_jsonl(&new_store(), &bytes).expect("import");
+        let tail = report.dropped.expect("tail reported");
+        assert_eq!(tail.bytes, dropped, "{name}");
+    }
+    // Lines that do not re-render (CRLF, duplicate keys, invalid UTF-8) were kept verbatim,
+    // and unusual packed rows too.
+    for (name, rows) in [("syn-unicode-crlf", 0), ("syn-packed-chunks", 1)] {
+        let bytes = fs::read(fixture_path(name, "input.jsonl")).expect("input");
+        let report = import_dsh_jsonl(&new_store(), &bytes).expect("import");
+        assert!(report.verbatim > 0, "{name}: {report:?}");
+        assert!(report.rows >= rows, "{name}: {report:?}");
+    }
+}
+
+#[test]
+fn accepted_fixtures_round_trip_through_zstd_frames() {
+    let mut checked = 0;
+    for name in case_names() {
+        if read_optional(&name, "error.txt").is_some() {
+            continue;
+        }
+        let bytes = fs::read(fixture_path(&name, "input.jsonl")).expect("input");
+        let committed = import_dsh_jsonl(&new_store(), &bytes)
+            .expect("plain import")
+            .dropped
+            .map_or(bytes.len(), |tail| tail.offset as usize);
+        let plain = &bytes[..committed];
+        let (file, frame_count) = dsh_zstd(plain, 3);
+        let store = new_store();
+        let report = import_dsh_jsonl_zstd(&store, &file)
+            .unwrap_or_else(|error| panic!("{name}: zstd import failed: {error}"));
+        assert_eq!(report.frames as usize, frame_count, "{name}");
+        assert!(report.dropped.is_none(), "{name}");
+        let exported = export_dsh_jsonl_zstd(&store, &report.session_id).expect("export");
+        let ours = frame_plaintexts(&exported);
+        let theirs = frame_plaintexts(&file);
+        assert_eq!(ours.len(), frame_count, "{name}: frame count");
+        assert!(ours == theirs, "{name}: frame plaintexts differ");
+        assert!(ours.concat() == plain, "{name}: plaintext differs");
+        assert!(
+            export_dsh_jsonl(&store, &report.session_id).expect("jsonl") == plain,
+            "{name}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 25);
+}
+
+#[test]
+fn zstd_torn_final_frame_recovers_complete_lines() {
+    let bytes = fs::read(fixture_path("fresh-round-trip.session", "input.jsonl")).expect("input");
+    let (mut file, _) = dsh_zstd(&bytes, 5);
+    let whole = file.len();
+    file.truncate(whole - 3);
+    let report = import_dsh_jsonl_zstd(&new_store(), &file).expect("torn frame tolerated");
+    assert!(report.events > 0);
+    // A damaged magic is corruption, not a torn tail.
+    let (mut bad, _) = dsh_zstd(&bytes, 5);
+    let second = zstd::zstd_safe::find_frame_compressed_size(&bad).expect("frame 1");
+    bad[second] ^= 0xFF;
+    let error = import_dsh_jsonl_zstd(&new_store(), &bad).expect_err("bad magic");
+    assert_eq!(
+        error.to_string(),
+        format!("corrupt Zstandard session log: invalid frame magic at byte {second}")
+    );
+}
+
+#[test]
+fn derived_views_match_dsh() {
+    let mut checked = 0;
+    for name in case_names() {
+        let (Some(dsh_messages), Some(dsh_surface)) = (
+            read_optional(&name, "messages.json"),
+            read_optional(&name, "surface.json"),
+        ) else {
+            continue;
+        };
+        let bytes = fs::read(fixture_path(&name, "input.jsonl")).expect("input");
+        let store = new_store();
+        let report = import_dsh_jsonl(&store, &bytes).expect("import");
+        let ours = Value::Array(messages(&store, &report.session_id).expect("messages"));
+        let theirs = value_lossy(&dsh_messages).expect("messages.json");
+        assert_eq!(
+            js_normalized(&ours),
+            js_normalized(&theirs),
+            "{name}: messages"
+        );
+        let ours = surface(&store, &report.session_id).expect("surface");
+        let theirs = value_lossy(&dsh_surface).expect("surface.json");
+        assert_eq!(
+            js_normalized(&ours),
+            js_normalized(&theirs),
+            "{name}: surface"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 25);
+}
+
+#[test]
+fn repair_appends_dsh_closers_once() {
+    let name = "syn-crash-torn-open-turn";
+    let bytes = fs::read(fixture_path(name, "input.jsonl")).expect("input");
+    let store = new_store();
+    let report = import_dsh_jsonl(&store, &bytes).expect("import");
+    assert_eq!(repair(&store, &report.session_id).expect("repair"), 4);
+    assert_eq!(repair(&store, &report.session_id).expect("repair again"), 0);
+    let exported = export_dsh_jsonl(&store, &report.session_id).expect("export");
+    let disk = fs::read(fixture_path(name, "disk-after-load.jsonl")).expect("disk-after-load");
+    assert!(
+        exported == disk,
+        "repaired export equals DSH's repaired file"
+    );
+}
+
+#[test]
+fn native_sessions_export_a_dsh_header() {
+    let store = new_store();
+    let mut writer = store.create_session_with_id("native").expect("create");
+    writer
+        .append(dshdb::db::NewEvent {
+            time: Some(5),
+            ..dshdb::db::NewEvent::new("turn/start", r#"{"turn":1}"#)
+        })
+        .expect("append");
+    let exported =
+        String::from_utf8(export_dsh_jsonl(&store, "native").expect("export")).expect("utf8");
+    let mut lines = exported.lines();
+    let header = lines.next().expect("header");
+    assert!(header.starts_with(r#"{"type":"session","version":0,"id":"native","createdAt":"#));
+    assert!(header.ends_with(r#","delegationDepth":0}"#));
+    assert_eq!(
+        lines.next(),
+        Some(r#"{"type":"turn/start","seq":0,"time":5,"data":{"turn":1}}"#)
+    );
+    let again = new_store();
+    let report = import_dsh_jsonl(&again, exported.as_bytes()).expect("re-import");
+    assert_eq!(report.events, 1);
+}
