@@ -11,6 +11,8 @@ pub mod db;
 pub mod error;
 pub mod exchange;
 pub mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod io;
 pub mod manifest;
 pub mod recovery;

@@ -1,0 +1,171 @@
+//! Replays the fuzz targets' properties in CI (no nightly needed): over the committed seed
+//! corpora in `fuzz/seeds/`, over seeds built here from the engine's encoders and the DSH
+//! fixtures, and over a fixed number of deterministic mutations of every seed.
+
+use dshdb::frame::{EventRecord, Record, NO_SEED_PARENT};
+use dshdb::fuzzing::{
+    check_frame_decode, check_model, check_segment_recovery, check_surface_fold, FUZZ_SALT,
+};
+use std::io::Write;
+use std::path::Path;
+
+/// Mutations tried per seed.
+const MUTATIONS_PER_SEED: u64 = 64;
+
+fn next_random(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// Flips, overwrites, truncates or duplicates a few bytes.
+fn mutate(seed: &[u8], state: &mut u64) -> Vec<u8> {
+    let mut bytes = seed.to_vec();
+    for _ in 0..1 + next_random(state) % 3 {
+        if bytes.is_empty() {
+            bytes.push(next_random(state) as u8);
+            continue;
+        }
+        let at = (next_random(state) % bytes.len() as u64) as usize;
+        match next_random(state) % 4 {
+            0 => bytes[at] ^= 1 << (next_random(state) % 8),
+            1 => bytes[at] = next_random(state) as u8,
+            2 => bytes.truncate(at),
+            _ => {
+                let copy = bytes[at..].to_vec();
+                bytes.extend_from_slice(&copy[..copy.len().min(64)]);
+            }
+        }
+    }
+    bytes
+}
+
+fn committed_seeds(target: &str) -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/seeds")
+        .join(target);
+    let mut seeds = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            if let Ok(bytes) = std::fs::read(entry.path()) {
+                seeds.push(bytes);
+            }
+        }
+    }
+    seeds
+}
+
+fn encoded_records() -> Vec<u8> {
+    let mut out = Vec::new();
+    Record::SessionHeader {
+        session: 0,
+        seed_parent: NO_SEED_PARENT,
+        seed_length: 0,
+        header_json: br#"{"version":0,"id":"f","createdAt":1}"#,
+    }
+    .encode(&mut out, FUZZ_SALT);
+    Record::TypeDefinition {
+        type_number: 0,
+        name: b"assistant/chunk",
+    }
+    .encode(&mut out, FUZZ_SALT);
+    for seq in 0..3 {
+        Record::Event(EventRecord {
+            session: 0,
+            seq,
+            time: 5,
+            type_number: 0,
+            flags: 0,
+            data: br#"{"t":"x"}"#,
+            envelope: b"",
+        })
+        .encode(&mut out, FUZZ_SALT);
+    }
+    Record::Commit {
+        session: 0,
+        first_seq: 0,
+        event_count: 3,
+        durable_offset: 64,
+    }
+    .encode(&mut out, FUZZ_SALT);
+    out
+}
+
+fn fixture_logs() -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/dsh");
+    let mut logs = Vec::new();
+    for entry in std::fs::read_dir(&dir)
+        .expect("DSH fixtures beside the repo")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".input.jsonl") {
+            let bytes = std::fs::read(entry.path()).expect("fixture");
+            // Drop the header line: the fold sees events only. (Some fixtures hold invalid
+            // UTF-8 on purpose; the check then returns early, which is its contract.)
+            let events: Vec<u8> = bytes
+                .split_inclusive(|byte| *byte == b'\n')
+                .skip(1)
+                .flatten()
+                .copied()
+                .collect();
+            logs.push(events);
+        }
+    }
+    logs
+}
+
+fn replay(target: &str, mut seeds: Vec<Vec<u8>>, check: fn(&[u8])) -> u64 {
+    seeds.extend(committed_seeds(target));
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut runs = 0;
+    for seed in &seeds {
+        check(seed);
+        runs += 1;
+        for _ in 0..MUTATIONS_PER_SEED {
+            check(&mutate(seed, &mut state));
+            runs += 1;
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "{target}: {runs} inputs from {} seeds",
+        seeds.len()
+    );
+    assert!(!seeds.is_empty(), "{target} has no seeds");
+    runs
+}
+
+#[test]
+fn frame_decode_corpus() {
+    let mut salted = FUZZ_SALT.to_le_bytes().to_vec();
+    salted.extend(encoded_records());
+    replay("frame_decode", vec![salted], check_frame_decode);
+}
+
+#[test]
+fn segment_recovery_corpus() {
+    replay(
+        "segment_recovery",
+        vec![encoded_records(), Vec::new()],
+        check_segment_recovery,
+    );
+}
+
+#[test]
+fn surface_fold_corpus() {
+    replay("surface_fold", fixture_logs(), check_surface_fold);
+}
+
+#[test]
+fn model_corpus() {
+    let seeds = (0..16u8)
+        .map(|cut| {
+            let mut script = vec![cut.wrapping_mul(7)];
+            script.extend((0..24u8).map(|step| step.wrapping_mul(37).wrapping_add(cut)));
+            script
+        })
+        .collect();
+    replay("model", seeds, check_model);
+}
