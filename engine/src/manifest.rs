@@ -101,18 +101,9 @@ impl Manifest {
         {
             return Ok(None);
         }
-        let file = storage
+        let bytes = storage
             .open_read(MANIFEST_FILE)
-            .map_err(|error| Error::io("manifest open", error))?;
-        let length = file
-            .len()
-            .map_err(|error| Error::io("manifest read", error))?;
-        let length = usize::try_from(length).map_err(|_| Error::CorruptFile {
-            file: MANIFEST_FILE.to_string(),
-            reason: "too large".to_string(),
-        })?;
-        let mut bytes = vec![0; length];
-        file.read_exact_at(&mut bytes, 0)
+            .and_then(|file| file.read_all())
             .map_err(|error| Error::io("manifest read", error))?;
         Manifest::decode(&bytes).map(Some)
     }

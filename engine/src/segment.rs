@@ -123,17 +123,8 @@ pub fn read_segment(storage: &dyn Storage, id: u64) -> Result<Vec<u8>> {
             Error::io("segment open", error)
         }
     })?;
-    let length = file
-        .len()
-        .map_err(|error| Error::io("segment read", error))?;
-    let length = usize::try_from(length).map_err(|_| Error::CorruptFile {
-        file: path.clone(),
-        reason: "larger than memory".to_string(),
-    })?;
-    let mut bytes = vec![0; length];
-    file.read_exact_at(&mut bytes, 0)
-        .map_err(|error| Error::io("segment read", error))?;
-    Ok(bytes)
+    file.read_all()
+        .map_err(|error| Error::io("segment read", error))
 }
 
 /// Where and why a scan stopped before the end of the segment's data.

@@ -29,6 +29,15 @@ pub trait StorageFile: Send + Sync {
     /// for lack of space. Fails with "no space" when the disk is full.
     fn allocate(&self, length: u64) -> io::Result<()>;
 
+    /// Reads the whole file into memory.
+    fn read_all(&self) -> io::Result<Vec<u8>> {
+        let length = usize::try_from(self.len()?)
+            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "file larger than memory"))?;
+        let mut bytes = vec![0; length];
+        self.read_exact_at(&mut bytes, 0)?;
+        Ok(bytes)
+    }
+
     /// Reads exactly `buf.len()` bytes at `offset`, failing on a short read.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut done = 0;
