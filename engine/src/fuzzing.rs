@@ -50,18 +50,35 @@ fn write_file(disk: &SimStorage, path: &str, bytes: &[u8]) {
 /// or fails with a typed error, never panics; once opened, a close and a reopen give the same
 /// sessions and events (recovery is idempotent).
 pub fn check_segment_recovery(bytes: &[u8]) {
+    // A whole segment file (its header names id and salt), or frames to put after a header.
+    let (id, salt, segment) = match bytes.get(16..32) {
+        Some(fields) => {
+            let mut id = [0; 8];
+            let mut salt = [0; 8];
+            id.copy_from_slice(&fields[..8]);
+            salt.copy_from_slice(&fields[8..]);
+            (
+                u64::from_le_bytes(id),
+                u64::from_le_bytes(salt),
+                bytes.to_vec(),
+            )
+        }
+        None => {
+            let mut segment = encode_header(1, FUZZ_SALT);
+            segment.extend_from_slice(bytes);
+            (1, FUZZ_SALT, segment)
+        }
+    };
+    let Some(next_segment_id) = id.checked_add(1) else {
+        return;
+    };
     let disk = SimStorage::new();
     disk.create_dir(WAL_DIR).expect("sim dir");
-    let mut segment = encode_header(1, FUZZ_SALT);
-    segment.extend_from_slice(bytes);
-    write_file(&disk, &segment_path(1), &segment);
+    write_file(&disk, &segment_path(id), &segment);
     disk.sync_dir(WAL_DIR).expect("sim sync");
     let manifest = Manifest {
-        segments: vec![SegmentEntry {
-            id: 1,
-            salt: FUZZ_SALT,
-        }],
-        next_segment_id: 2,
+        segments: vec![SegmentEntry { id, salt }],
+        next_segment_id,
     };
     manifest.write(&disk).expect("sim manifest");
     let options = Options {

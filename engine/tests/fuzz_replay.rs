@@ -146,11 +146,12 @@ fn frame_decode_corpus() {
 
 #[test]
 fn segment_recovery_corpus() {
-    replay(
-        "segment_recovery",
-        vec![encoded_records(), Vec::new()],
-        check_segment_recovery,
-    );
+    let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../format-spec/vectors");
+    let mut seeds = vec![encoded_records(), Vec::new()];
+    for name in ["segment-two-sessions.bin", "segment-fork.bin"] {
+        seeds.push(std::fs::read(vectors.join(name)).expect("segment vector"));
+    }
+    replay("segment_recovery", seeds, check_segment_recovery);
 }
 
 #[test]
