@@ -1,5 +1,6 @@
 //! `dshdb`: the command-line front end of the dshdb storage engine.
 
+mod exchange;
 mod input;
 mod quickstart;
 
@@ -81,6 +82,41 @@ enum Command {
     },
     /// Check every segment of a store (read-only). Exit 0 when readable, 3 on corruption.
     Verify { store: PathBuf },
+    /// Import DSH session logs: `.jsonl` / `.jsonl.zstd` files or DSH sessions directories.
+    Import {
+        store: PathBuf,
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Export a session as a DSH session log (byte-identical for imported logs).
+    Export {
+        store: PathBuf,
+        session: String,
+        #[arg(long, value_enum, default_value_t = exchange::ExportFormat::DshJsonl)]
+        format: exchange::ExportFormat,
+        /// Write to FILE instead of stdout.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Print DSH's derived model messages of a session (JSON array).
+    Messages { store: PathBuf, session: String },
+    /// Print the DSH surface of a session (JSON).
+    Surface { store: PathBuf, session: String },
+    /// Append DSH's interrupted-turn closers to one session or to every session.
+    Repair {
+        store: PathBuf,
+        session: Option<String>,
+    },
+    /// Fork PARENT into CHILD sharing the events up to and including seq --at.
+    Fork {
+        store: PathBuf,
+        parent: String,
+        child: String,
+        #[arg(long)]
+        at: u64,
+    },
+    /// Print a session's header, event counts by type and lineage (JSON).
+    Info { store: PathBuf, session: String },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -151,6 +187,23 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
         } => events(&store, &session, from, to, event_type.as_deref(), json, out)?,
         Command::Ls { store, json } => ls(&store, json, out)?,
         Command::Verify { store } => return verify(&store, out),
+        Command::Import { store, paths } => exchange::import(&store, &paths, out)?,
+        Command::Export {
+            store,
+            session,
+            format,
+            output,
+        } => exchange::export(&store, &session, format, output.as_deref(), out)?,
+        Command::Messages { store, session } => exchange::messages(&store, &session, out)?,
+        Command::Surface { store, session } => exchange::surface(&store, &session, out)?,
+        Command::Repair { store, session } => exchange::repair(&store, session.as_deref(), out)?,
+        Command::Fork {
+            store,
+            parent,
+            child,
+            at,
+        } => exchange::fork(&store, &parent, &child, at, out)?,
+        Command::Info { store, session } => exchange::info(&store, &session, out)?,
     }
     Ok(ExitCode::SUCCESS)
 }
