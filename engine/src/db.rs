@@ -277,6 +277,16 @@ impl Store {
         self.create_session(&header.to_string())
     }
 
+    /// Creates a session and commits its header together with `events` as one atomic batch:
+    /// after a crash either the session exists with all of them or not at all.
+    pub fn create_session_with_events(
+        &self,
+        header_json: &str,
+        events: &[NewEvent<'_>],
+    ) -> Result<SessionWriter> {
+        self.create_with_seed(header_json, None, events, self.inner.options.durability)
+    }
+
     fn create_session_with(
         &self,
         header_json: &str,

@@ -164,7 +164,7 @@ fn import_scanned(
             }
         }
     }
-    let mut writer = store.create_session(scanned.header)?;
+    let mut batches = Vec::new();
     let mut start = 0;
     while start < owned.len() {
         let mut end = start;
@@ -177,9 +177,19 @@ fn import_scanned(
         while end < owned.len() && owned[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
             end += 1;
         }
-        let batch: Vec<NewEvent<'_>> = owned[start..end].iter().map(OwnedEvent::as_new).collect();
-        writer.append_batch(&batch)?;
+        batches.push(start..end);
         start = end;
+    }
+    // The header travels with the first batch, so a log that fits one batch (all but the
+    // largest) is imported atomically.
+    let as_new = |range: std::ops::Range<usize>| -> Vec<NewEvent<'_>> {
+        owned[range].iter().map(OwnedEvent::as_new).collect()
+    };
+    let mut ranges = batches.into_iter();
+    let first = ranges.next().map(as_new).unwrap_or_default();
+    let mut writer = store.create_session_with_events(scanned.header, &first)?;
+    for range in ranges {
+        writer.append_batch(&as_new(range))?;
     }
     Ok(report)
 }
