@@ -12,6 +12,7 @@
 //! `{"dshdb:hex":"…"}`; an original line that itself starts that way is hex-encoded too, so
 //! decoding is unambiguous.
 
+pub mod canonical;
 mod scan;
 mod zstd_codec;
 
@@ -27,6 +28,10 @@ use crate::session::{
 use scan::{pack_row, Record, Scanned};
 use serde_json::Value;
 
+pub use canonical::{
+    export_canonical, import_canonical, import_canonical_with_progress, is_canonical,
+    write_canonical, CanonicalError, CanonicalImport, CANONICAL_FORMAT, CANONICAL_VERSION,
+};
 pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd};
 
 /// Bytes of events per append batch on import (well under the store's pending limit).
