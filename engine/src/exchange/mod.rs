@@ -14,6 +14,7 @@
 
 pub mod canonical;
 mod scan;
+pub mod sqlite;
 mod zstd_codec;
 
 use crate::db::{now_millis, Event, NewEvent, Store};
