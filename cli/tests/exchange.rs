@@ -97,3 +97,76 @@ fn refused_log_is_reported_and_not_imported() {
     assert!(!info.status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn json_format_round_trips_through_a_second_store() {
+    let dir = scratch("canonical");
+    let first = dir.join("first");
+    let second = dir.join("second");
+    let (first, second) = (
+        first.to_str().expect("utf8 path"),
+        second.to_str().expect("utf8 path"),
+    );
+    let input = Path::new(FIXTURES).join("syn-packed-chunks.input.jsonl");
+    let output = dshdb(&[
+        "import",
+        first,
+        input.to_str().expect("utf8 path"),
+        "--quiet",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let dsh = dshdb(&["export", first, "syn-packed-chunks"]);
+    assert!(dsh.status.success(), "{}", text(&dsh.stderr));
+
+    let canonical_path = dir.join("session.dshdb.jsonl");
+    let canonical_file = canonical_path.to_str().expect("utf8 path");
+    let output = dshdb(&[
+        "--quiet",
+        "export",
+        first,
+        "syn-packed-chunks",
+        "--format",
+        "json",
+        "-o",
+        canonical_file,
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let canonical = std::fs::read(&canonical_path).expect("read canonical export");
+    assert!(text(&canonical).starts_with(r#"{"format":"dshdb-json","version":1,"header":"#));
+    let stdout = dshdb(&["export", first, "syn-packed-chunks", "--format", "json"]);
+    assert!(stdout.stdout == canonical, "stdout and -o exports agree");
+
+    let output = dshdb(&["import", second, canonical_file]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("dshdb-json"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert!(output.stderr.is_empty(), "no progress without a terminal");
+    let dsh_again = dshdb(&["export", second, "syn-packed-chunks"]);
+    assert!(dsh_again.status.success(), "{}", text(&dsh_again.stderr));
+    assert!(
+        dsh_again.stdout == dsh.stdout,
+        "DSH export differs after round trip"
+    );
+    let again = dshdb(&["export", second, "syn-packed-chunks", "--format", "json"]);
+    assert!(again.stdout == canonical, "canonical export is not stable");
+
+    // A canonical file of an unknown version is refused.
+    let bumped = text(&canonical).replacen(r#""version":1,"#, r#""version":9,"#, 1);
+    let bumped_path = dir.join("bumped.jsonl");
+    std::fs::write(&bumped_path, bumped).expect("write bumped");
+    let third = dir.join("third");
+    let output = dshdb(&[
+        "import",
+        third.to_str().expect("utf8 path"),
+        bumped_path.to_str().expect("utf8 path"),
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("version 9 is not supported"),
+        "{}",
+        text(&output.stderr)
+    );
+}
