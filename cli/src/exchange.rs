@@ -199,13 +199,6 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
     }
     let mut failures = 0;
     for path in &files {
-        if let Some(result) = crate::sqlite_import::try_import(&store, path, out) {
-            if let Err(error) = result {
-                failures += 1;
-                eprintln!("dshdb: {error:#}");
-            }
-            continue;
-        }
         match import_file(&store, path) {
             Ok(Imported::Canonical(report)) => {
                 writeln!(
