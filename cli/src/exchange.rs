@@ -4,10 +4,92 @@ use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use dshdb::db::{Options, Store};
 use dshdb::exchange::{self, ImportReport};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
+use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Inputs or outputs larger than this get a progress bar (when stderr is a terminal).
+const PROGRESS_THRESHOLD: u64 = 1024 * 1024;
+
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// `--quiet`: never show progress bars.
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+}
+
+/// Whether progress may be drawn at all: not `--quiet` and stderr is a terminal.
+fn progress_allowed() -> bool {
+    !QUIET.load(Ordering::Relaxed) && std::io::stderr().is_terminal()
+}
+
+/// A progress bar on stderr, hidden until [`Progress::reveal`] (and never when not allowed).
+struct Progress {
+    bar: ProgressBar,
+    allowed: bool,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(message: String) -> Progress {
+        let bar = ProgressBar::hidden();
+        let style = ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} ({percent}%)",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_message(message);
+        Progress {
+            bar,
+            allowed: progress_allowed(),
+            shown: false,
+        }
+    }
+
+    /// Starts drawing (once), if allowed.
+    fn reveal(&mut self) {
+        if self.allowed && !self.shown {
+            self.shown = true;
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    }
+
+    fn update(&self, done: u64, total: u64) {
+        if self.bar.length() != Some(total) {
+            self.bar.set_length(total);
+        }
+        self.bar.set_position(done);
+    }
+
+    fn finish(&self) {
+        if self.shown {
+            self.bar.finish_and_clear();
+        }
+    }
+}
+
+/// A writer that counts the bytes written through it.
+struct Counting<'a, W: Write> {
+    inner: W,
+    written: &'a Cell<u64>,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let count = self.inner.write(buf)?;
+        self.written.set(self.written.get() + count as u64);
+        Ok(count)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
 
 /// Export formats.
 #[derive(Clone, Copy, ValueEnum)]
@@ -16,6 +98,8 @@ pub enum ExportFormat {
     DshJsonl,
     /// DSH `session.jsonl.zstd` (one zstd frame per recorded batch).
     DshJsonlZstd,
+    /// dshdb's canonical, versioned, self-describing JSONL (`dshdb-json` v1): lossless.
+    Json,
 }
 
 fn open_writable(path: &Path) -> Result<Store> {
@@ -46,13 +130,56 @@ fn session_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn import_file(store: &Store, path: &Path) -> Result<ImportReport> {
+/// What importing one file did.
+enum Imported {
+    Dsh(ImportReport),
+    Canonical(exchange::CanonicalImport),
+}
+
+fn import_file(store: &Store, path: &Path) -> Result<Imported> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let first_line = bytes
+        .split(|&byte| byte == b'\n')
+        .next()
+        .unwrap_or_default();
+    let large = bytes.len() as u64 > PROGRESS_THRESHOLD;
+    if exchange::is_canonical(first_line) {
+        let mut progress = Progress::new(format!("importing {}", path.display()));
+        if large {
+            progress.reveal();
+        }
+        let report = exchange::import_canonical_with_progress(store, &bytes, &mut |done, total| {
+            progress.update(done, total)
+        });
+        progress.finish();
+        return report
+            .map(Imported::Canonical)
+            .with_context(|| format!("cannot import {}", path.display()));
+    }
+    // DSH imports report no progress: a spinner shows that work goes on.
+    let spinner = (large && progress_allowed()).then(|| {
+        let spinner = ProgressBar::new_spinner();
+        spinner.set_message(format!(
+            "importing {} ({} MiB)",
+            path.display(),
+            bytes.len() >> 20
+        ));
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        spinner
+    });
+    let report = import_dsh_file(store, path, &bytes);
+    if let Some(spinner) = spinner {
+        spinner.finish_and_clear();
+    }
+    report.map(Imported::Dsh)
+}
+
+fn import_dsh_file(store: &Store, path: &Path, bytes: &[u8]) -> Result<ImportReport> {
     let zstd = path.extension().is_some_and(|ext| ext == "zstd");
     let report = if zstd {
-        exchange::import_dsh_jsonl_zstd(store, &bytes)
+        exchange::import_dsh_jsonl_zstd(store, bytes)
     } else {
-        exchange::import_dsh_jsonl(store, &bytes)
+        exchange::import_dsh_jsonl(store, bytes)
     };
     report.with_context(|| format!("cannot import {}", path.display()))
 }
@@ -80,7 +207,17 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
             continue;
         }
         match import_file(&store, path) {
-            Ok(report) => {
+            Ok(Imported::Canonical(report)) => {
+                writeln!(
+                    out,
+                    "imported {}: {} events (dshdb-json, {} batches) from {}",
+                    report.session_id,
+                    report.events,
+                    report.batches,
+                    path.display()
+                )?;
+            }
+            Ok(Imported::Dsh(report)) => {
                 write!(
                     out,
                     "imported {}: {} events ({} lines, {} packed rows, {} verbatim",
@@ -122,6 +259,7 @@ pub fn export(
     let bytes = match format {
         ExportFormat::DshJsonl => exchange::export_dsh_jsonl(&store, session)?,
         ExportFormat::DshJsonlZstd => exchange::export_dsh_jsonl_zstd(&store, session)?,
+        ExportFormat::Json => return export_canonical(&store, session, output, out),
     };
     match output {
         Some(path) => std::fs::write(path, &bytes)
@@ -129,6 +267,50 @@ pub fn export(
         None => out.write_all(&bytes)?,
     }
     Ok(())
+}
+
+/// Streams a canonical export; a progress bar appears once more than 1 MiB was written.
+fn export_canonical(
+    store: &Store,
+    session: &str,
+    output: Option<&Path>,
+    out: &mut impl Write,
+) -> Result<()> {
+    let written = Cell::new(0);
+    let mut progress = Progress::new(format!("exporting {session}"));
+    let mut on_progress = |done: u64, total: u64| {
+        if written.get() > PROGRESS_THRESHOLD {
+            progress.reveal();
+        }
+        progress.update(done, total);
+    };
+    let result = match output {
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            let mut writer = Counting {
+                inner: BufWriter::new(file),
+                written: &written,
+            };
+            exchange::write_canonical(store, session, &mut writer, &mut on_progress)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| {
+                    writer
+                        .flush()
+                        .with_context(|| format!("cannot write {}", path.display()))
+                })
+        }
+        None => {
+            let mut writer = Counting {
+                inner: &mut *out,
+                written: &written,
+            };
+            exchange::write_canonical(store, session, &mut writer, &mut on_progress)
+                .map_err(anyhow::Error::from)
+        }
+    };
+    progress.finish();
+    result
 }
 
 pub fn messages(store_path: &Path, session: &str, out: &mut impl Write) -> Result<()> {

@@ -26,6 +26,9 @@ const READ_CHUNK: u64 = 4096;
     about = "Embedded storage engine for AI-agent session logs (DSH model)"
 )]
 struct Cli {
+    /// Do not show progress bars on stderr.
+    #[arg(long, short = 'q', global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -83,13 +86,15 @@ enum Command {
     },
     /// Check every segment of a store (read-only). Exit 0 when readable, 3 on corruption.
     Verify { store: PathBuf },
-    /// Import DSH session logs: `.jsonl` / `.jsonl.zstd` files or DSH sessions directories.
+    /// Import DSH session logs (`.jsonl` / `.jsonl.zstd` files or DSH sessions directories)
+    /// or dshdb-json files (`export --format json`; recognized by their first line).
     Import {
         store: PathBuf,
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
-    /// Export a session as a DSH session log (byte-identical for imported logs).
+    /// Export a session as a DSH session log (byte-identical for imported logs) or as
+    /// dshdb's canonical, versioned JSONL (`--format json`).
     Export {
         store: PathBuf,
         session: String,
@@ -142,6 +147,7 @@ impl DurabilityArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    exchange::set_quiet(cli.quiet);
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = run(cli.command, &mut out).and_then(|code| {
