@@ -3,6 +3,10 @@
 //! round-trips through `session.jsonl.zstd` with the same frames, and derives DSH's messages
 //! and surface.
 
+mod dsh_fixtures;
+
+use dsh_fixtures::*;
+
 mod common;
 
 use common::*;
@@ -13,32 +17,9 @@ use dshdb::exchange::{
     repair, surface, ExchangeError,
 };
 use dshdb::io::sim::SimStorage;
-use dshdb::session::json::{js_number, value_lossy};
+use dshdb::session::json::value_lossy;
 use serde_json::Value;
 use std::fs;
-use std::path::{Path, PathBuf};
-
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/dsh");
-
-fn fixture_path(name: &str, suffix: &str) -> PathBuf {
-    Path::new(FIXTURES).join(format!("{name}.{suffix}"))
-}
-
-fn read_optional(name: &str, suffix: &str) -> Option<String> {
-    fs::read(fixture_path(name, suffix))
-        .ok()
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-}
-
-fn case_names() -> Vec<String> {
-    let entries = fs::read_dir(FIXTURES).expect("fixture directory is readable");
-    let mut names: Vec<String> = entries
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter_map(|file| file.strip_suffix(".input.jsonl").map(str::to_owned))
-        .collect();
-    names.sort();
-    names
-}
 
 fn new_store() -> Store {
     let options = Options {
@@ -46,36 +27,6 @@ fn new_store() -> Store {
         ..Options::default()
     };
     open_sim(&SimStorage::new(), options).expect("open sim store")
-}
-
-fn dsh_error_message(report: &str) -> String {
-    report
-        .lines()
-        .find_map(|line| line.strip_prefix("message: "))
-        .expect("error report has a message line")
-        .to_owned()
-}
-
-/// JSON as DSH holds it (numbers as doubles, objects without key order).
-fn js_normalized(value: &Value) -> Value {
-    match value {
-        Value::Number(number) => match js_number(&number.to_string()) {
-            Some(double) if double.is_finite() => {
-                serde_json::Number::from_f64(double + 0.0).map_or(Value::Null, Value::Number)
-            }
-            _ => Value::Null,
-        },
-        Value::Array(items) => Value::Array(items.iter().map(js_normalized).collect()),
-        Value::Object(map) => {
-            let mut entries: Vec<(String, Value)> = map
-                .iter()
-                .map(|(key, value)| (key.clone(), js_normalized(value)))
-                .collect();
-            entries.sort_by(|left, right| left.0.cmp(&right.0));
-            Value::Object(entries.into_iter().collect())
-        }
-        other => other.clone(),
-    }
 }
 
 /// The header id of an input (for the refusal check).

@@ -3,40 +3,19 @@
 //! rejections). The JSONL scan (header line, packed chunk rows, torn tail) belongs to the
 //! storage layer; a minimal copy of DSH's scanner lives here only to feed the model.
 
-use dshdb::session::json::{js_number, js_safe_integer, value_lossy};
+mod dsh_fixtures;
+
+use dsh_fixtures::*;
+
+use dshdb::session::json::{js_safe_integer, value_lossy};
 use dshdb::session::{
     fold_surface, parse_event_line, restore_session, KeyOrder, SessionEvent, SurfaceFold,
 };
 use serde_json::Value;
 use std::fs;
-use std::path::{Path, PathBuf};
-
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/dsh");
-
-fn fixture_path(name: &str, suffix: &str) -> PathBuf {
-    Path::new(FIXTURES).join(format!("{name}.{suffix}"))
-}
-
-fn read_optional(name: &str, suffix: &str) -> Option<String> {
-    fs::read(fixture_path(name, suffix))
-        .ok()
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-}
 
 fn read_json(name: &str, suffix: &str) -> Option<Value> {
     read_optional(name, suffix).map(|text| value_lossy(&text).expect("fixture JSON parses"))
-}
-
-/// Every case name (`NAME.input.jsonl`), sorted.
-fn case_names() -> Vec<String> {
-    let entries =
-        fs::read_dir(FIXTURES).expect("fixture directory is readable (shared/ beside the repo)");
-    let mut names: Vec<String> = entries
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter_map(|file| file.strip_suffix(".input.jsonl").map(str::to_owned))
-        .collect();
-    names.sort();
-    names
 }
 
 /// The logical log of a DSH JSONL file: header id and committed events.
@@ -187,43 +166,12 @@ fn chunk_json(tag: &str, data: &Value, member: &Value) -> String {
     }
 }
 
-/// JSON as DSH holds it: numbers are doubles (`1.0` = `1`, `-0` prints `0`, overflow is
-/// `null` once stringified); objects compare without key order.
-fn js_normalized(value: &Value) -> Value {
-    match value {
-        Value::Number(number) => match js_number(&number.to_string()) {
-            Some(double) if double.is_finite() => {
-                serde_json::Number::from_f64(double + 0.0).map_or(Value::Null, Value::Number)
-            }
-            _ => Value::Null,
-        },
-        Value::Array(items) => Value::Array(items.iter().map(js_normalized).collect()),
-        Value::Object(map) => {
-            let mut entries: Vec<(String, Value)> = map
-                .iter()
-                .map(|(key, value)| (key.clone(), js_normalized(value)))
-                .collect();
-            entries.sort_by(|left, right| left.0.cmp(&right.0));
-            Value::Object(entries.into_iter().collect())
-        }
-        other => other.clone(),
-    }
-}
-
 fn assert_same_json(actual: &Value, expected: &Value, context: &str) {
     assert_eq!(js_normalized(actual), js_normalized(expected), "{context}");
 }
 
 fn event_value(event: &SessionEvent) -> Value {
     value_lossy(&event.to_json_line(KeyOrder::LiveAppend)).expect("rendered event parses")
-}
-
-/// The first `message:` line of a DSH error report.
-fn dsh_error_message(report: &str) -> String {
-    let line = report
-        .lines()
-        .find_map(|line| line.strip_prefix("message: "));
-    line.expect("error report has a message line").to_owned()
 }
 
 fn fixed_now(name: &str) -> i64 {
