@@ -19,7 +19,6 @@
 //! materialized (every event it reads); `lineage` repeats the header's `parentSession` /
 //! `seedLength` for readers and is checked on import.
 
-use super::IMPORT_BATCH_BYTES;
 use crate::db::{NewEvent, Store, MAX_EVENT_DATA_BYTES, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
 use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
 use serde::Deserialize;
@@ -408,21 +407,11 @@ pub fn import_canonical_with_progress(
         });
     }
     // Split like the DSH import: batches of about IMPORT_BATCH_BYTES, never inside a row.
-    let mut batches = Vec::new();
-    let mut start = 0;
-    while start < events.len() {
-        let mut end = start;
-        let mut size = 0;
-        while end < events.len() && (end == start || size < IMPORT_BATCH_BYTES) {
-            size += events[end].data.len() + events[end].envelope.len() + 64;
-            end += 1;
-        }
-        while end < events.len() && events[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
-            end += 1;
-        }
-        batches.push(start..end);
-        start = end;
-    }
+    let batches = super::batch_ranges(
+        events
+            .iter()
+            .map(|event| (event.data.len() + event.envelope.len(), event.flags)),
+    );
     let as_new = |range: std::ops::Range<usize>| -> Vec<NewEvent<'_>> {
         events[range]
             .iter()

@@ -170,22 +170,11 @@ fn import_scanned(
             }
         }
     }
-    let mut batches = Vec::new();
-    let mut start = 0;
-    while start < owned.len() {
-        let mut end = start;
-        let mut bytes = 0;
-        while end < owned.len() && (end == start || bytes < IMPORT_BATCH_BYTES) {
-            bytes += owned[end].data.len() + owned[end].envelope.len() + 64;
-            end += 1;
-        }
-        // Never split a packed row across batches.
-        while end < owned.len() && owned[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
-            end += 1;
-        }
-        batches.push(start..end);
-        start = end;
-    }
+    let batches = batch_ranges(
+        owned
+            .iter()
+            .map(|event| (event.data.len() + event.envelope.len(), event.flags)),
+    );
     // The header travels with the first batch, so a log that fits one batch (all but the
     // largest) is imported atomically.
     let as_new = |range: std::ops::Range<usize>| -> Vec<NewEvent<'_>> {
@@ -198,6 +187,31 @@ fn import_scanned(
         writer.append_batch(&as_new(range))?;
     }
     Ok(report)
+}
+
+/// Splits events (given as stored size in bytes and flags) into import batches of about
+/// [`IMPORT_BATCH_BYTES`], never splitting a packed row.
+pub(crate) fn batch_ranges(
+    events: impl ExactSizeIterator<Item = (usize, u8)>,
+) -> Vec<std::ops::Range<usize>> {
+    let events: Vec<(usize, u8)> = events.collect();
+    let mut batches = Vec::new();
+    let mut start = 0;
+    while start < events.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < events.len() && (end == start || bytes < IMPORT_BATCH_BYTES) {
+            // Per-event framing overhead, roughly.
+            bytes += events[end].0 + 64;
+            end += 1;
+        }
+        while end < events.len() && events[end].1 & EVENT_FLAG_ROW_MEMBER != 0 {
+            end += 1;
+        }
+        batches.push(start..end);
+        start = end;
+    }
+    batches
 }
 
 struct OwnedEvent {
