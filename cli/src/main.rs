@@ -439,17 +439,6 @@ fn ls(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
-/// Whether the error means damaged data (as opposed to a missing store, I/O, a lock, ...).
-fn is_corruption(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::Corrupt { .. }
-            | Error::CorruptFile { .. }
-            | Error::UnknownRecordKind { .. }
-            | Error::UnsupportedVersion { .. }
-    )
-}
-
 fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     let corrupt = |error: Error, out: &mut dyn Write| -> Result<ExitCode> {
         out.flush()?;
@@ -458,7 +447,7 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     };
     let store = match Store::open(path, read_only_options()) {
         Ok(store) => store,
-        Err(error) if is_corruption(&error) => return corrupt(error, out),
+        Err(error) if error.is_corruption() => return corrupt(error, out),
         Err(error) => {
             return Err(error).with_context(|| format!("cannot open store {}", path.display()))
         }
@@ -471,7 +460,7 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
             let stop = session.events.min(start + READ_CHUNK);
             match store.read(&session.id, start, stop) {
                 Ok(_) => {}
-                Err(error) if is_corruption(&error) => return corrupt(error, out),
+                Err(error) if error.is_corruption() => return corrupt(error, out),
                 Err(error) => {
                     return Err(error).with_context(|| format!("reading session {:?}", session.id))
                 }

@@ -2,6 +2,7 @@
 //! `(session, seq) → position` (rebuilt by the recovery scan on open).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Where one event's frame lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +25,8 @@ pub struct SessionEntry {
     pub id: String,
     pub number: u32,
     /// The header exactly as it was given (JSON text).
-    pub header_json: String,
+    /// Shared, because every append that starts a segment re-emits it.
+    pub header_json: Arc<str>,
     /// The session whose first events this one shares (a fork), and how many.
     pub seed: Option<Seed>,
     /// Position of every event of this session's own log, indexed by `seq - seed length`.
@@ -57,7 +59,8 @@ impl SessionEntry {
 pub struct Catalog {
     pub sessions: HashMap<u32, SessionEntry>,
     pub by_id: HashMap<String, u32>,
-    pub type_names: HashMap<u32, String>,
+    /// Shared with readers, who decode events without holding the catalog lock.
+    pub type_names: Arc<HashMap<u32, String>>,
     pub type_by_name: HashMap<String, u32>,
     next_session: u32,
     next_type: u32,
@@ -114,7 +117,7 @@ impl Catalog {
             SessionEntry {
                 id,
                 number,
-                header_json,
+                header_json: header_json.into(),
                 seed,
                 positions: Vec::new(),
                 has_writer: false,
@@ -149,7 +152,7 @@ impl Catalog {
         if self.type_by_name.contains_key(name) {
             return Err(format!("type {name:?} defined twice"));
         }
-        self.type_names.insert(number, name.to_string());
+        Arc::make_mut(&mut self.type_names).insert(number, name.to_string());
         self.type_by_name.insert(name.to_string(), number);
         self.next_type = self.next_type.max(number.saturating_add(1));
         Ok(())
@@ -162,7 +165,7 @@ impl Catalog {
         }
         let number = self.next_type;
         self.next_type += 1;
-        self.type_names.insert(number, name.to_string());
+        Arc::make_mut(&mut self.type_names).insert(number, name.to_string());
         self.type_by_name.insert(name.to_string(), number);
         number
     }

@@ -493,7 +493,7 @@ impl Store {
             .values()
             .map(|entry| SessionSummary {
                 id: entry.id.clone(),
-                header_json: entry.header_json.clone(),
+                header_json: entry.header_json.to_string(),
                 events: entry.length(),
             })
             .collect();
@@ -505,7 +505,7 @@ impl Store {
     pub fn session(&self, id: &str) -> Result<SessionSummary> {
         self.with_session(id, |entry| SessionSummary {
             id: entry.id.clone(),
-            header_json: entry.header_json.clone(),
+            header_json: entry.header_json.to_string(),
             events: entry.length(),
         })
     }

@@ -93,6 +93,18 @@ impl Error {
         }
     }
 
+    /// Whether the error means damaged or unreadable stored data (as opposed to bad input, a
+    /// missing store, a lock or an I/O failure).
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            Error::Corrupt { .. }
+                | Error::CorruptFile { .. }
+                | Error::UnknownRecordKind { .. }
+                | Error::UnsupportedVersion { .. }
+        )
+    }
+
     pub(crate) fn invalid(reason: impl Into<String>) -> Self {
         Error::InvalidInput {
             reason: reason.into(),

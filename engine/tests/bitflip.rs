@@ -44,16 +44,6 @@ fn read_only() -> Options {
     }
 }
 
-fn is_corruption(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::Corrupt { .. }
-            | Error::CorruptFile { .. }
-            | Error::UnknownRecordKind { .. }
-            | Error::UnsupportedVersion { .. }
-    )
-}
-
 #[test]
 fn every_flipped_byte_is_detected() {
     let image = build_store();
@@ -81,7 +71,7 @@ fn every_flipped_byte_is_detected() {
             });
             match outcome {
                 Err(error) => assert!(
-                    is_corruption(&error),
+                    error.is_corruption(),
                     "{name} byte {index}: unexpected error kind {error}"
                 ),
                 Ok((torn, all)) => {
