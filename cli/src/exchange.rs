@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use dshdb::db::{Options, Store};
-use dshdb::exchange::{self, ImportReport};
+use dshdb::exchange::{self, layout, ImportReport};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::cell::Cell;
@@ -107,27 +107,28 @@ fn open_writable(path: &Path) -> Result<Store> {
         .with_context(|| format!("cannot open store {}", path.display()))
 }
 
-fn is_session_file(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|name| name.to_str())
-        .is_some_and(|name| name == "session.jsonl" || name == "session.jsonl.zstd")
+/// One thing to import: a file named on the command line, or a log found in a DSH sessions
+/// directory (`<root>/--project--/<id>/session.jsonl[.zstd]`), whose identity is checked.
+enum Source {
+    File(PathBuf),
+    Artifact(layout::SessionArtifact),
 }
 
-/// DSH session files under a sessions directory (`<root>/--project--/<id>/session.jsonl[.zstd]`).
-fn session_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read directory {}", dir.display()))?
-        .map(|entry| entry.map(|entry| entry.path()))
-        .collect::<std::io::Result<_>>()?;
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            session_files(&path, out)?;
-        } else if is_session_file(&path) {
-            out.push(path);
+impl Source {
+    fn path(&self) -> &Path {
+        match self {
+            Source::File(path) => path,
+            Source::Artifact(artifact) => &artifact.path,
         }
     }
-    Ok(())
+}
+
+/// DSH binds a stored header to its path before loading; so does a directory import.
+fn check_identity(artifact: &layout::SessionArtifact) -> Result<()> {
+    let bytes = std::fs::read(&artifact.path)
+        .with_context(|| format!("cannot read {}", artifact.path.display()))?;
+    layout::check_artifact(artifact, &bytes)
+        .with_context(|| format!("cannot import {}", artifact.path.display()))
 }
 
 /// What importing one file did.
@@ -185,20 +186,32 @@ fn import_dsh_file(store: &Store, path: &Path, bytes: &[u8]) -> Result<ImportRep
 }
 
 pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Result<()> {
-    let store = open_writable(store_path)?;
+    // Layout refusals (flat files, mixed encodings, an id in two projects) come before any
+    // write, as in DSH.
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
-            session_files(path, &mut files)?;
+            let artifacts = layout::discover_directory(path)
+                .with_context(|| format!("cannot import sessions directory {}", path.display()))?;
+            files.extend(artifacts.into_iter().map(Source::Artifact));
         } else {
-            files.push(path.clone());
+            files.push(Source::File(path.clone()));
         }
     }
+    let store = open_writable(store_path)?;
     if files.is_empty() {
         bail!("no DSH session files found");
     }
     let mut failures = 0;
-    for path in &files {
+    for source in &files {
+        let path = source.path();
+        if let Source::Artifact(artifact) = source {
+            if let Err(error) = check_identity(artifact) {
+                failures += 1;
+                eprintln!("dshdb: {error:#}");
+                continue;
+            }
+        }
         if let Some(result) = crate::sqlite_import::try_import(&store, path, out) {
             if let Err(error) = result {
                 failures += 1;

@@ -170,3 +170,145 @@ fn json_format_round_trips_through_a_second_store() {
         text(&output.stderr)
     );
 }
+
+/// Copies a fixture into a DSH sessions root at `<root>/<project>/<session dir>/session.jsonl`.
+fn place(root: &Path, project: &str, session_directory: &str, fixture: &str) -> PathBuf {
+    let directory = root.join(project).join(session_directory);
+    std::fs::create_dir_all(&directory).expect("create session dir");
+    let path = directory.join("session.jsonl");
+    std::fs::copy(
+        Path::new(FIXTURES).join(format!("{fixture}.input.jsonl")),
+        &path,
+    )
+    .expect("copy fixture");
+    path
+}
+
+#[test]
+fn sessions_directory_import_binds_header_to_path() {
+    let dir = scratch("layout");
+    let root = dir.join("sessions");
+    // The fixtures' cwd is /home/oracle/project: DSH's projectKey is --home-oracle-project--.
+    let project = "--home-oracle-project--";
+    place(&root, project, "syn-packed-chunks", "syn-packed-chunks");
+    let misplaced = place(&root, project, "someone-else", "syn-numbers");
+    let wrong_project = place(
+        &root,
+        "--elsewhere--",
+        "syn-unicode-crlf",
+        "syn-unicode-crlf",
+    );
+    let store = dir.join("store");
+    let store = store.to_str().expect("utf8 path");
+    let output = dshdb(&["import", store, root.to_str().expect("utf8 path")]);
+    assert!(!output.status.success(), "two logs are misplaced");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "corrupt session log \"{}\": requested id \"someone-else\" does not match header id \"syn-numbers\"",
+            misplaced.display()
+        )),
+        "{stderr}"
+    );
+    let expected = root
+        .join(project)
+        .join("syn-unicode-crlf")
+        .join("session.jsonl");
+    assert!(
+        stderr.contains(&format!(
+            "corrupt session log \"{}\": header id \"syn-unicode-crlf\" and cwd identify \"{}\"",
+            wrong_project.display(),
+            expected.display()
+        )),
+        "{stderr}"
+    );
+    assert!(text(&output.stdout).contains("imported syn-packed-chunks: "));
+    let listed = text(&dshdb(&["ls", store]).stdout);
+    assert!(listed.contains("syn-packed-chunks"), "{listed}");
+    assert!(!listed.contains("syn-numbers"), "{listed}");
+    assert!(!listed.contains("syn-unicode-crlf"), "{listed}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sessions_directory_layout_refusals_write_nothing() {
+    let dir = scratch("layout-refusals");
+    let store = dir.join("store");
+    let store = store.to_str().expect("utf8 path");
+    let project = "--home-oracle-project--";
+
+    let flat_root = dir.join("flat");
+    place(
+        &flat_root,
+        project,
+        "syn-packed-chunks",
+        "syn-packed-chunks",
+    );
+    let flat = flat_root.join(project).join("old.jsonl");
+    std::fs::write(&flat, b"{}\n").expect("write flat file");
+    let output = dshdb(&["import", store, flat_root.to_str().expect("utf8")]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("uses the unsupported flat-file layout"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let duplicate_root = dir.join("duplicate");
+    place(
+        &duplicate_root,
+        project,
+        "syn-packed-chunks",
+        "syn-packed-chunks",
+    );
+    place(
+        &duplicate_root,
+        "--other--",
+        "syn-packed-chunks",
+        "syn-packed-chunks",
+    );
+    let output = dshdb(&["import", store, duplicate_root.to_str().expect("utf8")]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains(
+            "duplicate JSONL session id \"syn-packed-chunks\" appears in multiple project directories"
+        ),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let mixed_root = dir.join("mixed");
+    place(
+        &mixed_root,
+        project,
+        "syn-packed-chunks",
+        "syn-packed-chunks",
+    );
+    let zstd_dir = mixed_root.join(project).join("syn-numbers");
+    std::fs::create_dir_all(&zstd_dir).expect("mkdir");
+    std::fs::write(zstd_dir.join("session.jsonl.zstd"), b"").expect("write");
+    let output = dshdb(&["import", store, mixed_root.to_str().expect("utf8")]);
+    assert!(!output.status.success());
+    // Logs are found in name order; the first (syn-numbers, zstd) sets the root's encoding.
+    assert!(
+        text(&output.stderr)
+            .contains("uses .jsonl, but this backend is configured for compression \"zstd\""),
+        "{}",
+        text(&output.stderr)
+    );
+    // Every refusal came before the store was even created.
+    assert!(!Path::new(store).exists());
+
+    // One session directory given alone imports, its identity checked against its parent.
+    let single = dshdb(&[
+        "import",
+        store,
+        flat_root
+            .join(project)
+            .join("syn-packed-chunks")
+            .to_str()
+            .expect("utf8"),
+    ]);
+    assert!(single.status.success(), "{}", text(&single.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

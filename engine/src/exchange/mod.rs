@@ -13,6 +13,7 @@
 //! decoding is unambiguous.
 
 pub mod canonical;
+pub mod layout;
 mod scan;
 pub mod sqlite;
 mod zstd_codec;
