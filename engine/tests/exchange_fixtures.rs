@@ -14,7 +14,7 @@ use dshdb::commit::Durability;
 use dshdb::db::{Options, Store};
 use dshdb::exchange::{
     export_dsh_jsonl, export_dsh_jsonl_zstd, import_dsh_jsonl, import_dsh_jsonl_zstd, messages,
-    repair, surface, ExchangeError,
+    repair, resume, surface, ExchangeError,
 };
 use dshdb::io::sim::SimStorage;
 use dshdb::session::json::value_lossy;
@@ -267,6 +267,93 @@ fn repair_appends_dsh_closers_once() {
     assert!(
         exported == disk,
         "repaired export equals DSH's repaired file"
+    );
+}
+
+/// The stored events of a session as (type, seq, data) triples.
+fn stored(store: &Store, id: &str) -> Vec<(String, u64, String)> {
+    store
+        .read(id, 0, u64::MAX)
+        .expect("read")
+        .into_iter()
+        .map(|event| (event.event_type, event.seq, event.data))
+        .collect()
+}
+
+#[test]
+fn resume_after_a_power_cut_closes_the_open_turn_durably_and_seeds_the_next_batch() {
+    let name = "syn-crash-torn-open-turn";
+    let bytes = fs::read(fixture_path(name, "input.jsonl")).expect("input");
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let id = import_dsh_jsonl(&store, &bytes).expect("import").session_id;
+    let imported = stored(&store, &id);
+    drop(store);
+
+    // Cold open after a power cut: the resume appends the closers before anything else.
+    let disk = SimStorage::from_image(&disk.durable_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+    let mut resumed = resume(&store, &id).expect("resume");
+    assert_eq!(resumed.closers_appended(), 4);
+    assert!(matches!(
+        store.writer(&id),
+        Err(dshdb::Error::SessionBusy { .. })
+    ));
+    let repaired = stored(&store, &id);
+    assert_eq!(repaired.len(), imported.len() + 4);
+    assert_eq!(
+        repaired.last().map(|event| event.0.as_str()),
+        Some("turn/end")
+    );
+    let marker_seq = resumed.next_seq() - 1;
+    assert_eq!(marker_seq, repaired.len() as u64);
+
+    // The closers are durable on their own: cut power again before any live append.
+    let disk = SimStorage::from_image(&disk.durable_image());
+    drop(resumed);
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen again");
+    assert_eq!(stored(&store, &id), repaired);
+    let exported = export_dsh_jsonl(&store, &id).expect("export");
+    let dsh_repaired = fs::read(fixture_path(name, "disk-after-load.jsonl")).expect("disk");
+    assert!(exported == dsh_repaired, "repaired bytes equal DSH's");
+
+    // A session closed cleanly needs no closers; the first live batch carries the end-seed.
+    resumed = resume(&store, &id).expect("resume a closed session");
+    assert_eq!(resumed.closers_appended(), 0);
+    let live = [dshdb::db::NewEvent::new("turn/start", r#"{"turn":9}"#)];
+    let receipt = resumed.append_batch(&live).expect("live append");
+    assert_eq!(receipt.first_seq, repaired.len() as u64);
+    let after = stored(&store, &id);
+    assert_eq!(after.len(), repaired.len() + 2);
+    assert_eq!(after[repaired.len()].0, "session/end-seed");
+    assert_eq!(after[repaired.len()].2, "{}");
+    assert_eq!(after[repaired.len() + 1].0, "turn/start");
+    // Later batches of the same lifecycle carry no second marker.
+    let more = [dshdb::db::NewEvent::new(
+        "turn/end",
+        r#"{"turn":9,"reason":{"kind":"completed"}}"#,
+    )];
+    resumed.append_batch(&more).expect("second live append");
+    assert_eq!(stored(&store, &id).len(), repaired.len() + 3);
+}
+
+#[test]
+fn resume_of_a_log_dsh_refuses_writes_nothing() {
+    let store = new_store();
+    let mut writer = store.create_session_with_id("bad").expect("create");
+    writer
+        .append(dshdb::db::NewEvent::new("no/such-type", "{}"))
+        .expect("raw append");
+    drop(writer);
+    let before = stored(&store, "bad");
+    assert!(matches!(
+        resume(&store, "bad"),
+        Err(ExchangeError::Session(_))
+    ));
+    assert_eq!(stored(&store, "bad"), before);
+    assert!(
+        store.writer("bad").is_ok(),
+        "the failed resume released the writer"
     );
 }
 

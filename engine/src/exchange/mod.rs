@@ -18,7 +18,7 @@ mod scan;
 pub mod sqlite;
 mod zstd_codec;
 
-use crate::db::{now_millis, Event, NewEvent, Store};
+use crate::db::{now_millis, Event, NewEvent, Receipt, SessionWriter, Store};
 use crate::frame::{
     EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
     EVENT_FLAG_VERBATIM_LINE,
@@ -476,20 +476,94 @@ pub fn surface(store: &Store, id: &str) -> Result<Value> {
 /// Appends DSH's interrupted-turn closers (in DSH's repair key order, as one batch) and
 /// returns how many were appended.
 pub fn repair(store: &Store, id: &str) -> Result<usize> {
-    let restored = restore(store, id)?;
-    if restored.closers.is_empty() {
-        return Ok(0);
-    }
-    let mut owned = Vec::with_capacity(restored.closers.len());
-    for (position, closer) in restored.closers.iter().enumerate() {
-        let line = closer.to_json_line(KeyOrder::RepairCloser);
-        let mut stored = plain_event(closer, line.as_bytes());
+    Ok(resume(store, id)?.closers_appended())
+}
+
+/// Events as DSH's writer renders them, the first flagged as the start of a DSH batch.
+fn rendered_batch(events: &[SessionEvent], order: KeyOrder) -> Vec<OwnedEvent> {
+    let mut owned = Vec::with_capacity(events.len());
+    for (position, event) in events.iter().enumerate() {
+        let line = event.to_json_line(order);
+        let mut stored = plain_event(event, line.as_bytes());
         if position == 0 {
             stored.flags |= EVENT_FLAG_BATCH_START;
         }
         owned.push(stored);
     }
-    let batch: Vec<NewEvent<'_>> = owned.iter().map(OwnedEvent::as_new).collect();
-    store.writer(id)?.append_batch(&batch)?;
-    Ok(owned.len())
+    owned
+}
+
+/// A session cold-loaded for writing, as DSH's `prepare` leaves it: the crash-repair closers
+/// of a trailing open turn are already durable (one atomic batch, where DSH needs two
+/// fsynced steps), and the `session/end-seed` marker of this lifecycle waits in memory until
+/// the first live batch, with which it is written atomically (a lifecycle that writes
+/// nothing leaves no marker, as in DSH).
+pub struct ResumedSession {
+    writer: SessionWriter,
+    restored: RestoredSession,
+    pending_end_seed: Option<OwnedEvent>,
+    closers_appended: usize,
+}
+
+impl ResumedSession {
+    /// The cold-loaded session: stored events, closers, the in-memory end-seed, surface.
+    pub fn restored(&self) -> &RestoredSession {
+        &self.restored
+    }
+
+    /// How many closers the resume appended.
+    pub fn closers_appended(&self) -> usize {
+        self.closers_appended
+    }
+
+    /// Seq of the first event this lifecycle writes (after the end-seed marker, if any).
+    pub fn next_seq(&self) -> u64 {
+        self.restored.events.len() as u64
+    }
+
+    /// Appends a batch of live events atomically, preceded by the pending end-seed marker.
+    pub fn append_batch(&mut self, events: &[NewEvent<'_>]) -> Result<Receipt> {
+        let receipt = match &self.pending_end_seed {
+            Some(marker) => {
+                let mut batch = Vec::with_capacity(events.len() + 1);
+                batch.push(marker.as_new());
+                batch.extend_from_slice(events);
+                self.writer.append_batch(&batch)?
+            }
+            None => self.writer.append_batch(events)?,
+        };
+        self.pending_end_seed = None;
+        Ok(receipt)
+    }
+
+    /// Gives up the end-seed bookkeeping and returns the raw writer.
+    pub fn into_writer(self) -> SessionWriter {
+        self.writer
+    }
+}
+
+/// Cold-loads a session for writing (DSH's `prepare`): takes the session's writer, validates
+/// the stored log as DSH's cold load does, and durably appends DSH's interrupted-turn
+/// closers, so a session a crash left mid-turn resumes closed. Fails, writing nothing, when
+/// the log does not pass DSH's cold-load validation or another writer holds the session.
+pub fn resume(store: &Store, id: &str) -> Result<ResumedSession> {
+    let mut writer = store.writer(id)?;
+    let restored = restore(store, id)?;
+    let closers_appended = restored.closers.len();
+    if closers_appended > 0 {
+        let owned = rendered_batch(&restored.closers, KeyOrder::RepairCloser);
+        let batch: Vec<NewEvent<'_>> = owned.iter().map(OwnedEvent::as_new).collect();
+        writer.append_batch(&batch)?;
+    }
+    let pending_end_seed = restored
+        .events
+        .get(usize::try_from(restored.first_live_seq).unwrap_or(usize::MAX))
+        .map(|marker| rendered_batch(std::slice::from_ref(marker), KeyOrder::LiveAppend))
+        .and_then(|mut batch| batch.pop());
+    Ok(ResumedSession {
+        writer,
+        restored,
+        pending_end_seed,
+        closers_appended,
+    })
 }
