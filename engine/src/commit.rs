@@ -39,6 +39,8 @@ pub struct LogOptions {
     pub segment_bytes: u64,
     /// Queued bytes above which appenders wait (back-pressure), in bytes.
     pub max_pending_bytes: usize,
+    /// Largest encoded batch accepted, in bytes.
+    pub max_batch_bytes: u64,
 }
 
 /// What an appender's encoder sees: the segment its bytes go to.
@@ -138,6 +140,22 @@ pub struct Submitted {
 /// delays a lone appender).
 pub const MAX_GROUP_GATHER: Duration = Duration::from_micros(100);
 
+/// Default largest encoded batch, in bytes (1 GiB). A batch is built in memory and written
+/// by one write; above a segment's size it gets a segment of its own (F-03-9).
+pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
+
+fn check_batch_size(bytes: usize, limit: u64) -> Result<()> {
+    let size = bytes as u64;
+    if size > limit {
+        return Err(Error::TooLarge {
+            what: "batch",
+            size,
+            limit,
+        });
+    }
+    Ok(())
+}
+
 /// A fresh random salt: segments must never share one, so that stale bytes never validate.
 pub fn new_salt() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -233,29 +251,32 @@ impl Log {
         let mut bytes = Vec::new();
         let mut context_snapshot = state.active.context.clone_sets();
         let mut outcome = encode(&mut context_snapshot, &mut bytes)?;
-        let limit = shared.options.segment_bytes - SEGMENT_HEADER_BYTES - SEAL_FRAME_BYTES;
-        if bytes.len() as u64 > limit {
-            return Err(Error::TooLarge {
-                what: "batch",
-                size: bytes.len() as u64,
-                limit,
-            });
-        }
+        check_batch_size(bytes.len(), shared.options.max_batch_bytes)?;
         let fits = state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES
             <= shared.options.segment_bytes;
         if !fits {
-            shared.roll(&mut state)?;
+            // In a new segment the batch repeats its session headers and type definitions:
+            // size the segment for that encoding, so that a batch larger than a segment gets
+            // a segment of its own instead of being refused (F-03-9).
+            let mut fresh = state.active.context.clone_sets();
+            fresh.defined_sessions.clear();
+            fresh.defined_types.clear();
+            bytes.clear();
+            encode(&mut fresh, &mut bytes)?;
+            check_batch_size(bytes.len(), shared.options.max_batch_bytes)?;
+            let capacity = shared
+                .options
+                .segment_bytes
+                .max(SEGMENT_HEADER_BYTES + bytes.len() as u64 + SEAL_FRAME_BYTES);
+            shared.roll(&mut state, capacity)?;
             bytes.clear();
             context_snapshot = state.active.context.clone_sets();
             outcome = encode(&mut context_snapshot, &mut bytes)?;
-            // Re-encoding repeats headers and type definitions: check the limit again.
-            if state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES
-                > shared.options.segment_bytes
-            {
+            if state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES > capacity {
                 return Err(Error::TooLarge {
                     what: "batch",
                     size: bytes.len() as u64,
-                    limit,
+                    limit: capacity - SEGMENT_HEADER_BYTES - SEAL_FRAME_BYTES,
                 });
             }
         }
@@ -553,10 +574,10 @@ impl State {
 impl Shared {
     /// Starts a new segment: creates and syncs it, names it in the manifest, and queues the
     /// seal of the old one. Runs under the state lock; rolls are rare (one per segment).
-    fn roll(&self, state: &mut State) -> Result<()> {
+    fn roll(&self, state: &mut State, capacity_bytes: u64) -> Result<()> {
         let id = state.manifest.next_segment_id;
         let salt = new_salt();
-        let file = create_segment(self.storage.as_ref(), id, salt, self.options.segment_bytes)?;
+        let file = create_segment(self.storage.as_ref(), id, salt, capacity_bytes)?;
         let mut manifest = state.manifest.clone();
         manifest.segments.push(SegmentEntry { id, salt });
         manifest.next_segment_id = id + 1;

@@ -1,7 +1,9 @@
 //! `Store` and `SessionWriter`: the only place that wires the layers together.
 
 use crate::catalog::{header_id, Catalog, Position, Seed, SessionEntry};
-use crate::commit::{new_salt, Durability, Log, LogOptions, SegmentContext};
+use crate::commit::{
+    new_salt, Durability, Log, LogOptions, SegmentContext, DEFAULT_MAX_BATCH_BYTES,
+};
 use crate::error::{Error, Result};
 use crate::frame::{
     decode_frame, EventRecord, Record, EVENT_FIXED_BYTES, EVENT_FLAG_VERBATIM_LINE,
@@ -50,6 +52,9 @@ pub struct Options {
     pub segment_bytes: u64,
     /// Queued bytes above which appenders wait, in bytes.
     pub max_pending_bytes: usize,
+    /// Largest encoded batch accepted, in bytes; a batch larger than a segment gets a
+    /// segment of its own.
+    pub max_batch_bytes: u64,
 }
 
 impl Default for Options {
@@ -60,6 +65,7 @@ impl Default for Options {
             durability: Durability::Sync,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
         }
     }
 }
@@ -963,6 +969,7 @@ fn start_log(
     let log_options = LogOptions {
         segment_bytes: options.segment_bytes,
         max_pending_bytes: options.max_pending_bytes,
+        max_batch_bytes: options.max_batch_bytes,
     };
     if let Some(tail) = tail.filter(|tail| !tail.sealed) {
         let file = storage

@@ -32,7 +32,13 @@ struct Workload {
     steps: usize,
     durability: Durability,
     threads: usize,
+    /// One batch in this many is larger than a segment (it gets a segment of its own);
+    /// 0 = never.
+    oversized_every: u64,
 }
+
+/// Events in an oversized batch: about 12 × 390 bytes, above the 4096-byte test segment.
+const OVERSIZED_BATCH_EVENTS: u64 = 12;
 
 /// What the workload tried and what the store acknowledged, per session.
 #[derive(Default, Debug, Clone)]
@@ -95,7 +101,13 @@ fn run_sessions(
     for _ in 0..workload.steps {
         let pick = (next_random(&mut random) % writers.len() as u64) as usize;
         let (session, writer, length) = &mut writers[pick];
-        let count = 1 + (next_random(&mut random) % 3);
+        let oversized = workload.oversized_every > 0
+            && next_random(&mut random) % workload.oversized_every == 0;
+        let count = if oversized {
+            OVERSIZED_BATCH_EVENTS
+        } else {
+            1 + (next_random(&mut random) % 3)
+        };
         let texts: Vec<String> = (0..count)
             .map(|index| expected(*session, *length + index))
             .collect();
@@ -270,6 +282,17 @@ fn workloads() -> Vec<Workload> {
             steps: 60,
             durability: Durability::Sync,
             threads: 1,
+            oversized_every: 0,
+        });
+    }
+    for seed in 0..8 {
+        list.push(Workload {
+            seed,
+            sessions: 2,
+            steps: 24,
+            durability: Durability::Sync,
+            threads: 1,
+            oversized_every: 6,
         });
     }
     for seed in 0..16 {
@@ -279,6 +302,7 @@ fn workloads() -> Vec<Workload> {
             steps: 40,
             durability: Durability::Sync,
             threads: 4,
+            oversized_every: 0,
         });
         list.push(Workload {
             seed,
@@ -286,6 +310,7 @@ fn workloads() -> Vec<Workload> {
             steps: 60,
             durability: Durability::Buffered,
             threads: 1,
+            oversized_every: 0,
         });
         list.push(Workload {
             seed,
@@ -293,6 +318,7 @@ fn workloads() -> Vec<Workload> {
             steps: 60,
             durability: batched,
             threads: 1,
+            oversized_every: 0,
         });
     }
     list

@@ -358,6 +358,47 @@ fn resume_of_a_log_dsh_refuses_writes_nothing() {
 }
 
 #[test]
+fn an_import_larger_than_a_segment_is_atomic_at_every_crash_point() {
+    // 88 KB of DSH log into 4 KiB segments: one batch in a segment of its own.
+    let name = "goal-multi-turn-actions.session";
+    let bytes = fs::read(fixture_path(name, "input.jsonl")).expect("input");
+    let import = |disk: &SimStorage| -> Option<String> {
+        let store = open_sim(disk, sim_options(Durability::Sync)).ok()?;
+        import_dsh_jsonl(&store, &bytes)
+            .ok()
+            .map(|report| report.session_id)
+    };
+    let reference = SimStorage::new();
+    let id = import(&reference).expect("import");
+    let operations = reference.operation_count();
+    let mut images = 0;
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::new();
+        disk.crash_at(cut);
+        let acknowledged = import(&disk).is_some();
+        let mut cut_images = disk.take_images();
+        cut_images.push(disk.durable_image());
+        for image in &cut_images {
+            let Ok(store) = open_sim(
+                &SimStorage::from_image(image),
+                sim_options(Durability::Sync),
+            ) else {
+                panic!("cut {cut}: the store does not reopen");
+            };
+            match store.session(&id) {
+                Ok(_) => {
+                    let exported = export_dsh_jsonl(&store, &id).expect("export");
+                    assert!(exported == bytes, "cut {cut}: a partial import survived");
+                }
+                Err(_) => assert!(!acknowledged, "cut {cut}: an acknowledged import is lost"),
+            }
+            images += 1;
+        }
+    }
+    assert!(images > operations, "checked {images} images");
+}
+
+#[test]
 fn native_sessions_export_a_dsh_header() {
     let store = new_store();
     let mut writer = store.create_session_with_id("native").expect("create");

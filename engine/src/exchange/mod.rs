@@ -36,8 +36,11 @@ pub use canonical::{
 };
 pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd};
 
-/// Bytes of events per append batch on import (well under the store's pending limit).
-const IMPORT_BATCH_BYTES: usize = 32 * 1024 * 1024;
+/// Bytes of events per append batch on import: half the default batch limit, leaving room
+/// for framing, so a session log of up to 512 MiB of events imports as one atomic batch
+/// (a batch larger than a segment gets a segment of its own). A larger log is committed in
+/// batches of this size.
+const IMPORT_BATCH_BYTES: usize = 512 * 1024 * 1024;
 /// Prefix of a hex-encoded verbatim envelope.
 const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
 

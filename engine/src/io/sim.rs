@@ -52,6 +52,11 @@ impl CrashImage {
         self.files.remove(name);
     }
 
+    /// One file's bytes.
+    pub fn file(&self, name: &str) -> Option<&[u8]> {
+        self.files.get(name).map(Vec::as_slice)
+    }
+
     /// Mutable access to one file's bytes (for bit-flip tests).
     pub fn file_mut(&mut self, name: &str) -> Option<&mut Vec<u8>> {
         self.files.get_mut(name)
