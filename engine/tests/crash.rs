@@ -102,7 +102,7 @@ fn run_sessions(
         let pick = (next_random(&mut random) % writers.len() as u64) as usize;
         let (session, writer, length) = &mut writers[pick];
         let oversized = workload.oversized_every > 0
-            && next_random(&mut random) % workload.oversized_every == 0;
+            && next_random(&mut random).is_multiple_of(workload.oversized_every);
         let count = if oversized {
             OVERSIZED_BATCH_EVENTS
         } else {
