@@ -332,7 +332,10 @@ impl Store {
             id,
             durability,
         };
-        if let Err(error) = self.commit_batch(number, initial, durability) {
+        let committed = self
+            .commit_batch(number, initial, durability)
+            .and_then(PendingReceipt::wait);
+        if let Err(error) = committed {
             // Refused before anything was queued: forget the reservation. Otherwise (a
             // poisoned log) the outcome is unknown and the next open decides.
             if matches!(
@@ -401,7 +404,7 @@ impl Store {
         number: u32,
         events: &[NewEvent<'_>],
         durability: Durability,
-    ) -> Result<Receipt> {
+    ) -> Result<PendingReceipt> {
         let inner = &self.inner;
         let log = self.log()?;
         let now = now_millis();
@@ -459,11 +462,12 @@ impl Store {
         if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
             entry.positions.extend(positions);
         }
-        let durable = wait_for(log, submitted.ticket, durability)?;
-        Ok(Receipt {
+        Ok(PendingReceipt {
+            store: self.clone(),
+            ticket: submitted.ticket,
             first_seq,
             end_seq: first_seq + events.len() as u64,
-            durable,
+            durability,
         })
     }
 
@@ -706,7 +710,26 @@ impl SessionWriter {
     }
 
     /// Appends events as one atomic batch: after a crash either all of them are there or none.
+    /// Returns when the batch is as durable as this handle's durability says.
     pub fn append_batch(&mut self, events: &[NewEvent<'_>]) -> Result<Receipt> {
+        let durability = self.durability;
+        self.submit_with(events, durability)?.wait()
+    }
+
+    /// Queues events as one atomic batch for a durable commit without waiting for it: the
+    /// committer syncs it with the next group, and [`PendingReceipt::wait`] returns once it
+    /// is durable. One thread can so keep many sessions' appends in one group commit (as an
+    /// async runtime would) instead of sleeping once per append. The batch is readable at
+    /// once; it is acknowledged only by `wait`.
+    pub fn submit_batch(&mut self, events: &[NewEvent<'_>]) -> Result<PendingReceipt> {
+        self.submit_with(events, Durability::Sync)
+    }
+
+    fn submit_with(
+        &mut self,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<PendingReceipt> {
         if events.is_empty() {
             return Err(Error::invalid("an empty batch"));
         }
@@ -714,8 +737,7 @@ impl SessionWriter {
         for event in events {
             validate_event(event)?;
         }
-        self.store
-            .commit_batch(self.number, events, self.durability)
+        self.store.commit_batch(self.number, events, durability)
     }
 }
 
@@ -774,6 +796,35 @@ fn open_turn_at_end(events: &[Event]) -> Option<String> {
 }
 
 /// Waits as the durability asks; returns whether the batch is durable.
+/// A batch queued by [`SessionWriter::submit_batch`] (or an append on its way).
+#[must_use = "a pending batch is acknowledged only by waiting for it"]
+pub struct PendingReceipt {
+    store: Store,
+    ticket: u64,
+    first_seq: u64,
+    end_seq: u64,
+    durability: Durability,
+}
+
+impl PendingReceipt {
+    /// The seq of the batch's first event.
+    pub fn first_seq(&self) -> u64 {
+        self.first_seq
+    }
+
+    /// Waits until the batch is as durable as it was submitted (durable for
+    /// `submit_batch`). An error means it must not be taken as durable.
+    pub fn wait(self) -> Result<Receipt> {
+        let log = self.store.log()?;
+        let durable = wait_for(log, self.ticket, self.durability)?;
+        Ok(Receipt {
+            first_seq: self.first_seq,
+            end_seq: self.end_seq,
+            durable,
+        })
+    }
+}
+
 fn wait_for(log: &Log, ticket: u64, durability: Durability) -> Result<bool> {
     match durability {
         Durability::Sync => log.wait(ticket, true).map(|()| true),

@@ -35,6 +35,9 @@ struct Workload {
     /// One batch in this many is larger than a segment (it gets a segment of its own);
     /// 0 = never.
     oversized_every: u64,
+    /// Each step submits one batch to every session of the thread with `submit_batch` and
+    /// only then waits for them all (the pipelined durable API).
+    pipelined: bool,
 }
 
 /// Events in an oversized batch: about 12 × 390 bytes, above the 4096-byte test segment.
@@ -98,6 +101,10 @@ fn run_sessions(
             Err(_) => return,
         }
     }
+    if workload.pipelined {
+        run_pipelined(&mut writers, workload.steps, &mut random, ledger);
+        return;
+    }
     for _ in 0..workload.steps {
         let pick = (next_random(&mut random) % writers.len() as u64) as usize;
         let (session, writer, length) = &mut writers[pick];
@@ -149,6 +156,45 @@ fn run_sessions(
             ledger.created.insert(*session, 2);
         }
     });
+}
+
+/// Pipelined durable appends: submit a batch to every session, then wait for each; only a
+/// waited receipt counts as acknowledged.
+fn run_pipelined(
+    writers: &mut [(usize, dshdb::db::SessionWriter, u64)],
+    steps: usize,
+    random: &mut u64,
+    ledger: &parking_lot::Mutex<Ledger>,
+) {
+    for _ in 0..steps {
+        let mut pending = Vec::new();
+        for (session, writer, length) in writers.iter_mut() {
+            let count = 1 + (next_random(random) % 3);
+            let texts: Vec<String> = (0..count)
+                .map(|index| expected(*session, *length + index))
+                .collect();
+            let events: Vec<NewEvent<'_>> = texts.iter().map(|text| chunk(text)).collect();
+            ledger
+                .lock()
+                .batch_ends
+                .entry(*session)
+                .or_default()
+                .push(*length + count);
+            let Ok(receipt) = writer.submit_batch(&events) else {
+                return;
+            };
+            *length += count;
+            pending.push((*session, receipt));
+        }
+        for (session, receipt) in pending {
+            let Ok(receipt) = receipt.wait() else {
+                return;
+            };
+            let mut entries = ledger.lock();
+            entries.durable.insert(session, receipt.end_seq);
+            entries.written.insert(session, receipt.end_seq);
+        }
+    }
 }
 
 /// Runs the whole workload on `disk`: open, sessions on `threads` threads, close.
@@ -283,6 +329,7 @@ fn workloads() -> Vec<Workload> {
             durability: Durability::Sync,
             threads: 1,
             oversized_every: 0,
+            pipelined: false,
         });
     }
     for seed in 0..8 {
@@ -293,6 +340,18 @@ fn workloads() -> Vec<Workload> {
             durability: Durability::Sync,
             threads: 1,
             oversized_every: 6,
+            pipelined: false,
+        });
+    }
+    for seed in 0..8 {
+        list.push(Workload {
+            seed,
+            sessions: 4,
+            steps: 12,
+            durability: Durability::Sync,
+            threads: 2,
+            oversized_every: 0,
+            pipelined: true,
         });
     }
     for seed in 0..16 {
@@ -303,6 +362,7 @@ fn workloads() -> Vec<Workload> {
             durability: Durability::Sync,
             threads: 4,
             oversized_every: 0,
+            pipelined: false,
         });
         list.push(Workload {
             seed,
@@ -311,6 +371,7 @@ fn workloads() -> Vec<Workload> {
             durability: Durability::Buffered,
             threads: 1,
             oversized_every: 0,
+            pipelined: false,
         });
         list.push(Workload {
             seed,
@@ -319,6 +380,7 @@ fn workloads() -> Vec<Workload> {
             durability: batched,
             threads: 1,
             oversized_every: 0,
+            pipelined: false,
         });
     }
     list

@@ -167,6 +167,42 @@ fn a_batch_larger_than_a_segment_gets_a_segment_of_its_own_and_survives_a_power_
 }
 
 #[test]
+fn submitted_batches_from_one_thread_share_a_sync_and_are_durable_when_waited() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let mut writers: Vec<_> = (0..8)
+        .map(|session| {
+            store
+                .create_session_with_id(&format!("s{session}"))
+                .expect("create")
+        })
+        .collect();
+    let data: Vec<String> = (0..8).map(|session| event_data(session, 0, 100)).collect();
+    let pending: Vec<_> = writers
+        .iter_mut()
+        .zip(&data)
+        .map(|(writer, data)| writer.submit_batch(&[chunk(data)]).expect("submit"))
+        .collect();
+    for receipt in pending {
+        let receipt = receipt.wait().expect("durable");
+        assert!(receipt.durable);
+        assert_eq!((receipt.first_seq, receipt.end_seq), (0, 1));
+    }
+    let reopened = open_sim(
+        &SimStorage::from_image(&disk.durable_image()),
+        sim_options(Durability::Sync),
+    )
+    .expect("reopen after a power cut");
+    for (session, data) in data.iter().enumerate() {
+        let events = reopened
+            .read(&format!("s{session}"), 0, u64::MAX)
+            .expect("read");
+        assert_eq!(events.len(), 1);
+        assert_eq!(&events[0].data, data);
+    }
+}
+
+#[test]
 fn a_batch_above_max_batch_bytes_is_refused_and_writes_nothing() {
     let disk = SimStorage::new();
     let options = Options {
