@@ -94,8 +94,12 @@ struct State {
     sealed: bool,
     /// Appenders asleep until their ticket is written or durable.
     waiters: Vec<Waiter>,
-    /// Appenders the previous group finished: about how many will submit again soon.
-    last_group_waiters: usize,
+    /// `Sync` and `Buffered` batches in the previous group: about how many its appenders
+    /// (threads it woke, or one thread pipelining many sessions with `submit`) will submit
+    /// again soon. `Batched` batches do not count: nobody waits for them.
+    last_group_tickets: usize,
+    /// `Sync` and `Buffered` batches queued since the last group.
+    queued_waitable: usize,
     /// When the oldest queued batch was submitted.
     queued_since: Option<Instant>,
     /// A flush or a reader waits: write without gathering.
@@ -208,7 +212,8 @@ impl Log {
             committer_done: false,
             sealed: false,
             waiters: Vec::new(),
-            last_group_waiters: 0,
+            last_group_tickets: 0,
+            queued_waitable: 0,
             queued_since: None,
             urgent: false,
         };
@@ -300,7 +305,7 @@ impl Log {
         // Wake the committer when a group starts or when the gathered group is complete;
         // waking it for every arrival in between would only cost context switches.
         let queued = state.next_ticket - 1 - state.written_ticket;
-        if queued == 1 || queued >= state.last_group_waiters as u64 {
+        if queued == 1 || state.queued_waitable >= state.last_group_tickets {
             shared.work.notify_one();
         }
         Ok((submitted, outcome))
@@ -496,8 +501,12 @@ impl State {
             Durability::Sync => {
                 self.sync_wanted = ticket;
                 self.write_wanted = ticket;
+                self.queued_waitable += 1;
             }
-            Durability::Buffered => self.write_wanted = ticket,
+            Durability::Buffered => {
+                self.write_wanted = ticket;
+                self.queued_waitable += 1;
+            }
             Durability::Batched {
                 max_delay,
                 max_bytes,
@@ -544,9 +553,7 @@ impl State {
     fn due(&self, now: Instant) -> (bool, Option<Instant>) {
         let unwritten = self.next_ticket - 1 > self.written_ticket;
         let unsynced = self.next_ticket - 1 > self.durable_ticket;
-        let queued_tickets =
-            usize::try_from(self.next_ticket - 1 - self.written_ticket).unwrap_or(usize::MAX);
-        if !self.closing && !self.urgent && queued_tickets < self.last_group_waiters {
+        if !self.closing && !self.urgent && self.queued_waitable < self.last_group_tickets {
             if let Some(since) = self.queued_since {
                 let gather_end = since + MAX_GROUP_GATHER;
                 if now < gather_end {
@@ -661,6 +668,7 @@ impl Shared {
     ) -> parking_lot::MutexGuard<'a, State> {
         let chunks: Vec<Chunk> = state.queue.drain(..).collect();
         let last_ticket = state.next_ticket - 1;
+        let group_waitable = std::mem::take(&mut state.queued_waitable);
         state.queued_since = None;
         state.urgent = false;
         let batched_due = state.batched_deadline.is_some();
@@ -693,7 +701,7 @@ impl Shared {
             Err(operation) => state.poisoned = Some(operation),
         }
         let finished = state.finished_waiters();
-        state.last_group_waiters = finished.len();
+        state.last_group_tickets = group_waitable;
         self.done.notify_all();
         self.space.notify_all();
         drop(state);
