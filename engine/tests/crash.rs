@@ -77,6 +77,25 @@ fn session_id(session: usize) -> String {
     format!("s{session}")
 }
 
+/// The texts of the next batch of `count` events of a session at `length`, recorded in the
+/// ledger as attempted before it is appended.
+fn planned_batch(
+    session: usize,
+    length: u64,
+    count: u64,
+    ledger: &parking_lot::Mutex<Ledger>,
+) -> Vec<String> {
+    ledger
+        .lock()
+        .batch_ends
+        .entry(session)
+        .or_default()
+        .push(length + count);
+    (0..count)
+        .map(|index| expected(session, length + index))
+        .collect()
+}
+
 /// Runs one thread's share of the workload; stops at the first error (the power cut).
 fn run_sessions(
     store: &Store,
@@ -115,16 +134,8 @@ fn run_sessions(
         } else {
             1 + (next_random(&mut random) % 3)
         };
-        let texts: Vec<String> = (0..count)
-            .map(|index| expected(*session, *length + index))
-            .collect();
+        let texts = planned_batch(*session, *length, count, ledger);
         let events: Vec<NewEvent<'_>> = texts.iter().map(|text| chunk(text)).collect();
-        ledger
-            .lock()
-            .batch_ends
-            .entry(*session)
-            .or_default()
-            .push(*length + count);
         let Ok(receipt) = writer.append_batch(&events) else {
             return;
         };
@@ -170,16 +181,8 @@ fn run_pipelined(
         let mut pending = Vec::new();
         for (session, writer, length) in writers.iter_mut() {
             let count = 1 + (next_random(random) % 3);
-            let texts: Vec<String> = (0..count)
-                .map(|index| expected(*session, *length + index))
-                .collect();
+            let texts = planned_batch(*session, *length, count, ledger);
             let events: Vec<NewEvent<'_>> = texts.iter().map(|text| chunk(text)).collect();
-            ledger
-                .lock()
-                .batch_ends
-                .entry(*session)
-                .or_default()
-                .push(*length + count);
             let Ok(receipt) = writer.submit_batch(&events) else {
                 return;
             };
