@@ -970,6 +970,7 @@ fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
     storage.sync_dir("").map_err(io_error("directory sync"))?;
     let manifest = Manifest {
         segments: Vec::new(),
+        runs: Vec::new(),
         next_segment_id: 1,
     };
     manifest.write(storage)?;

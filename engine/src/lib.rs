@@ -16,6 +16,7 @@ pub mod fuzzing;
 pub mod io;
 pub mod manifest;
 pub mod recovery;
+pub mod run;
 pub mod segment;
 pub mod session;
 
