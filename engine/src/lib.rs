@@ -13,6 +13,7 @@ pub mod exchange;
 pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod index;
 pub mod io;
 pub mod manifest;
 pub mod recovery;

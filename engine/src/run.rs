@@ -602,8 +602,9 @@ impl RunReader {
         Ok(RunReader { index, file, map })
     }
 
-    fn load_block(&self, block: usize, cache: &BlockCache) -> Result<Arc<Vec<u8>>> {
-        if let Some(bytes) = cache.get(self.index.id, block) {
+    /// Decompressed block `block`, through `cache` when one is given.
+    pub fn block(&self, block: usize, cache: Option<&BlockCache>) -> Result<Arc<Vec<u8>>> {
+        if let Some(bytes) = cache.and_then(|cache| cache.get(self.index.id, block)) {
             return Ok(bytes);
         }
         let entry = &self.index.blocks[block];
@@ -633,13 +634,10 @@ impl RunReader {
             }
         };
         let raw = Arc::new(raw);
-        cache.insert(self.index.id, block, raw.clone());
+        if let Some(cache) = cache {
+            cache.insert(self.index.id, block, raw.clone());
+        }
         Ok(raw)
-    }
-
-    /// Decompressed block `block` (through the cache).
-    pub fn block(&self, block: usize, cache: &BlockCache) -> Result<Arc<Vec<u8>>> {
-        self.load_block(block, cache)
     }
 
     /// The raw stream bytes `start..end` (they may span blocks).
@@ -652,7 +650,7 @@ impl RunReader {
                 .block_at(at)
                 .ok_or_else(|| corrupt(self.index.id, at, "position past the run"))?;
             let block = &self.index.blocks[index];
-            let raw = self.load_block(index, cache)?;
+            let raw = self.block(index, Some(cache))?;
             let from = (at - block.raw_offset) as usize;
             let to = (end.min(block.raw_end()) - block.raw_offset) as usize;
             out.extend_from_slice(&raw[from..to]);
