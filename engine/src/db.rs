@@ -399,8 +399,13 @@ impl Store {
     pub fn maintain(&self) -> Result<MaintenanceReport> {
         let log = self.log()?;
         let _one_at_a_time = self.inner.maintaining.lock();
-        log.flush()?;
         let mut report = MaintenanceReport::default();
+        if log.manifest().segments.len() < 2 {
+            // Only the segment taking appends: nothing is sealed, nothing to flush for.
+            return Ok(report);
+        }
+        // Makes the seal of every rolled segment durable (it is queued with the roll).
+        log.flush()?;
         while let Some(segment) = log.oldest_sealed_segment() {
             self.seal_segment(log, segment, &mut report)?;
         }
