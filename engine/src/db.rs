@@ -6,8 +6,8 @@ use crate::commit::{
 };
 use crate::error::{Error, Result};
 use crate::frame::{
-    decode_frame, EventRecord, Record, EVENT_FIXED_BYTES, EVENT_FLAG_VERBATIM_LINE,
-    KNOWN_EVENT_FLAGS, MAX_PAYLOAD_BYTES, NO_SEED_PARENT,
+    decode_frame, decode_run_frame, EventRecord, Record, EVENT_FIXED_BYTES,
+    EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS, MAX_PAYLOAD_BYTES, NO_SEED_PARENT,
 };
 use crate::index::{
     encode_checkpoint, write_checkpoint, CoveredSegment, CHECKPOINT_FILE, CHECKPOINT_TEMP_FILE,
@@ -1032,13 +1032,22 @@ impl Store {
         position: &Position,
         types: &HashMap<u32, String>,
     ) -> Result<Event> {
-        let salt = self.salt_of(position.segment)?;
         let corrupt = |reason: String| Error::Corrupt {
             segment: position.segment,
             offset: position.offset,
             reason,
         };
-        let frame = decode_frame(bytes, salt).map_err(|error| corrupt(format!("{error:?}")))?;
+        let in_run = self
+            .inner
+            .run_entries
+            .read()
+            .contains_key(&position.segment);
+        let frame = if in_run {
+            decode_run_frame(bytes)
+        } else {
+            decode_frame(bytes, self.salt_of(position.segment)?)
+        }
+        .map_err(|error| corrupt(format!("{error:?}")))?;
         let Ok(Some(Record::Event(event))) = Record::decode(&frame) else {
             return Err(corrupt("indexed frame is not an event".to_string()));
         };

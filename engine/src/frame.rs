@@ -179,6 +179,34 @@ pub fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameError> {
     })
 }
 
+/// Decodes a frame inside a run block (format-spec F-06-13): its checksum field must be
+/// zero and is not a checksum; the block's checksums cover the frame instead.
+pub fn decode_run_frame(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
+    if bytes.len() < FRAME_HEADER_BYTES {
+        return Err(FrameError::Incomplete);
+    }
+    let length = read_u32(bytes, 4) as usize;
+    let flags = bytes[9];
+    if read_u32(bytes, 0) != 0
+        || length > MAX_PAYLOAD_BYTES
+        || flags & !FLAG_SKIPPABLE != 0
+        || bytes[10] != 0
+        || bytes[11] != 0
+    {
+        return Err(FrameError::BadHeader);
+    }
+    let total_bytes = FRAME_HEADER_BYTES + length;
+    if bytes.len() < total_bytes {
+        return Err(FrameError::Incomplete);
+    }
+    Ok(Frame {
+        kind: bytes[8],
+        flags,
+        payload: &bytes[FRAME_HEADER_BYTES..total_bytes],
+        total_bytes,
+    })
+}
+
 /// Appends one frame to `out`. The caller checks the payload limit first.
 pub fn encode_frame(out: &mut Vec<u8>, salt: u64, kind: u8, flags: u8, payload_parts: &[&[u8]]) {
     let start = out.len();

@@ -275,55 +275,48 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
     for (index, block) in reader.index.blocks.iter().enumerate() {
         let raw = reader.block(index, None)?;
         let mut next_seq = block.first_seq;
-        walk_block(
-            &raw,
-            block,
-            run,
-            entry.salt,
-            |offset, frame_bytes, record| {
-                let bad = |reason: &str| corrupt(run, offset, reason);
-                match record {
-                    Record::SessionHeader {
-                        session,
-                        seed_parent,
-                        seed_length,
-                        header_json,
-                    } if block.session == DEFINITIONS_SESSION => {
-                        let seed = (seed_parent != NO_SEED_PARENT).then_some(Seed {
-                            parent: seed_parent,
-                            length: seed_length,
-                        });
-                        catalog
-                            .define_session(session, seed, header_json, run, false)
-                            .map_err(|reason| bad(&reason))
-                    }
-                    Record::TypeDefinition { type_number, name }
-                        if block.session == DEFINITIONS_SESSION =>
-                    {
-                        catalog
-                            .define_type(type_number, name)
-                            .map_err(|reason| bad(&reason))
-                    }
-                    Record::Event(event) if event.session == block.session => {
-                        if event.seq != next_seq
-                            || !catalog.type_names.contains_key(&event.type_number)
-                        {
-                            return Err(bad("event seq or type does not match its block"));
-                        }
-                        next_seq += 1;
-                        let position = Position {
-                            segment: run,
-                            offset,
-                            frame_bytes,
-                        };
-                        catalog
-                            .push_event(event.session, event.seq, position)
-                            .map_err(|reason| bad(&reason))
-                    }
-                    _ => Err(bad("record does not belong in this block")),
+        walk_block(&raw, block, run, |offset, frame_bytes, record| {
+            let bad = |reason: &str| corrupt(run, offset, reason);
+            match record {
+                Record::SessionHeader {
+                    session,
+                    seed_parent,
+                    seed_length,
+                    header_json,
+                } if block.session == DEFINITIONS_SESSION => {
+                    let seed = (seed_parent != NO_SEED_PARENT).then_some(Seed {
+                        parent: seed_parent,
+                        length: seed_length,
+                    });
+                    catalog
+                        .define_session(session, seed, header_json, run, false)
+                        .map_err(|reason| bad(&reason))
                 }
-            },
-        )?;
+                Record::TypeDefinition { type_number, name }
+                    if block.session == DEFINITIONS_SESSION =>
+                {
+                    catalog
+                        .define_type(type_number, name)
+                        .map_err(|reason| bad(&reason))
+                }
+                Record::Event(event) if event.session == block.session => {
+                    if event.seq != next_seq || !catalog.type_names.contains_key(&event.type_number)
+                    {
+                        return Err(bad("event seq or type does not match its block"));
+                    }
+                    next_seq += 1;
+                    let position = Position {
+                        segment: run,
+                        offset,
+                        frame_bytes,
+                    };
+                    catalog
+                        .push_event(event.session, event.seq, position)
+                        .map_err(|reason| bad(&reason))
+                }
+                _ => Err(bad("record does not belong in this block")),
+            }
+        })?;
         if next_seq - block.first_seq != u64::from(block.event_count) {
             return Err(corrupt(
                 run,

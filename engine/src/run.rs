@@ -5,7 +5,7 @@
 
 use crate::catalog::Position;
 use crate::error::{Error, Result};
-use crate::frame::{decode_frame, Record, FRAME_HEADER_BYTES};
+use crate::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
 use crate::io::StorageFile;
 use crate::manifest::{word4, word8, RunEntry};
 use crate::segment::scan_frames;
@@ -30,9 +30,10 @@ pub const FOOTER_ENTRY_BYTES: usize = 48;
 pub const TRAILER_BYTES: usize = 24;
 /// The `session` of the definitions block (block 0).
 pub const DEFINITIONS_SESSION: u32 = u32::MAX;
-/// zstd level of run blocks: level 3 compresses DSH events within a few percent of level 9
-/// at several times the speed (sealing runs off the append path but still costs CPU).
-pub const RUN_ZSTD_LEVEL: i32 = 3;
+/// zstd level of run blocks. Measured on the DSH mix (BENCHMARKS.md, `runs` bench): level 9
+/// stores 22.8 B/event against 25.9 at level 3, sealing at ~34 MB/s instead of ~75 MB/s;
+/// sealing runs on the maintenance thread, off the append path, so the smaller disk wins.
+pub const RUN_ZSTD_LEVEL: i32 = 9;
 /// Most blocks one run may have (bounds what a damaged count can make us allocate).
 pub const MAX_RUN_BLOCKS: usize = 1 << 24;
 
@@ -141,7 +142,9 @@ pub fn build_run(
     let scan = scan_frames(segment_bytes, segment, segment_salt, |offset, record| {
         match &record {
             Record::SessionHeader { .. } | Record::TypeDefinition { .. } => {
+                let start = definitions.len();
                 record.encode(&mut definitions, run_salt);
+                clear_checksum(&mut definitions[start..]);
                 uncommitted += 1;
             }
             Record::Event(event) => {
@@ -165,6 +168,7 @@ pub fn build_run(
                 }
                 let start = frames.raw.len();
                 event.encode(&mut frames.raw, run_salt);
+                clear_checksum(&mut frames.raw[start..]);
                 let length = u32::try_from(frames.raw.len() - start)
                     .map_err(|_| corrupt(segment, offset, "frame larger than 4 GiB"))?;
                 frames.frames.push((event.seq, start, length));
@@ -186,6 +190,13 @@ pub fn build_run(
         ));
     }
     assemble(&definitions, &sessions, segment, run_id, run_salt)
+}
+
+/// Frames in a run carry no checksum of their own (F-06-13): the block's stored checksum
+/// and zstd's content checksum cover them, and the four bytes of a per-frame crc32 cost
+/// about a fifth of a compressed DSH event.
+fn clear_checksum(frame: &mut [u8]) {
+    frame[..4].copy_from_slice(&[0; 4]);
 }
 
 /// Lays out header, blocks, footer and trailer.
@@ -286,8 +297,12 @@ fn push_block(
     first_seq: u64,
     raw: &[u8],
 ) -> Result<()> {
-    let stored = zstd::bulk::compress(raw, RUN_ZSTD_LEVEL)
-        .map_err(|error| Error::io("run block compress", error))?;
+    let compress = || {
+        let mut compressor = zstd::bulk::Compressor::new(RUN_ZSTD_LEVEL)?;
+        compressor.include_checksum(true)?;
+        compressor.compress(raw)
+    };
+    let stored = compress().map_err(|error| Error::io("run block compress", error))?;
     let too_large = |size: usize| Error::TooLarge {
         what: "run block",
         size: size as u64,
@@ -485,18 +500,17 @@ pub fn decode_block(stored: &[u8], block: &BlockEntry, run: u64) -> Result<Vec<u
 }
 
 /// Walks the frames of a decompressed block, calling `on_record` with each record's raw
-/// offset in the run and its frame size. Every frame must be valid (F-06-6).
+/// offset in the run and its frame size. Every frame must be valid (F-06-6, F-06-13).
 pub fn walk_block<'a>(
     raw: &'a [u8],
     block: &BlockEntry,
     run: u64,
-    salt: u64,
     mut on_record: impl FnMut(u64, u32, Record<'a>) -> Result<()>,
 ) -> Result<()> {
     let mut offset = 0usize;
     while offset < raw.len() {
         let at = block.raw_offset + offset as u64;
-        let frame = decode_frame(&raw[offset..], salt)
+        let frame = decode_run_frame(&raw[offset..])
             .map_err(|error| corrupt(run, at, &format!("{error:?}")))?;
         let record = Record::decode(&frame)
             .map_err(|error| corrupt(run, at, &format!("{error:?}")))?
@@ -734,7 +748,7 @@ mod tests {
             let raw = reader
                 .read_raw(position.offset, position.end(), &cache)
                 .expect("raw");
-            let frame = decode_frame(&raw, 9).expect("frame");
+            let frame = decode_run_frame(&raw).expect("frame");
             let Ok(Some(Record::Event(event))) = Record::decode(&frame) else {
                 panic!("not an event");
             };

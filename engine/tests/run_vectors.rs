@@ -74,46 +74,51 @@ fn describe_run(bytes: &[u8]) -> Value {
             "stored_bytes": block.stored_bytes,
         }));
         let stored = &bytes[block.file_offset as usize..][..block.stored_bytes as usize];
+        assert_eq!(&stored[..4], &[0x28, 0xb5, 0x2f, 0xfd], "a zstd frame");
+        assert_ne!(
+            stored[4] & 0x04,
+            0,
+            "zstd content checksum enabled (F-06-13)"
+        );
         let raw = decode_block(stored, block, RUN_ID).expect("block");
-        walk_block(
-            &raw,
-            block,
-            RUN_ID,
-            RUN_SALT,
-            |offset, frame_bytes, record| {
-                match record {
-                    Record::SessionHeader {
-                        session,
-                        seed_parent,
-                        seed_length,
-                        header_json,
-                    } => definitions.push(json!({
-                        "kind": "session_header",
-                        "session": session,
-                        "seed_parent": hex32(seed_parent),
-                        "seed_length": seed_length,
-                        "header_json": String::from_utf8_lossy(header_json),
-                    })),
-                    Record::TypeDefinition { type_number, name } => definitions.push(json!({
-                        "kind": "type_definition",
-                        "type_number": type_number,
-                        "name": String::from_utf8_lossy(name),
-                    })),
-                    Record::Event(event) => events.push(json!({
-                        "session": event.session,
-                        "seq": event.seq,
-                        "raw_offset": offset,
-                        "frame_bytes": frame_bytes,
-                        "type_number": event.type_number,
-                        "time": event.time,
-                        "data": String::from_utf8_lossy(event.data),
-                        "envelope": String::from_utf8_lossy(event.envelope),
-                    })),
-                    other => panic!("unexpected record in a run: {other:?}"),
-                }
-                Ok(())
-            },
-        )
+        let mut at = 0;
+        while at < raw.len() {
+            assert_eq!(&raw[at..at + 4], &[0; 4], "frame checksum field is zero");
+            at += 12 + u32::from_le_bytes(raw[at + 4..at + 8].try_into().expect("4")) as usize;
+        }
+        walk_block(&raw, block, RUN_ID, |offset, frame_bytes, record| {
+            match record {
+                Record::SessionHeader {
+                    session,
+                    seed_parent,
+                    seed_length,
+                    header_json,
+                } => definitions.push(json!({
+                    "kind": "session_header",
+                    "session": session,
+                    "seed_parent": hex32(seed_parent),
+                    "seed_length": seed_length,
+                    "header_json": String::from_utf8_lossy(header_json),
+                })),
+                Record::TypeDefinition { type_number, name } => definitions.push(json!({
+                    "kind": "type_definition",
+                    "type_number": type_number,
+                    "name": String::from_utf8_lossy(name),
+                })),
+                Record::Event(event) => events.push(json!({
+                    "session": event.session,
+                    "seq": event.seq,
+                    "raw_offset": offset,
+                    "frame_bytes": frame_bytes,
+                    "type_number": event.type_number,
+                    "time": event.time,
+                    "data": String::from_utf8_lossy(event.data),
+                    "envelope": String::from_utf8_lossy(event.envelope),
+                })),
+                other => panic!("unexpected record in a run: {other:?}"),
+            }
+            Ok(())
+        })
         .expect("frames");
     }
     json!({
