@@ -142,24 +142,65 @@ impl Event {
     /// The event as one DSH JSONL line: `{"type":..,"seq":..,"time":..,"data":..,<envelope>}`,
     /// or the original line when it was stored verbatim.
     pub fn to_json_line(&self) -> String {
-        if self.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
-            return self.envelope.clone();
-        }
-        let mut line = String::with_capacity(self.data.len() + self.envelope.len() + 64);
-        line.push_str("{\"type\":");
-        line.push_str(&serde_json::Value::String(self.event_type.clone()).to_string());
-        line.push_str(&format!(
-            ",\"seq\":{},\"time\":{},\"data\":",
-            self.seq, self.time
-        ));
-        line.push_str(&self.data);
-        if !self.envelope.is_empty() {
-            line.push(',');
-            line.push_str(&self.envelope);
-        }
-        line.push('}');
+        let mut line = String::with_capacity(
+            self.data.len() + self.envelope.len() + self.event_type.len() + 64,
+        );
+        push_json_line(
+            &mut line,
+            &self.event_type,
+            self.seq,
+            self.time,
+            &self.data,
+            &self.envelope,
+            self.flags,
+        );
         line
     }
+}
+
+/// An event's text field, which must be UTF-8 (else corruption at its position).
+fn event_text<'a>(field: &'a [u8], position: &Position) -> Result<&'a str> {
+    std::str::from_utf8(field).map_err(|_| Error::Corrupt {
+        segment: position.segment,
+        offset: position.offset,
+        reason: "event text is not UTF-8".to_string(),
+    })
+}
+
+/// Appends an event's DSH JSONL line (without the newline) to `line`: the verbatim line when
+/// it was stored so, else `{"type":..,"seq":..,"time":..,"data":..,<envelope>}`.
+fn push_json_line(
+    line: &mut String,
+    event_type: &str,
+    seq: u64,
+    time: i64,
+    data: &str,
+    envelope: &str,
+    flags: u8,
+) {
+    use std::fmt::Write as _;
+    if flags & EVENT_FLAG_VERBATIM_LINE != 0 {
+        line.push_str(envelope);
+        return;
+    }
+    line.push_str("{\"type\":");
+    let plain = |byte: u8| byte >= 0x20 && byte != b'"' && byte != b'\\';
+    if event_type.bytes().all(plain) {
+        // The common case (`assistant/chunk`): nothing to escape, no serializer needed.
+        line.push('"');
+        line.push_str(event_type);
+        line.push('"');
+    } else {
+        line.push_str(&serde_json::Value::String(event_type.to_string()).to_string());
+    }
+    // Writing to a String cannot fail.
+    let _ = write!(line, ",\"seq\":{seq},\"time\":{time},\"data\":");
+    line.push_str(data);
+    if !envelope.is_empty() {
+        line.push(',');
+        line.push_str(envelope);
+    }
+    line.push('}');
 }
 
 /// What an append returns: the seqs it got and whether they are durable yet.
@@ -797,6 +838,53 @@ impl Store {
 
     /// The events with seq in `from..to` (clamped to the session's length).
     pub fn read(&self, id: &str, from: u64, to: u64) -> Result<Vec<Event>> {
+        let mut events = Vec::new();
+        self.for_each_event(id, from, to, |event, event_type, position| {
+            events.push(Event {
+                seq: event.seq,
+                time: event.time,
+                event_type: event_type.to_string(),
+                data: event_text(event.data, position)?.to_string(),
+                envelope: event_text(event.envelope, position)?.to_string(),
+                flags: event.flags,
+            });
+            Ok(())
+        })?;
+        Ok(events)
+    }
+
+    /// Appends the DSH JSONL lines (each ending in `\n`) of the events with seq in
+    /// `from..to` to `out`, without building [`Event`]s; returns how many were written.
+    pub fn read_json_lines(&self, id: &str, from: u64, to: u64, out: &mut String) -> Result<u64> {
+        let mut count = 0;
+        self.for_each_event(id, from, to, |event, event_type, position| {
+            let data = event_text(event.data, position)?;
+            let envelope = event_text(event.envelope, position)?;
+            push_json_line(
+                out,
+                event_type,
+                event.seq,
+                event.time,
+                data,
+                envelope,
+                event.flags,
+            );
+            out.push('\n');
+            count += 1;
+            Ok(())
+        })?;
+        Ok(count)
+    }
+
+    /// Calls `visit` with every event of `from..to` in seq order, its type name and its
+    /// position (for [`event_text`]).
+    fn for_each_event(
+        &self,
+        id: &str,
+        from: u64,
+        to: u64,
+        mut visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+    ) -> Result<()> {
         let _positions_stay_valid = self.inner.read_gate.read();
         let (positions, types) = {
             let catalog = self.inner.catalog.read();
@@ -808,27 +896,75 @@ impl Store {
             collect_positions(&catalog, number, from, to, &mut positions);
             (positions, catalog.type_names.clone())
         };
-        let mut events = Vec::with_capacity(positions.len());
         let mut index = 0;
         while index < positions.len() {
-            // Read a run of neighbouring frames of one segment with one read.
             let first = positions[index];
-            let mut last = index;
-            while last + 1 < positions.len()
-                && positions[last + 1].segment == first.segment
-                && positions[last + 1].offset == positions[last].end()
-            {
-                last += 1;
-            }
-            let span_end = positions[last].end();
-            let bytes = self.read_span(first.segment, first.offset, span_end)?;
+            let (bytes, base, last, in_run) = self.frames_from(&positions, index)?;
+            debug_assert!(first.offset >= base);
             for position in &positions[index..=last] {
-                let start = (position.offset - first.offset) as usize;
-                events.push(self.decode_event(&bytes[start..], position, &types)?);
+                let start = usize::try_from(position.offset - base).unwrap_or(usize::MAX);
+                let frame = bytes.get(start..).ok_or_else(|| Error::Corrupt {
+                    segment: position.segment,
+                    offset: position.offset,
+                    reason: "position past its block".to_string(),
+                })?;
+                let event = self.decode_record(frame, position, in_run)?;
+                let corrupt = |reason: &str| Error::Corrupt {
+                    segment: position.segment,
+                    offset: position.offset,
+                    reason: reason.to_string(),
+                };
+                let event_type = types
+                    .get(&event.type_number)
+                    .ok_or_else(|| corrupt("unknown type number"))?;
+                visit(&event, event_type, position)?;
             }
             index = last + 1;
         }
-        Ok(events)
+        Ok(())
+    }
+
+    /// The bytes holding `positions[index]` and the neighbouring frames after it: in a run,
+    /// the cached decompressed block itself (no copy), in a segment one read of the
+    /// contiguous span. Returns the bytes, the offset they start at, the last position
+    /// they hold, and whether they come from a run.
+    fn frames_from(
+        &self,
+        positions: &[Position],
+        index: usize,
+    ) -> Result<(Arc<Vec<u8>>, u64, usize, bool)> {
+        let first = positions[index];
+        let mut last = index;
+        if let Some(reader) = self.run_reader(first.segment)? {
+            let past_run = || Error::Corrupt {
+                segment: first.segment,
+                offset: first.offset,
+                reason: "position past the run".to_string(),
+            };
+            let block_index = reader.index.block_at(first.offset).ok_or_else(past_run)?;
+            let block = reader.index.blocks[block_index];
+            if first.end() > block.raw_end() {
+                return Err(past_run());
+            }
+            while last + 1 < positions.len()
+                && positions[last + 1].segment == first.segment
+                && positions[last + 1].offset >= block.raw_offset
+                && positions[last + 1].end() <= block.raw_end()
+            {
+                last += 1;
+            }
+            let bytes = reader.block(block_index, Some(&self.inner.cache))?;
+            return Ok((bytes, block.raw_offset, last, true));
+        }
+        // Read a run of neighbouring frames of one segment with one read.
+        while last + 1 < positions.len()
+            && positions[last + 1].segment == first.segment
+            && positions[last + 1].offset == positions[last].end()
+        {
+            last += 1;
+        }
+        let bytes = self.read_span(first.segment, first.offset, positions[last].end())?;
+        Ok((Arc::new(bytes), first.offset, last, false))
     }
 
     /// One event by seq.
@@ -1026,46 +1162,27 @@ impl Store {
         Ok(file)
     }
 
-    fn decode_event(
+    fn decode_record<'a>(
         &self,
-        bytes: &[u8],
+        bytes: &'a [u8],
         position: &Position,
-        types: &HashMap<u32, String>,
-    ) -> Result<Event> {
+        in_run: bool,
+    ) -> Result<EventRecord<'a>> {
         let corrupt = |reason: String| Error::Corrupt {
             segment: position.segment,
             offset: position.offset,
             reason,
         };
-        let in_run = self
-            .inner
-            .run_entries
-            .read()
-            .contains_key(&position.segment);
         let frame = if in_run {
             decode_run_frame(bytes)
         } else {
             decode_frame(bytes, self.salt_of(position.segment)?)
         }
         .map_err(|error| corrupt(format!("{error:?}")))?;
-        let Ok(Some(Record::Event(event))) = Record::decode(&frame) else {
-            return Err(corrupt("indexed frame is not an event".to_string()));
-        };
-        let text = |field: &[u8]| {
-            String::from_utf8(field.to_vec())
-                .map_err(|_| corrupt("event text is not UTF-8".to_string()))
-        };
-        Ok(Event {
-            seq: event.seq,
-            time: event.time,
-            event_type: types
-                .get(&event.type_number)
-                .cloned()
-                .ok_or_else(|| corrupt("unknown type number".to_string()))?,
-            data: text(event.data)?,
-            envelope: text(event.envelope)?,
-            flags: event.flags,
-        })
+        match Record::decode(&frame) {
+            Ok(Some(Record::Event(event))) => Ok(event),
+            _ => Err(corrupt("indexed frame is not an event".to_string())),
+        }
     }
 
     /// Makes every append so far durable.

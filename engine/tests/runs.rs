@@ -104,6 +104,19 @@ fn maintain_moves_sealed_segments_into_runs_and_reads_are_unchanged() {
     assert_eq!(manifest.runs.len(), segments_before - 1);
     assert_eq!(disk.list("wal").expect("wal").len(), 1);
     check_contents(&store).expect("contents after sealing");
+    for id in ["r0", "fork"] {
+        let events = store.read(id, 0, u64::MAX).expect("read");
+        let expected: String = events
+            .iter()
+            .map(|event| event.to_json_line() + "\n")
+            .collect();
+        let mut lines = String::new();
+        let count = store
+            .read_json_lines(id, 0, u64::MAX, &mut lines)
+            .expect("json lines");
+        assert_eq!(count, events.len() as u64);
+        assert_eq!(lines, expected, "{id}: JSON lines straight from the runs");
+    }
     let stats = store.stats(None).expect("stats");
     assert_eq!(stats.events_in_segments, 0);
     assert_eq!(stats.events, SESSIONS as u64 * EVENTS_PER_SESSION + 2);

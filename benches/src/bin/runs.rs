@@ -217,8 +217,9 @@ fn disk_and_reads(config: &Config) -> Result<()> {
     let id = "s00000";
     let length = store.session(id)?.events;
     let range = RANGE_EVENTS.min(length);
-    let mut rates = Vec::new();
-    for round in 0..7 {
+    let (mut events_rates, mut lines_rates) = (Vec::new(), Vec::new());
+    let mut out = String::new();
+    for round in 0..11 {
         let started = Instant::now();
         let events = store.read(id, 0, range)?;
         let json: usize = events
@@ -226,16 +227,27 @@ fn disk_and_reads(config: &Config) -> Result<()> {
             .map(|event| event.to_json_line().len() + 1)
             .sum();
         let seconds = started.elapsed().as_secs_f64();
+        out.clear();
+        let started = Instant::now();
+        store.read_json_lines(id, 0, range, &mut out)?;
+        let lines_seconds = started.elapsed().as_secs_f64();
         if round > 0 {
-            rates.push(json as f64 / seconds / 1e9);
+            events_rates.push(json as f64 / seconds / 1e9);
+            lines_rates.push(out.len() as f64 / lines_seconds / 1e9);
         }
     }
-    rates.sort_by(f64::total_cmp);
+    events_rates.sort_by(f64::total_cmp);
+    lines_rates.sort_by(f64::total_cmp);
     println!("## reads (session {id}, {length} events, in runs; warm block cache)");
     println!(
-        "range read of {range} events: median {:.2} GB/s of JSON lines (best {:.2})",
-        rates[rates.len() / 2],
-        rates[rates.len() - 1]
+        "range read of {range} events, read_json_lines: median {:.2} GB/s of JSON lines (best {:.2})",
+        lines_rates[lines_rates.len() / 2],
+        lines_rates[lines_rates.len() - 1]
+    );
+    println!(
+        "range read of {range} events, read + to_json_line: median {:.2} GB/s (best {:.2})",
+        events_rates[events_rates.len() / 2],
+        events_rates[events_rates.len() - 1]
     );
     let mut rng = dshdb_benches::workload::Rng::new(SEED);
     let mut micros = Vec::with_capacity(POINT_READS);
