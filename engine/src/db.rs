@@ -450,6 +450,12 @@ impl Store {
         while let Some(segment) = log.oldest_sealed_segment() {
             self.seal_segment(log, segment, &mut report)?;
         }
+        if report.segments_sealed > 0 {
+            // Once per maintain, not per segment: the checkpoint covers the whole catalog,
+            // and an older one stays valid for the runs it names (F-06-21).
+            // Derived data (F-06-22): a failure only costs the next open a replay of runs.
+            let _ = self.write_runs_checkpoint();
+        }
         Ok(report)
     }
 
@@ -474,8 +480,6 @@ impl Store {
             return Err(error);
         }
         self.move_positions(segment.id, built.entry, &built.moved);
-        // Derived data (F-06-22): a failure only costs the next open a replay of the runs.
-        let _ = self.write_runs_checkpoint();
         storage
             .remove(&segment_path(segment.id))
             .map_err(io_error("segment remove"))?;

@@ -191,19 +191,9 @@ fn decode_session(
     let mut positions = Vec::new();
     for _ in 0..reader.count(20)? {
         let file = reader.u64()?;
-        let mut offset = reader.u64()?;
-        for _ in 0..reader.count(1)? {
-            let frame_bytes = u32::try_from(reader.varint()?)
-                .map_err(|_| "frame size above 4 GiB".to_string())?;
-            positions.push(Position {
-                segment: file,
-                offset,
-                frame_bytes,
-            });
-            offset = offset
-                .checked_add(u64::from(frame_bytes))
-                .ok_or("offset overflow")?;
-        }
+        let offset = reader.u64()?;
+        let count = reader.count(1)?;
+        reader.extent(file, offset, count, &mut positions)?;
     }
     let seed = (seed_parent != NO_SEED_PARENT).then_some(Seed {
         parent: seed_parent,
@@ -336,10 +326,43 @@ impl<'a> Reader<'a> {
         Ok(count)
     }
 
+    /// Decodes `count` frame sizes of an extent into positions. The hot loop of an open
+    /// (one iteration per event of the store): one-byte sizes take the fast path.
+    fn extent(
+        &mut self,
+        file: u64,
+        mut offset: u64,
+        count: usize,
+        positions: &mut Vec<Position>,
+    ) -> std::result::Result<(), String> {
+        positions.reserve(count);
+        for _ in 0..count {
+            let frame_bytes = match self.bytes.get(self.at) {
+                Some(byte) if *byte < 0x80 => {
+                    self.at += 1;
+                    u64::from(*byte)
+                }
+                _ => self.varint()?,
+            };
+            let frame_bytes =
+                u32::try_from(frame_bytes).map_err(|_| "frame size above 4 GiB".to_string())?;
+            positions.push(Position {
+                segment: file,
+                offset,
+                frame_bytes,
+            });
+            offset = offset
+                .checked_add(u64::from(frame_bytes))
+                .ok_or("offset overflow")?;
+        }
+        Ok(())
+    }
+
     fn varint(&mut self) -> std::result::Result<u64, String> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
-            let byte = self.take(1)?[0];
+            let byte = *self.bytes.get(self.at).ok_or("truncated")?;
+            self.at += 1;
             value |= u64::from(byte & 0x7f) << shift;
             if byte & 0x80 == 0 {
                 return Ok(value);

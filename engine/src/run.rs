@@ -207,20 +207,15 @@ fn assemble(
     run_id: u64,
     run_salt: u64,
 ) -> Result<BuiltRun> {
-    let mut out = encode_run_header(run_id, run_salt, source_segment);
-    let mut blocks = Vec::new();
+    let mut writer = BlockWriter {
+        out: encode_run_header(run_id, run_salt, source_segment),
+        blocks: Vec::new(),
+        raw_offset: 0,
+        compressor: new_compressor()?,
+    };
     let mut moved = Vec::new();
-    let mut raw_offset = 0u64;
     let mut events = 0u64;
-    push_block(
-        &mut out,
-        &mut blocks,
-        &mut raw_offset,
-        DEFINITIONS_SESSION,
-        0,
-        0,
-        definitions,
-    )?;
+    writer.push(DEFINITIONS_SESSION, 0, 0, definitions)?;
     for session in sessions {
         let mut start = 0;
         while start < session.frames.len() {
@@ -240,7 +235,7 @@ fn assemble(
                     *seq,
                     Position {
                         segment: run_id,
-                        offset: raw_offset + (offset - block_raw_start) as u64,
+                        offset: writer.raw_offset + (offset - block_raw_start) as u64,
                         frame_bytes: *length,
                     },
                 ));
@@ -250,19 +245,17 @@ fn assemble(
                 size: (end - start) as u64,
                 limit: u64::from(u32::MAX),
             })?;
-            push_block(
-                &mut out,
-                &mut blocks,
-                &mut raw_offset,
-                session.session,
-                count,
-                session.frames[start].0,
-                raw,
-            )?;
+            writer.push(session.session, count, session.frames[start].0, raw)?;
             events += u64::from(count);
             start = end;
         }
     }
+    let BlockWriter {
+        mut out,
+        blocks,
+        raw_offset,
+        ..
+    } = writer;
     let footer_offset = out.len() as u64;
     let footer_start = out.len();
     for block in &blocks {
@@ -288,41 +281,51 @@ fn assemble(
     })
 }
 
-fn push_block(
-    out: &mut Vec<u8>,
-    blocks: &mut Vec<BlockEntry>,
-    raw_offset: &mut u64,
-    session: u32,
-    event_count: u32,
-    first_seq: u64,
-    raw: &[u8],
-) -> Result<()> {
-    let compress = || {
-        let mut compressor = zstd::bulk::Compressor::new(RUN_ZSTD_LEVEL)?;
-        compressor.include_checksum(true)?;
-        compressor.compress(raw)
-    };
-    let stored = compress().map_err(|error| Error::io("run block compress", error))?;
-    let too_large = |size: usize| Error::TooLarge {
-        what: "run block",
-        size: size as u64,
-        limit: u64::from(u32::MAX),
-    };
-    let raw_bytes = u32::try_from(raw.len()).map_err(|_| too_large(raw.len()))?;
-    let stored_bytes = u32::try_from(stored.len()).map_err(|_| too_large(stored.len()))?;
-    blocks.push(BlockEntry {
-        session,
-        event_count,
-        first_seq,
-        raw_offset: *raw_offset,
-        raw_bytes,
-        stored_checksum: crc32fast::hash(&stored),
-        file_offset: out.len() as u64,
-        stored_bytes,
-    });
-    *raw_offset += u64::from(raw_bytes);
-    out.extend_from_slice(&stored);
-    Ok(())
+/// Appends compressed blocks to a run being written, with one zstd context for them all.
+struct BlockWriter {
+    out: Vec<u8>,
+    blocks: Vec<BlockEntry>,
+    raw_offset: u64,
+    compressor: zstd::bulk::Compressor<'static>,
+}
+
+/// A zstd context at the run level with content checksums on (F-06-13).
+fn new_compressor() -> Result<zstd::bulk::Compressor<'static>> {
+    let mut compressor = zstd::bulk::Compressor::new(RUN_ZSTD_LEVEL)
+        .map_err(|error| Error::io("run block compress", error))?;
+    compressor
+        .include_checksum(true)
+        .map_err(|error| Error::io("run block compress", error))?;
+    Ok(compressor)
+}
+
+impl BlockWriter {
+    fn push(&mut self, session: u32, event_count: u32, first_seq: u64, raw: &[u8]) -> Result<()> {
+        let stored = self
+            .compressor
+            .compress(raw)
+            .map_err(|error| Error::io("run block compress", error))?;
+        let too_large = |size: usize| Error::TooLarge {
+            what: "run block",
+            size: size as u64,
+            limit: u64::from(u32::MAX),
+        };
+        let raw_bytes = u32::try_from(raw.len()).map_err(|_| too_large(raw.len()))?;
+        let stored_bytes = u32::try_from(stored.len()).map_err(|_| too_large(stored.len()))?;
+        self.blocks.push(BlockEntry {
+            session,
+            event_count,
+            first_seq,
+            raw_offset: self.raw_offset,
+            raw_bytes,
+            stored_checksum: crc32fast::hash(&stored),
+            file_offset: self.out.len() as u64,
+            stored_bytes,
+        });
+        self.raw_offset += u64::from(raw_bytes);
+        self.out.extend_from_slice(&stored);
+        Ok(())
+    }
 }
 
 /// The 64-byte run header.

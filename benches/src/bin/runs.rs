@@ -4,8 +4,8 @@
 //! - bytes on disk per event of sealed runs vs the same sessions as DSH `session.jsonl.zstd`
 //!   (one zstd frame per durable batch: per event, and per turn), and write amplification;
 //! - range read of 10,000 events (GB/s of JSON lines out) and point read p50/p99, warm;
-//! - reopen of a store with many sessions: clean (checkpoint), after a drop without close
-//!   (checkpoint of the runs + WAL tail), and with the checkpoint ignored (full replay).
+//! - reopen of a store with many sessions: clean (checkpoint), after a crash (checkpoint of
+//!   the runs + scan of the unsealed WAL tail), and with the checkpoint ignored (full replay).
 //!
 //! Prints a plain report; nothing is asserted (timings are not tests).
 
@@ -30,6 +30,10 @@ struct Config {
     reopen_sessions: usize,
     reopen_events: usize,
     out: PathBuf,
+    /// Keep the reopen store (for profiling opens with `--open-only`).
+    keep: bool,
+    /// Only time read-only opens of this existing store.
+    open_only: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Config> {
@@ -39,6 +43,8 @@ fn parse_args() -> Result<Config> {
         reopen_sessions: 10_000,
         reopen_events: 100,
         out: std::env::temp_dir().join("dshdb-runs-bench"),
+        keep: false,
+        open_only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -49,6 +55,8 @@ fn parse_args() -> Result<Config> {
             "--reopen-sessions" => config.reopen_sessions = value()?.parse()?,
             "--reopen-events" => config.reopen_events = value()?.parse()?,
             "--out" => config.out = PathBuf::from(value()?),
+            "--keep" => config.keep = true,
+            "--open-only" => config.open_only = Some(PathBuf::from(value()?)),
             other => anyhow::bail!("unknown argument {other}"),
         }
     }
@@ -319,11 +327,27 @@ fn reopen(config: &Config) -> Result<()> {
     }
     clean.sort();
     println!(
-        "clean reopen (checkpoint, nothing scanned): median {:.1} ms",
+        "clean reopen, writable (checkpoint, nothing scanned; includes creating the next 64 MiB segment): median {:.1} ms",
         clean[2].as_secs_f64() * 1e3
     );
-    // A tail: 1% more events appended, then the store dropped without `close` (no closing
-    // checkpoint: the open loads the seal-time checkpoint and scans the WAL tail).
+    let mut read_only = Vec::new();
+    for _ in 0..5 {
+        let (elapsed, store) = timed_open(
+            &dir,
+            Options {
+                read_only: true,
+                ..options()
+            },
+        )?;
+        read_only.push(elapsed);
+        drop(store);
+    }
+    read_only.sort();
+    println!(
+        "clean reopen, read-only (checkpoint): median {:.1} ms",
+        read_only[2].as_secs_f64() * 1e3
+    );
+    // A tail: 1% more sessions appended after the seal-time checkpoint.
     let store = Store::open(&dir, options())?;
     let tail: Vec<Vec<GenEvent>> = (0..config.reopen_sessions / 100)
         .map(|index| {
@@ -331,7 +355,10 @@ fn reopen(config: &Config) -> Result<()> {
         })
         .collect();
     write_sessions(&store, &tail, "t")?;
-    drop(store);
+    // A crash: the appended tail is written (flushed) but the active segment is neither
+    // sealed nor checkpointed. `forget` keeps `Drop` from sealing it; the leaked handle
+    // holds the writer lock, so the timed open is read-only.
+    std::mem::forget(store);
     let wal = dir_bytes(&dir.join("wal"));
     let (elapsed, store) = timed_open(
         &dir,
@@ -341,7 +368,7 @@ fn reopen(config: &Config) -> Result<()> {
         },
     )?;
     println!(
-        "reopen after a drop without close: {:.1} ms (checkpoint used: {}, {} segments scanned, {:.1} MB WAL)",
+        "reopen after a crash (read-only): {:.1} ms (checkpoint used: {}, {} segments scanned, {:.1} MB WAL)",
         elapsed.as_secs_f64() * 1e3,
         store.recovery_report().checkpoint_used,
         store.recovery_report().segments_scanned,
@@ -366,8 +393,22 @@ fn reopen(config: &Config) -> Result<()> {
 
 fn main() -> Result<()> {
     let config = parse_args()?;
+    if let Some(dir) = &config.open_only {
+        for _ in 0..20 {
+            let read_only = Options {
+                read_only: true,
+                ..options()
+            };
+            let (elapsed, store) = timed_open(dir, read_only)?;
+            println!("read-only open: {:.1} ms", elapsed.as_secs_f64() * 1e3);
+            drop(store);
+        }
+        return Ok(());
+    }
     disk_and_reads(&config)?;
     reopen(&config)?;
-    let _ = std::fs::remove_dir_all(&config.out);
+    if !config.keep {
+        let _ = std::fs::remove_dir_all(&config.out);
+    }
     Ok(())
 }
