@@ -97,6 +97,8 @@ pub fn encode_checkpoint(
             .iter()
             .take_while(|position| covered.contains(&position.segment))
             .count();
+        // The event count first, so that a reader allocates the positions once.
+        put_u64(&mut out, covered_count as u64);
         encode_extents(&mut out, &entry.positions[..covered_count]);
     }
     let sum = crc32fast::hash(&out);
@@ -188,12 +190,20 @@ fn decode_session(
     let defined_in = reader.u64()?;
     let header_length = reader.count(1)?;
     let header = reader.take(header_length)?;
-    let mut positions = Vec::new();
+    let event_count = usize::try_from(reader.u64()?).map_err(|_| "event count too large")?;
+    // Each event takes at least one byte (its frame size).
+    if event_count > reader.bytes.len() - reader.at {
+        return Err("event count larger than the bytes left".to_string());
+    }
+    let mut positions = Vec::with_capacity(event_count);
     for _ in 0..reader.count(20)? {
         let file = reader.u64()?;
         let offset = reader.u64()?;
         let count = reader.count(1)?;
         reader.extent(file, offset, count, &mut positions)?;
+    }
+    if positions.len() != event_count {
+        return Err("extents hold another number of events".to_string());
     }
     let seed = (seed_parent != NO_SEED_PARENT).then_some(Seed {
         parent: seed_parent,
@@ -335,7 +345,6 @@ impl<'a> Reader<'a> {
         count: usize,
         positions: &mut Vec<Position>,
     ) -> std::result::Result<(), String> {
-        positions.reserve(count);
         for _ in 0..count {
             let frame_bytes = match self.bytes.get(self.at) {
                 Some(byte) if *byte < 0x80 => {

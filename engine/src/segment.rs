@@ -216,6 +216,10 @@ fn stop_reason(error: &FrameError, remaining: usize) -> Option<String> {
     }
 }
 
+/// Bytes the evidence search skips at once when they are all zero (no frame can start
+/// where its kind byte would be zero).
+const ZERO_SKIP_BYTES: usize = 64;
+
 /// Whether any valid commit or seal frame after `damage` proves that the bytes at `damage`
 /// had been made durable before it was written (F-05-3). Such a frame's `durable_offset`
 /// lies past the damage.
@@ -225,6 +229,13 @@ pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
         .saturating_add(1);
     let mut offset = start;
     while offset + FRAME_HEADER_BYTES <= bytes.len() {
+        // A candidate needs a non-zero kind byte at `offset + 8`: skip zero stretches (the
+        // preallocated tail) a chunk at a time instead of byte by byte.
+        let kinds = &bytes[offset + 8..(offset + 8 + ZERO_SKIP_BYTES).min(bytes.len())];
+        if kinds.len() == ZERO_SKIP_BYTES && kinds.iter().fold(0u8, |any, byte| any | byte) == 0 {
+            offset += ZERO_SKIP_BYTES;
+            continue;
+        }
         let kind = bytes[offset + 8];
         let plausible = (kind == Kind::Commit as u8 || kind == Kind::Seal as u8)
             && bytes[offset + 9] & !frame::FLAG_SKIPPABLE == 0
