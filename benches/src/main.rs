@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+mod exchange_run;
+
 /// `std::sync::Mutex` without poisoning noise.
 mod parking_lot_free {
     pub struct Mutex<T>(std::sync::Mutex<T>);
@@ -43,6 +45,8 @@ struct Config {
     quick: bool,
     /// Only this fleet configuration (the `fleet` command).
     single: Option<(System, usize)>,
+    /// Only the DSH import/export throughput (the `exchange` command).
+    exchange_only: bool,
     reps: usize,
     /// Appends measured per interactive run (after a warm-up).
     interactive_appends: usize,
@@ -59,8 +63,10 @@ fn parse_args() -> Result<Config> {
     let mut args = std::env::args().skip(1);
     let command = args.next().unwrap_or_default();
     let mut single = None;
+    let mut exchange_only = false;
     match command.as_str() {
         "compare" => {}
+        "exchange" => exchange_only = true,
         // Diagnosis: one fleet configuration, e.g. `fleet sync 64` (for strace/perf).
         "fleet" => {
             let system = match args.next().as_deref() {
@@ -78,7 +84,8 @@ fn parse_args() -> Result<Config> {
         }
         _ => bail!(
             "usage: dshdb-benches compare [--quick] [--out DIR]\n       \
-             dshdb-benches fleet sync|batched|jsonl|sqlite SESSIONS [--quick] [--out DIR]"
+             dshdb-benches fleet sync|batched|jsonl|sqlite SESSIONS [--quick] [--out DIR]\n       \
+             dshdb-benches exchange [--quick] [--out DIR]"
         ),
     }
     let mut quick = false;
@@ -94,6 +101,7 @@ fn parse_args() -> Result<Config> {
         Config {
             quick,
             single,
+            exchange_only,
             reps: 1,
             interactive_appends: 300,
             warmup: 20,
@@ -106,6 +114,7 @@ fn parse_args() -> Result<Config> {
         Config {
             quick,
             single,
+            exchange_only,
             reps: 5,
             interactive_appends: 600,
             warmup: 50,
@@ -137,22 +146,36 @@ fn main() -> Result<()> {
         );
         return Ok(());
     }
-    let result = run(&config, &work);
+    let result = if config.exchange_only {
+        exchange_run::run(&work, exchange_events(&config))
+    } else {
+        run(&config, &work)
+    };
     let _ = std::fs::remove_dir_all(&work);
     let report = result?;
     let report = format!(
         "{report}\nTotal run time: {:.0} s.\n",
         started.elapsed().as_secs_f64()
     );
-    let path = config.out.join(if config.quick {
-        "compare-quick.md"
-    } else {
-        "compare.md"
-    });
+    let name = match (config.exchange_only, config.quick) {
+        (true, true) => "exchange-quick.md",
+        (true, false) => "exchange.md",
+        (false, true) => "compare-quick.md",
+        (false, false) => "compare.md",
+    };
+    let path = config.out.join(name);
     std::fs::write(&path, &report)?;
     println!("{report}");
     eprintln!("written to {}", path.display());
     Ok(())
+}
+
+fn exchange_events(config: &Config) -> usize {
+    if config.quick {
+        exchange_run::QUICK_SESSION_EVENTS
+    } else {
+        exchange_run::SESSION_EVENTS
+    }
 }
 
 // ---------------------------------------------------------------- statistics
