@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use dshdb::commit::Durability;
 use dshdb::db::{NewEvent, Options, SessionWriter, Store};
-use dshdb_benches::baselines::{JsonlSession, Prealloc, RawFile, Sqlite};
+use dshdb_benches::baselines::{JsonlEncoding, JsonlSession, Prealloc, RawFile, Redb, Sqlite};
 use dshdb_benches::workload::{GenEvent, SessionStream, Shape};
 use parking_lot_free::Mutex;
 use std::fmt::Write as _;
@@ -43,7 +43,9 @@ const FLEET_THREADS: usize = 64;
 const DSHDB_FLEET_MODES: [(usize, &str); 3] = [(0, "Sync"), (1, "Batched"), (2, "pipelined")];
 /// Index of the JSONL and SQLite baselines in the fleet table.
 const JSONL_FLEET: usize = 3;
-const SQLITE_FLEET: usize = 4;
+const JSONL_ZSTD_FLEET: usize = 4;
+const SQLITE_FLEET: usize = 5;
+const REDB_FLEET: usize = 6;
 /// Appends a pipelined fleet session keeps in flight (submitted, not yet acknowledged durable).
 const PIPELINE_WINDOW: usize = 8;
 
@@ -81,8 +83,10 @@ fn parse_args() -> Result<Config> {
                 Some("batched") => System::DshdbBatched,
                 Some("pipelined") => System::DshdbPipelined,
                 Some("jsonl") => System::Jsonl,
+                Some("jsonl-zstd") => System::JsonlZstd,
                 Some("sqlite") => System::Sqlite,
-                other => bail!("fleet needs sync|batched|pipelined|jsonl|sqlite, not {other:?}"),
+                Some("redb") => System::Redb,
+                other => bail!("fleet needs sync|batched|pipelined|jsonl|jsonl-zstd|sqlite|redb, not {other:?}"),
             };
             let sessions = args
                 .next()
@@ -92,7 +96,7 @@ fn parse_args() -> Result<Config> {
         }
         _ => bail!(
             "usage: dshdb-benches compare [--quick] [--out DIR]\n       \
-             dshdb-benches fleet sync|batched|pipelined|jsonl|sqlite SESSIONS [--quick] [--out DIR]\n       \
+             dshdb-benches fleet sync|batched|pipelined|jsonl|jsonl-zstd|sqlite|redb SESSIONS [--quick] [--out DIR]\n       \
              dshdb-benches exchange [--quick] [--out DIR]"
         ),
     }
@@ -240,7 +244,9 @@ enum System {
     /// `Sync` through `submit_batch`: up to `PIPELINE_WINDOW` appends in flight per session.
     DshdbPipelined,
     Jsonl,
+    JsonlZstd,
     Sqlite,
+    Redb,
 }
 
 impl System {
@@ -252,7 +258,9 @@ impl System {
             System::DshdbBatched => "dshdb Batched (5 ms / 1 MiB)",
             System::DshdbPipelined => "dshdb Sync, pipelined (submit_batch, ≤ 8 in flight/session)",
             System::Jsonl => "DSH JSONL (fdatasync per append)",
+            System::JsonlZstd => "DSH JSONL-zstd (a frame + fdatasync per append)",
             System::Sqlite => "DSH SQLite (WAL, synchronous=FULL)",
+            System::Redb => "redb 2 ((session, seq) → event, fsync per commit)",
         }
     }
 }
@@ -270,6 +278,8 @@ enum Target {
     Dshdb(Store, SessionWriter),
     Jsonl(JsonlSession),
     Sqlite(Sqlite),
+    /// The store and the next seq.
+    Redb(Redb, u64),
 }
 
 impl Target {
@@ -291,11 +301,18 @@ impl Target {
                 Target::Dshdb(store, writer)
             }
             System::Jsonl => Target::Jsonl(JsonlSession::create(dir, "interactive", true)?),
+            System::JsonlZstd => Target::Jsonl(JsonlSession::create_encoded(
+                dir,
+                "interactive",
+                true,
+                JsonlEncoding::Zstd,
+            )?),
             System::Sqlite => {
                 let mut db = Sqlite::create(&dir.join("dsh.sqlite"))?;
                 db.create_sessions(&["interactive".to_string()])?;
                 Target::Sqlite(db)
             }
+            System::Redb => Target::Redb(Redb::create(&dir.join("events.redb"))?, 0),
         })
     }
 
@@ -309,6 +326,10 @@ impl Target {
             }
             Target::Jsonl(session) => session.append_batch(std::slice::from_ref(event), true)?,
             Target::Sqlite(db) => db.append_batch("interactive", std::slice::from_ref(event))?,
+            Target::Redb(db, seq) => {
+                db.append_batch("interactive", *seq, std::slice::from_ref(event))?;
+                *seq += 1;
+            }
         }
         Ok(micros(start.elapsed()))
     }
@@ -320,6 +341,7 @@ impl Target {
                 store.close()?;
             }
             Target::Sqlite(db) => db.close()?,
+            Target::Redb(db, _) => db.close()?,
             Target::Raw(_) | Target::Jsonl(_) => {}
         }
         Ok(())
@@ -511,10 +533,16 @@ fn fleet(config: &Config, work: &Path, system: System, sessions: usize) -> Resul
         System::Dshdb | System::DshdbBatched | System::DshdbPipelined => {
             dshdb_fleet(config, &dir, system, &ids, threads)?
         }
-        System::Jsonl => {
+        System::Jsonl | System::JsonlZstd => {
+            let encoding = if system == System::Jsonl {
+                JsonlEncoding::Raw
+            } else {
+                JsonlEncoding::Zstd
+            };
             let mut groups: Vec<Vec<JsonlSession>> = (0..threads).map(|_| Vec::new()).collect();
             for (i, id) in ids.iter().enumerate() {
-                groups[i / per_thread].push(JsonlSession::create(&dir, id, false)?);
+                groups[i / per_thread]
+                    .push(JsonlSession::create_encoded(&dir, id, false, encoding)?);
             }
             // SAFETY: sync(2) has no preconditions.
             unsafe { libc::sync() };
@@ -553,6 +581,26 @@ fn fleet(config: &Config, work: &Path, system: System, sessions: usize) -> Resul
                 Ok(db) => db.into_inner().close()?,
                 Err(_) => bail!("sqlite handle still shared"),
             }
+            count as f64 / elapsed.as_secs_f64()
+        }
+        System::Redb => {
+            let db = Redb::create(&dir.join("events.redb"))?;
+            let groups: Vec<Vec<String>> = ids.chunks(per_thread).map(<[String]>::to_vec).collect();
+            let (count, elapsed) = run_threads(config, groups, |thread, mine, stop| {
+                let pool = event_pool(thread);
+                let mut next_seq = vec![0u64; mine.len()];
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for (id, seq) in mine.iter().zip(next_seq.iter_mut()) {
+                        let event = &pool[n as usize % pool.len()];
+                        db.append_batch(id, *seq, std::slice::from_ref(event))?;
+                        *seq += 1;
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })?;
+            db.close()?;
             count as f64 / elapsed.as_secs_f64()
         }
         System::Raw | System::RawFallocate => bail!("no fleet run for the raw floor"),
@@ -594,11 +642,17 @@ struct DiskReport {
     dshdb_open: DiskUse,
     dshdb_closed: DiskUse,
     jsonl: DiskUse,
+    jsonl_zstd: DiskUse,
     sqlite: DiskUse,
+    redb: DiskUse,
 }
 
-/// The same DSH-mix stream (sessions appended round-robin, one event per append) into each
-/// store, then the bytes each leaves on disk.
+/// Events per append batch in the bytes-on-disk run: about what DSH's 200 ms write-behind
+/// window gathers from a streaming reply (persistence §4.2).
+const DISK_BATCH_EVENTS: usize = 16;
+
+/// The same DSH-mix stream (sessions appended round-robin, `DISK_BATCH_EVENTS` events per
+/// append batch) into each store, then the bytes each leaves on disk.
 fn bytes_on_disk(config: &Config, work: &Path) -> Result<DiskReport> {
     let dir = fresh_dir(work, "disk")?;
     let streams: Vec<Vec<GenEvent>> = (0..config.disk_sessions)
@@ -614,71 +668,100 @@ fn bytes_on_disk(config: &Config, work: &Path) -> Result<DiskReport> {
         .flat_map(|stream| stream.iter().enumerate())
         .map(|(seq, event)| event.jsonl_line(seq as u64, now).len() as u64)
         .sum();
+    // Every store gets the same batches in the same order: (session index, first seq, events).
+    let batches: Vec<(usize, usize, &[GenEvent])> = (0..config.disk_events)
+        .step_by(DISK_BATCH_EVENTS)
+        .flat_map(|start| {
+            streams.iter().enumerate().map(move |(session, stream)| {
+                let end = (start + DISK_BATCH_EVENTS).min(stream.len());
+                (session, start, &stream[start..end])
+            })
+        })
+        .collect();
 
-    let options = Options {
-        durability: Durability::Buffered,
-        ..Options::default()
-    };
-    let store_dir = dir.join("dshdb");
-    let store = Store::open(&store_dir, options)?;
-    let mut writers = ids
-        .iter()
-        .map(|id| store.create_session_with_id(id))
-        .collect::<dshdb::Result<Vec<_>>>()?;
-    for step in 0..config.disk_events {
-        for (writer, stream) in writers.iter_mut().zip(&streams) {
-            let event = &stream[step];
-            writer.append(NewEvent::new(event.event_type, &event.data))?;
+    let (dshdb_open, dshdb_closed) = dshdb_disk(&dir.join("dshdb"), &ids, &batches)?;
+    let mut jsonl_use = Vec::new();
+    for encoding in [JsonlEncoding::Raw, JsonlEncoding::Zstd] {
+        let jsonl_dir = dir.join(format!("jsonl-{encoding:?}"));
+        let mut files = ids
+            .iter()
+            .map(|id| JsonlSession::create_encoded(&jsonl_dir, id, false, encoding))
+            .collect::<Result<Vec<_>>>()?;
+        for (session, _, batch) in &batches {
+            files[*session].append_batch(batch, false)?;
         }
+        drop(files);
+        // SAFETY: sync(2) has no preconditions; it makes delayed allocation visible in st_blocks.
+        unsafe { libc::sync() };
+        jsonl_use.push(disk_use(&jsonl_dir)?);
     }
-    store.flush()?;
-    let dshdb_open = disk_use(&store_dir)?;
-    drop(writers);
-    store.close()?;
-    drop(store);
-    let dshdb_closed = disk_use(&store_dir)?;
-
-    let jsonl_dir = dir.join("jsonl");
-    let mut files = ids
-        .iter()
-        .map(|id| JsonlSession::create(&jsonl_dir, id, false))
-        .collect::<Result<Vec<_>>>()?;
-    for step in 0..config.disk_events {
-        for (file, stream) in files.iter_mut().zip(&streams) {
-            file.append_batch(std::slice::from_ref(&stream[step]), false)?;
-        }
-    }
-    drop(files);
-    // SAFETY: sync(2) has no preconditions; it makes delayed allocation visible in st_blocks.
-    unsafe { libc::sync() };
-    let jsonl = disk_use(&jsonl_dir)?;
 
     let sqlite_dir = dir.join("sqlite");
     std::fs::create_dir_all(&sqlite_dir)?;
     let mut db = Sqlite::create(&sqlite_dir.join("dsh.sqlite"))?;
     db.unsynced()?;
     db.create_sessions(&ids)?;
-    for step in 0..config.disk_events {
-        for (id, stream) in ids.iter().zip(&streams) {
-            db.append_batch(id, std::slice::from_ref(&stream[step]))?;
-        }
+    for (session, _, batch) in &batches {
+        db.append_batch(&ids[*session], batch)?;
     }
     db.close()?;
+
+    let redb_dir = dir.join("redb");
+    std::fs::create_dir_all(&redb_dir)?;
+    let redb = Redb::create(&redb_dir.join("events.redb"))?;
+    for (session, start, batch) in &batches {
+        redb.append_batch_unsynced(&ids[*session], *start as u64, batch)?;
+    }
+    redb.close()?;
     // SAFETY: as above.
     unsafe { libc::sync() };
     let sqlite = disk_use(&sqlite_dir)?;
+    let redb = disk_use(&redb_dir)?;
     std::fs::remove_dir_all(&dir)?;
     Ok(DiskReport {
         events,
         jsonl_line_bytes,
         dshdb_open,
         dshdb_closed,
-        jsonl,
+        jsonl: jsonl_use[0],
+        jsonl_zstd: jsonl_use[1],
         sqlite,
+        redb,
     })
 }
 
-// ---------------------------------------------------------------- the run
+/// dshdb's bytes for the disk run: open (active segment preallocated) and after close.
+fn dshdb_disk(
+    store_dir: &Path,
+    ids: &[String],
+    batches: &[(usize, usize, &[GenEvent])],
+) -> Result<(DiskUse, DiskUse)> {
+    let options = Options {
+        durability: Durability::Buffered,
+        ..Options::default()
+    };
+    let store = Store::open(store_dir, options)?;
+    let mut writers = ids
+        .iter()
+        .map(|id| store.create_session_with_id(id))
+        .collect::<dshdb::Result<Vec<_>>>()?;
+    for (session, _, batch) in batches {
+        let events: Vec<NewEvent<'_>> = batch
+            .iter()
+            .map(|event| NewEvent {
+                envelope: &event.envelope,
+                ..NewEvent::new(event.event_type, &event.data)
+            })
+            .collect();
+        writers[*session].append_batch(&events)?;
+    }
+    store.flush()?;
+    let open = disk_use(store_dir)?;
+    drop(writers);
+    store.close()?;
+    drop(store);
+    Ok((open, disk_use(store_dir)?))
+}
 
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -708,7 +791,9 @@ fn run(config: &Config, work: &Path) -> Result<String> {
         System::RawFallocate,
         System::Dshdb,
         System::Jsonl,
+        System::JsonlZstd,
         System::Sqlite,
+        System::Redb,
     ];
     // Latencies[size][system] over reps; repetitions are interleaved so drift hits all alike.
     let mut latencies: Vec<Vec<Vec<Latency>>> = vec![vec![Vec::new(); single.len()]; sizes.len()];
@@ -718,7 +803,9 @@ fn run(config: &Config, work: &Path) -> Result<String> {
         System::DshdbBatched,
         System::DshdbPipelined,
         System::Jsonl,
+        System::JsonlZstd,
         System::Sqlite,
+        System::Redb,
     ];
     let mut rates: Vec<Vec<Vec<f64>>> =
         vec![vec![Vec::new(); fleet_systems.len()]; fleet_sizes.len()];
@@ -841,7 +928,12 @@ fn run(config: &Config, work: &Path) -> Result<String> {
     writeln!(out, "| ratio | 64 sessions | 1024 sessions |")?;
     writeln!(out, "|---|---:|---:|")?;
     for (dk, dname) in DSHDB_FLEET_MODES {
-        for (bk, bname) in [(JSONL_FLEET, "JSONL"), (SQLITE_FLEET, "SQLite")] {
+        for (bk, bname) in [
+            (JSONL_FLEET, "JSONL"),
+            (JSONL_ZSTD_FLEET, "JSONL-zstd"),
+            (SQLITE_FLEET, "SQLite"),
+            (REDB_FLEET, "redb"),
+        ] {
             writeln!(
                 out,
                 "| {dname} / {bname} | {:.2}× | {:.2}× |",
@@ -871,7 +963,12 @@ fn run(config: &Config, work: &Path) -> Result<String> {
         ("dshdb, open (active segment preallocated)", disk.dshdb_open),
         ("dshdb, after close (trimmed)", disk.dshdb_closed),
         ("DSH JSONL (raw, one file per session)", disk.jsonl),
+        (
+            "DSH JSONL-zstd (a frame per batch, one file per session)",
+            disk.jsonl_zstd,
+        ),
         ("DSH SQLite (after close, WAL checkpointed)", disk.sqlite),
+        ("redb 2 (after close)", disk.redb),
     ] {
         writeln!(
             out,
@@ -891,10 +988,10 @@ fn run(config: &Config, work: &Path) -> Result<String> {
         lat[0][dshdb_index].p50,
         verdict(floor_ratio_256 <= 1.3)
     )?;
-    let modes = |value: &dyn Fn(usize) -> f64, met: &dyn Fn(usize) -> bool| {
+    let modes = |value: &dyn Fn(usize) -> f64, unit: &str, met: &dyn Fn(usize) -> bool| {
         let measured: Vec<String> = DSHDB_FLEET_MODES
             .iter()
-            .map(|(k, name)| format!("{name} {}", value(*k)))
+            .map(|(k, name)| format!("{name} {}{unit}", value(*k)))
             .collect();
         let verdicts: Vec<String> = DSHDB_FLEET_MODES
             .iter()
@@ -905,7 +1002,7 @@ fn run(config: &Config, work: &Path) -> Result<String> {
     writeln!(
         out,
         "| ≥ 300,000 durable 256 B events/s at 64 sessions | {} |",
-        modes(&|k| rate[0][k].round(), &|k| rate[0][k] >= 300_000.0)
+        modes(&|k| rate[0][k].round(), "/s", &|k| rate[0][k] >= 300_000.0)
     )?;
     for (f, sessions) in fleet_sizes.iter().enumerate() {
         for (bk, bname, factor) in [(SQLITE_FLEET, "SQLite", 10.0), (JSONL_FLEET, "JSONL", 5.0)] {
@@ -914,6 +1011,7 @@ fn run(config: &Config, work: &Path) -> Result<String> {
                 "| ≥ {factor}× {bname}, fleet {sessions} | {} |",
                 modes(
                     &|k| (rate[f][k] / rate[f][bk] * 10.0).round() / 10.0,
+                    "×",
                     &|k| rate[f][k] >= factor * rate[f][bk]
                 )
             )?;
