@@ -119,7 +119,7 @@ pub struct JsonlSession {
 }
 
 /// One zstd frame of `plain` as DSH writes it.
-fn dsh_frame(plain: &[u8]) -> Result<Vec<u8>> {
+pub fn dsh_frame(plain: &[u8]) -> Result<Vec<u8>> {
     let mut compressor = zstd::bulk::Compressor::new(DSH_ZSTD_LEVEL)?;
     compressor.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
     Ok(compressor.compress(plain)?)

@@ -15,6 +15,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 mod exchange_run;
+mod resume_run;
 
 /// `std::sync::Mutex` without poisoning noise.
 mod parking_lot_free {
@@ -139,6 +140,10 @@ fn parse_args() -> Result<Config> {
 }
 
 fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("child") {
+        return resume_run::child(&args[1..]);
+    }
     let config = parse_args()?;
     std::fs::create_dir_all(&config.out)?;
     let work = config
@@ -180,6 +185,15 @@ fn main() -> Result<()> {
     println!("{report}");
     eprintln!("written to {}", path.display());
     Ok(())
+}
+
+/// Sessions and events per session of the reopen-after-crash run.
+fn crash_size(config: &Config) -> (usize, usize) {
+    if config.quick {
+        (100, 100)
+    } else {
+        (1_000, 400)
+    }
 }
 
 fn exchange_events(config: &Config) -> usize {
@@ -834,6 +848,10 @@ fn run(config: &Config, work: &Path) -> Result<String> {
     }
     eprintln!("bytes on disk");
     let disk = bytes_on_disk(config, work)?;
+    let resume_section = resume_run::cold_resume(work, exchange_events(config))?;
+    let (crash_sessions, crash_events) = crash_size(config);
+    let crash_section = resume_run::crash_reopen(work, crash_sessions, crash_events)?;
+    let exchange_section = exchange_run::run(work, exchange_events(config))?;
     let load_after = load_average();
 
     let lat: Vec<Vec<Latency>> = latencies
@@ -978,6 +996,10 @@ fn run(config: &Config, work: &Path) -> Result<String> {
         )?;
     }
     writeln!(out)?;
+
+    out.push_str(&resume_section);
+    out.push_str(&crash_section);
+    out.push_str(&exchange_section);
 
     writeln!(out, "### Targets\n")?;
     writeln!(out, "| target | measured | verdict |")?;
