@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use dshdb::commit::Durability;
 use dshdb::db::{NewEvent, Options, SessionWriter, Store};
 use dshdb_benches::baselines::{JsonlEncoding, JsonlSession, Prealloc, RawFile, Redb, Sqlite};
+use dshdb_benches::chart;
 use dshdb_benches::workload::{GenEvent, SessionStream, Shape};
 use parking_lot_free::Mutex;
 use std::fmt::Write as _;
@@ -997,6 +998,36 @@ fn run(config: &Config, work: &Path) -> Result<String> {
     }
     writeln!(out)?;
 
+    let chart_name = if config.quick {
+        "compare-quick.svg"
+    } else {
+        "compare.svg"
+    };
+    let fleet_panel = |f: usize, sessions: usize| chart::Panel {
+        title: format!("Fleet ingest, {sessions} sessions, durable 256 B events/s"),
+        unit: "higher is better",
+        bars: fleet_systems
+            .iter()
+            .enumerate()
+            .map(|(k, system)| (system.name().to_owned(), rate[f][k]))
+            .collect(),
+        log_scale: true,
+    };
+    let latency_panel = chart::Panel {
+        title: "One interactive session, durable append p50 (256 B), µs".to_owned(),
+        unit: "lower is better",
+        bars: single
+            .iter()
+            .enumerate()
+            .map(|(k, system)| (system.name().to_owned(), lat[0][k].p50))
+            .collect(),
+        log_scale: false,
+    };
+    std::fs::write(
+        config.out.join(chart_name),
+        chart::render(&[fleet_panel(0, 64), fleet_panel(1, 1024), latency_panel]),
+    )?;
+    writeln!(out, "![fleet ingest and latency]({chart_name})\n")?;
     out.push_str(&resume_section);
     out.push_str(&crash_section);
     out.push_str(&exchange_section);
