@@ -483,3 +483,43 @@ fn a_second_writer_process_is_refused_and_changes_nothing() {
         serde_json::from_str(&stdout(&events)).expect("events --json is a JSON array");
     assert_eq!(listed.len(), 2);
 }
+
+#[test]
+fn maintain_seals_segments_into_runs_and_stats_reports_them() {
+    let dir = TempDir::new("maintain");
+    let store_path = dir.join("store");
+    let store = path_str(&store_path);
+    let line = |n: usize| format!("{{\"type\":\"assistant/chunk\",\"data\":{{\"n\":{n}}}}}\n");
+    let first: String = (0..3).map(line).collect();
+    let second: String = (3..5).map(line).collect();
+    // Each clean close seals its segment; the next open starts a new one.
+    ok(&["append", store, "s", "--create"], &first);
+    ok(&["append", store, "s"], &second);
+    let out = ok(&["maintain", store], "");
+    assert!(
+        out.contains("sealed 2 segments into runs: 5 events"),
+        "{out}"
+    );
+    let runs = std::fs::read_dir(store_path.join("runs"))
+        .expect("runs dir")
+        .count();
+    assert_eq!(runs, 2);
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(&["stats", store, "--json"], "")).expect("json");
+    assert_eq!(stats["events"], 5);
+    assert_eq!(stats["events_in_runs"], 5);
+    assert_eq!(stats["runs"], 2);
+    assert_eq!(stats["segments"], 1);
+    let session: serde_json::Value =
+        serde_json::from_str(&ok(&["stats", store, "s", "--json"], "")).expect("json");
+    assert_eq!(session["events"], 5);
+    assert_eq!(session["runs"], 2);
+    let text = ok(&["stats", store], "");
+    assert!(text.contains("run compression ratio"), "{text}");
+    let events = ok(&["events", store, "s"], "");
+    assert_eq!(events.lines().count(), 5);
+    assert!(events.contains(r#""seq":4"#), "{events}");
+    let verified = ok(&["verify", store], "");
+    assert!(verified.contains("runs decoded: 2"), "{verified}");
+    assert!(verified.contains("events: 5"), "{verified}");
+}

@@ -78,6 +78,7 @@ pub fn check_segment_recovery(bytes: &[u8]) {
     disk.sync_dir(WAL_DIR).expect("sim sync");
     let manifest = Manifest {
         segments: vec![SegmentEntry { id, salt }],
+        runs: Vec::new(),
         next_segment_id,
     };
     manifest.write(&disk).expect("sim manifest");

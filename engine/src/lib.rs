@@ -13,9 +13,11 @@ pub mod exchange;
 pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod index;
 pub mod io;
 pub mod manifest;
 pub mod recovery;
+pub mod run;
 pub mod segment;
 pub mod session;
 
