@@ -298,3 +298,33 @@ fn token_encoding_is_part_of_the_checkpoint_identity() {
     assert_eq!(first.nodes.len(), second.nodes.len());
     assert_eq!(o200k.text_tokens("hello world"), 2);
 }
+
+/// F-07-8: on a live session, checkpoints follow `turn/end` once it is durable.
+#[test]
+fn live_checkpoints_follow_durable_turn_ends() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    drop(store.create_session_with_id("s").expect("create"));
+    let cache = cache(&store, 1000);
+    let mut writer = store.writer("s").expect("writer");
+    let owned = turn_events(1, 32);
+    let (head, tail) = owned.split_at(5);
+    for part in [head, tail] {
+        let events: Vec<_> = part.iter().map(OwnedEvent::as_new_event).collect();
+        let types: Vec<&str> = part.iter().map(|event| event.event_type.as_str()).collect();
+        let receipt = writer.append_batch(&events).expect("append");
+        let written = cache.note_appended("s", &receipt, &types).expect("note");
+        assert_eq!(
+            written,
+            types.contains(&"turn/end"),
+            "written only at turn/end"
+        );
+    }
+    let files = checkpoint_files(&store, "s");
+    assert_eq!(files.len(), 5);
+    assert!(files
+        .iter()
+        .all(|path| path.ends_with("-00000000000000000012.ckpt")));
+    let (_, report) = cache.read_builtins("s").expect("read");
+    assert_eq!(report.folded_events, 0);
+}

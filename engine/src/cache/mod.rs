@@ -15,7 +15,7 @@ pub use file::{
     CACHE_DIR, CHECKPOINT_FORMAT_VERSION, CHECKPOINT_MAGIC, MAX_CHECKPOINT_BYTES,
 };
 
-use crate::db::{Event, Store};
+use crate::db::{Event, Receipt, Store};
 use crate::error::{Error, Result};
 use crate::projection::{
     session_event, MessagesState, MessagesUnit, ProjectionUnit, SessionStats, StatsUnit,
@@ -23,6 +23,9 @@ use crate::projection::{
 };
 use crate::session::{SessionEvent, SurfaceFold};
 use file::{anchor_of, identity_of};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Default number of folded events after which a new checkpoint is written (DSH's
 /// web app uses 200).
@@ -153,7 +156,19 @@ pub struct ProjectionCache {
     store: Store,
     options: CacheOptions,
     units: BuiltinUnits,
+    /// Live write policy per session: seq covered by the last checkpoint written here and
+    /// whether a `turn/end` was appended since.
+    live: Arc<Mutex<HashMap<String, LiveMark>>>,
 }
+
+#[derive(Debug, Clone, Copy, Default)]
+struct LiveMark {
+    checkpoint_seq: u64,
+    turn_end_pending: bool,
+}
+
+/// The event type after which a live session's checkpoints are written (F-07-8).
+const TURN_END: &str = "turn/end";
 
 impl ProjectionCache {
     pub fn new(store: &Store, options: CacheOptions) -> Self {
@@ -166,7 +181,38 @@ impl ProjectionCache {
             store: store.clone(),
             options,
             units,
+            live: Arc::default(),
         }
+    }
+
+    /// The live write policy (F-07-8): call after each append to `session` with its receipt
+    /// and the appended event types. Once the appended events are durable and a `turn/end`
+    /// was appended or `every_events` events accumulated since the last checkpoint, the
+    /// built-in units are brought up to date (folding only the tail) and checkpointed.
+    /// Returns whether checkpoints were written.
+    pub fn note_appended(
+        &self,
+        session: &str,
+        receipt: &Receipt,
+        appended_types: &[&str],
+    ) -> Result<bool> {
+        let due = {
+            let mut live = self.live.lock();
+            let mark = live.entry(session.to_owned()).or_default();
+            mark.turn_end_pending |= appended_types.contains(&TURN_END);
+            let accumulated = receipt.end_seq.saturating_sub(mark.checkpoint_seq);
+            receipt.durable
+                && (mark.turn_end_pending || accumulated >= self.options.every_events.max(1))
+        };
+        if !due {
+            return Ok(false);
+        }
+        let (_, report) = self.read_builtins_with(session, true)?;
+        let mut live = self.live.lock();
+        let mark = live.entry(session.to_owned()).or_default();
+        mark.checkpoint_seq = receipt.end_seq;
+        mark.turn_end_pending = false;
+        Ok(report.written)
     }
 
     pub fn units(&self) -> &BuiltinUnits {
@@ -180,12 +226,16 @@ impl ProjectionCache {
         unit: &U,
     ) -> Result<(U::State, ReadReport)> {
         let mut cell = UnitCell::new(unit);
-        let report = self.cold_read(session, &mut [&mut cell])?;
+        let report = self.cold_read(session, false, &mut [&mut cell])?;
         Ok((cell.state, report))
     }
 
     /// Cold read of every built-in unit with one read of the tail.
     pub fn read_builtins(&self, session: &str) -> Result<(Builtins, ReadReport)> {
+        self.read_builtins_with(session, false)
+    }
+
+    fn read_builtins_with(&self, session: &str, force: bool) -> Result<(Builtins, ReadReport)> {
         let units = &self.units;
         let mut surface = UnitCell::new(&units.surface);
         let mut messages = UnitCell::new(&units.messages);
@@ -194,6 +244,7 @@ impl ProjectionCache {
         let mut turns = UnitCell::new(&units.turns);
         let report = self.cold_read(
             session,
+            force,
             &mut [
                 &mut surface,
                 &mut messages,
@@ -213,7 +264,12 @@ impl ProjectionCache {
         Ok((builtins, report))
     }
 
-    fn cold_read(&self, session: &str, cells: &mut [&mut dyn Cell]) -> Result<ReadReport> {
+    fn cold_read(
+        &self,
+        session: &str,
+        force: bool,
+        cells: &mut [&mut dyn Cell],
+    ) -> Result<ReadReport> {
         let summary = self.store.session(session)?;
         let identity = identity_of(session, &summary.header_json);
         let length = summary.events;
@@ -233,16 +289,16 @@ impl ProjectionCache {
         let floor = floor_of(cells);
         report.folded_events = length - floor;
         fold_tail(session, cells, &events)?;
-        if self.should_write(report.folded_events, report.discarded) {
+        if self.should_write(force, report.folded_events, report.discarded) {
             report.written = self.write_all(session, &identity, cells, events.last())?;
         }
         Ok(report)
     }
 
-    fn should_write(&self, folded: u64, discarded: usize) -> bool {
+    fn should_write(&self, force: bool, folded: u64, discarded: usize) -> bool {
         !self.store.is_read_only()
             && folded > 0
-            && (folded >= self.options.every_events.max(1) || discarded > 0)
+            && (force || folded >= self.options.every_events.max(1) || discarded > 0)
     }
 
     /// Restores `cell` from its newest usable checkpoint; discards unusable ones.
