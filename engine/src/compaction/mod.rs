@@ -1,4 +1,9 @@
-//! L9: compaction transactions, tool-pairing validation, region selection, the pruner.
+//! L9: compaction transactions, tool-pairing validation, region selection, the pruner and
+//! spill retention.
+
+mod retention;
+
+pub use retention::{collect_spill, spill_references};
 
 /// DSH's manual-compaction error codes (model §5.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
