@@ -215,6 +215,11 @@ impl ProjectionCache {
         Ok(report.written)
     }
 
+    /// The store the cache follows.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     pub fn units(&self) -> &BuiltinUnits {
         &self.units
     }
