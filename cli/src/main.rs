@@ -1,5 +1,6 @@
 //! `dshdb`: the command-line front end of the dshdb storage engine.
 
+mod above;
 mod exchange;
 mod input;
 mod quickstart;
@@ -123,6 +124,8 @@ enum Command {
     },
     /// Print a session's header, event counts by type and lineage (JSON).
     Info { store: PathBuf, session: String },
+    #[command(flatten)]
+    Above(above::AboveCommand),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -211,6 +214,7 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
             at,
         } => exchange::fork(&store, &parent, &child, at, out)?,
         Command::Info { store, session } => exchange::info(&store, &session, out)?,
+        Command::Above(command) => above::run(command, out)?,
     }
     Ok(ExitCode::SUCCESS)
 }
