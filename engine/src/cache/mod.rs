@@ -235,6 +235,17 @@ impl ProjectionCache {
         Ok((cell.state, report))
     }
 
+    /// Cold read of what a resume needs first: the surface and its token count.
+    pub fn read_surface_and_tokens(
+        &self,
+        session: &str,
+    ) -> Result<(SurfaceFold, TokenMeterState, ReadReport)> {
+        let mut surface = UnitCell::new(&self.units.surface);
+        let mut tokens = UnitCell::new(&self.units.tokens);
+        let report = self.cold_read(session, false, &mut [&mut surface, &mut tokens])?;
+        Ok((surface.state, tokens.state, report))
+    }
+
     /// Cold read of every built-in unit with one read of the tail.
     pub fn read_builtins(&self, session: &str) -> Result<(Builtins, ReadReport)> {
         self.read_builtins_with(session, false)
