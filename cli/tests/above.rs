@@ -115,5 +115,18 @@ fn prune_spill_compact_and_project_from_the_command_line() {
     assert!(after["tokens"]["total"].as_u64() < before["tokens"]["total"].as_u64());
     let gc = &json_lines(&dshdb(&["spill", "gc", store], b""))[0];
     assert_eq!(gc["kept"], 1, "the pruned replacement cites the blob");
+    // The canonical export carries the blob; the import stores it with the session.
+    let exported = dir.join("s.dshdb.jsonl");
+    let exported = exported.to_str().expect("utf-8 path");
+    dshdb(
+        &["export", store, "s", "--format", "json", "-o", exported],
+        b"",
+    );
+    let copy = dir.join("copy");
+    let copy = copy.to_str().expect("utf-8 path");
+    dshdb(&["init", copy], b"");
+    dshdb(&["import", copy, exported], b"");
+    let travelled = dshdb(&["spill", "get", copy, &locator], b"");
+    assert_eq!(travelled.stdout, whole.stdout);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -245,3 +245,69 @@ fn crash_at_every_point_never_leaves_a_dangling_locator() {
     }
     assert!(checked > 10, "enumerated {checked} images");
 }
+
+/// F-07-19: a canonical export carries the blobs its events cite; the import stores them
+/// before the events; a tampered blob line is refused and leaves nothing behind.
+#[test]
+fn canonical_export_carries_cited_blobs() {
+    use dshdb::exchange::export_canonical;
+    use dshdb::exchange::spill_lines::{import_canonical_with_spill, write_spill_lines};
+    let disk = SimStorage::new();
+    let store = store_on(&disk);
+    let spill = SpillStore::new(store.storage());
+    let full = text_of(80_000);
+    let spilled = spill_tool_result(&spill, &tool_result(&full), DSH_MAX_INLINE_BYTES)
+        .expect("spill")
+        .expect("spilled");
+    let mut writer = store.create_session_with_id("s").expect("create");
+    let envelope = "\"surfaceOp\":\"append\"";
+    writer
+        .append(NewEvent {
+            envelope,
+            ..NewEvent::new("tool/result", &spilled.data)
+        })
+        .expect("append");
+    drop(writer);
+    let mut exported = export_canonical(&store, "s").expect("export");
+    assert_eq!(
+        write_spill_lines(&store, "s", &mut exported).expect("blobs"),
+        1
+    );
+    let other = store_on(&SimStorage::new());
+    let imported = import_canonical_with_spill(&other, &exported, &mut |_, _| {}).expect("import");
+    assert_eq!(imported.events, 1);
+    let copy = SpillStore::new(other.storage());
+    assert_eq!(
+        copy.get(&spilled.hash).expect("blob travelled"),
+        full.as_bytes()
+    );
+    // Tampered payload: refused, nothing written.
+    let text = String::from_utf8(exported.clone()).expect("utf-8");
+    let (events_part, blob_line) = text.trim_end().rsplit_once('\n').expect("blob line");
+    let tampered = format!(
+        "{events_part}\n{}\n",
+        blob_line.replacen("abcdefg", "abcdefh", 1)
+    );
+    let tampered = tampered.into_bytes();
+    let third = store_on(&SimStorage::new());
+    let refused = import_canonical_with_spill(&third, &tampered, &mut |_, _| {});
+    assert!(matches!(
+        refused,
+        Err(dshdb::exchange::CanonicalError::Malformed { .. })
+    ));
+    assert!(third.sessions().is_empty());
+    assert!(SpillStore::new(third.storage())
+        .list()
+        .expect("list")
+        .is_empty());
+    // Refused events: the blobs the import brought are dropped again.
+    let bad_events = text
+        .replacen("\"type\":\"tool/result\"", "\"type\":\"\"", 1)
+        .into_bytes();
+    let fourth = store_on(&SimStorage::new());
+    assert!(import_canonical_with_spill(&fourth, &bad_events, &mut |_, _| {}).is_err());
+    assert!(SpillStore::new(fourth.storage())
+        .list()
+        .expect("list")
+        .is_empty());
+}

@@ -258,6 +258,16 @@ impl SpillStore {
             .unwrap_or(0)
     }
 
+    /// Removes blobs the caller knows nothing cites (best effort, e.g. a refused import).
+    pub fn remove_uncited(&self, hashes: &[BlobHash]) {
+        for hash in hashes {
+            let _ = self.storage.remove(&hash.path());
+        }
+        if !hashes.is_empty() {
+            let _ = self.storage.sync_dir(SPILL_DIR);
+        }
+    }
+
     /// Removes every blob not in `referenced` (and not put by this process since its last
     /// collection) and every leftover temp file (F-07-14). Removal is idempotent, so a crash
     /// mid-way leaves only blobs a later collection removes.
