@@ -15,6 +15,7 @@
 pub mod canonical;
 pub mod layout;
 mod scan;
+pub mod spill_lines;
 pub mod sqlite;
 mod zstd_codec;
 
