@@ -82,6 +82,10 @@ pub enum Shape {
     Fixed(usize),
 }
 
+/// Share of tool results that are 1–4 MiB (a build log, a file dump): rare, but the ones that
+/// make a session hundreds of MB.
+const MEGABYTE_OUTPUT_CHANCE: f64 = 0.000_5;
+
 /// The envelope of an event that appends a surface node.
 const APPEND: &str = "\"surfaceOp\":\"append\"";
 
@@ -233,7 +237,9 @@ impl SessionStream {
                     "tool/call",
                     format!("{{\"turn\":{turn},\"step\":{step},\"callId\":\"{call_id}\",\"name\":\"bash\",\"arguments\":\"{arguments}\"}}"),
                 );
-                let output_len = if self.rng.chance(0.05) {
+                let output_len = if self.rng.chance(MEGABYTE_OUTPUT_CHANCE) {
+                    self.rng.log_range(1 << 20, 4 << 20)
+                } else if self.rng.chance(0.05) {
                     self.rng.log_range(8 * 1024, 64 * 1024)
                 } else {
                     self.rng.log_range(10, 1_000)
