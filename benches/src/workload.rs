@@ -62,6 +62,14 @@ pub struct GenEvent {
 }
 
 impl GenEvent {
+    /// The event as a dshdb append (type, data and envelope; time now).
+    pub fn as_new_event(&self) -> dshdb::db::NewEvent<'_> {
+        dshdb::db::NewEvent {
+            envelope: &self.envelope,
+            ..dshdb::db::NewEvent::new(self.event_type, &self.data)
+        }
+    }
+
     /// The event as the DSH JSONL line `JSON.stringify(event)` writes (raw encoding, with `\n`):
     /// `{type, seq, time, data, sourceEventSeqs?, surfaceOp?}`, the order of DSH's `Session.append`.
     pub fn jsonl_line(&self, seq: u64, time: i64) -> String {
