@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use dshdb::db::{Options, Store};
-use dshdb::exchange::{self, layout, ImportReport};
+use dshdb::exchange::{self, layout, spill_lines, ImportReport};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::cell::Cell;
@@ -149,7 +149,7 @@ fn import_file(store: &Store, path: &Path) -> Result<Imported> {
         if large {
             progress.reveal();
         }
-        let report = exchange::import_canonical_with_progress(store, &bytes, &mut |done, total| {
+        let report = spill_lines::import_canonical_with_spill(store, &bytes, &mut |done, total| {
             progress.update(done, total)
         });
         progress.finish();
@@ -306,8 +306,9 @@ fn export_canonical(
                 written: &written,
             };
             exchange::write_canonical(store, session, &mut writer, &mut on_progress)
+                .and_then(|()| spill_lines::write_spill_lines(store, session, &mut writer))
                 .map_err(anyhow::Error::from)
-                .and_then(|()| {
+                .and_then(|_| {
                     writer
                         .flush()
                         .with_context(|| format!("cannot write {}", path.display()))
@@ -319,6 +320,8 @@ fn export_canonical(
                 written: &written,
             };
             exchange::write_canonical(store, session, &mut writer, &mut on_progress)
+                .and_then(|()| spill_lines::write_spill_lines(store, session, &mut writer))
+                .map(|_| ())
                 .map_err(anyhow::Error::from)
         }
     };

@@ -1,5 +1,6 @@
 //! `dshdb`: the command-line front end of the dshdb storage engine.
 
+mod above;
 mod exchange;
 mod input;
 mod quickstart;
@@ -135,6 +136,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    #[command(flatten)]
+    Above(above::AboveCommand),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -229,6 +232,7 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
             session,
             json,
         } => stats(&store, session.as_deref(), json, out)?,
+        Command::Above(command) => above::run(command, out)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -566,6 +566,16 @@ impl Store {
         write_checkpoint(self.inner.storage.as_ref(), &bytes)
     }
 
+    /// The store's directory (derived files above the log, `cache/` and `spill/`, live there).
+    pub fn storage(&self) -> Arc<dyn Storage> {
+        self.inner.storage.clone()
+    }
+
+    /// Whether the store was opened read-only (no writes of any kind, derived files included).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.options.read_only
+    }
+
     /// What recovery found when this store was opened.
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.inner.report

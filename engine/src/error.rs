@@ -79,6 +79,26 @@ pub enum Error {
     /// A seq outside the session's log.
     #[error("session {id:?} has no event at seq {seq} (length {length})")]
     SeqOutOfRange { id: String, seq: u64, length: u64 },
+    /// A stored event breaks the DSH session model (text is DSH's); found above the log
+    /// (projections, compaction).
+    #[error("session {id:?}: {source}")]
+    SessionModel {
+        id: String,
+        #[source]
+        source: crate::session::SessionError,
+    },
+    /// A projection unit cannot fold an event or decode its state.
+    #[error("projection {unit}: {reason}")]
+    Projection { unit: String, reason: String },
+    /// A spill blob is missing or damaged.
+    #[error("spill blob {hash}: {reason}")]
+    Spill { hash: String, reason: String },
+    /// A compaction or prune was refused; `code` is DSH's manual-compaction code.
+    #[error("{message}")]
+    Compaction {
+        code: crate::compaction::CompactionErrorCode,
+        message: String,
+    },
 }
 
 impl Error {
@@ -102,6 +122,7 @@ impl Error {
                 | Error::CorruptFile { .. }
                 | Error::UnknownRecordKind { .. }
                 | Error::UnsupportedVersion { .. }
+                | Error::Spill { .. }
         )
     }
 

@@ -33,7 +33,8 @@ pub use seed::{
     validate_seed, validate_seed_event, RestoredSession, SeedMode,
 };
 pub use surface::{
-    fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldResult, SurfaceReplacement,
+    fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldParts, SurfaceFoldResult,
+    SurfaceNodeParts, SurfaceReplacement,
 };
 
 #[cfg(test)]

@@ -35,6 +35,22 @@ pub struct SurfaceFoldResult {
     pub replacements: Vec<SurfaceReplacement>,
 }
 
+/// [`SurfaceFold`] state as plain data (see [`SurfaceFold::to_parts`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SurfaceFoldParts {
+    pub next_seq: u64,
+    pub replace_generation: u64,
+    pub nodes: Vec<SurfaceNodeParts>,
+}
+
+/// One visible node as plain data: its seq, projected message text and rewrite key text.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SurfaceNodeParts {
+    pub seq: u64,
+    pub message: Option<String>,
+    pub rewrite_key: Option<String>,
+}
+
 /// A visible node and what later checks and derivation need from its event.
 #[derive(Debug, Clone)]
 struct SurfaceNode {
@@ -212,6 +228,53 @@ impl SurfaceFold {
         }
     }
 
+    /// The fold's whole state as plain parts (projection checkpoints, `cache/`).
+    pub fn to_parts(&self) -> SurfaceFoldParts {
+        let nodes = self.nodes.iter().map(|node| SurfaceNodeParts {
+            seq: node.seq,
+            message: node.message.as_ref().map(|raw| raw.get().to_owned()),
+            rewrite_key: node.rewrite_key.as_ref().map(Value::to_string),
+        });
+        SurfaceFoldParts {
+            next_seq: self.next_seq,
+            replace_generation: self.replace_generation,
+            nodes: nodes.collect(),
+        }
+    }
+
+    /// Rebuilds a fold from [`Self::to_parts`]; `None` when a text is not JSON.
+    pub fn from_parts(parts: SurfaceFoldParts) -> Option<Self> {
+        let mut nodes = Vec::with_capacity(parts.nodes.len());
+        for node in parts.nodes {
+            let message = match node.message {
+                Some(text) => Some(RawValue::from_string(text).ok()?),
+                None => None,
+            };
+            let rewrite_key = match node.rewrite_key {
+                Some(text) => Some(serde_json::from_str(&text).ok()?),
+                None => None,
+            };
+            nodes.push(SurfaceNode {
+                seq: node.seq,
+                message,
+                rewrite_key,
+            });
+        }
+        Some(Self {
+            next_seq: parts.next_seq,
+            nodes,
+            replace_generation: parts.replace_generation,
+        })
+    }
+
+    /// The projected message text of each visible node, in positional order (`None` for a
+    /// node that derives no message).
+    pub fn node_messages(&self) -> impl Iterator<Item = (u64, Option<&RawValue>)> {
+        self.nodes
+            .iter()
+            .map(|node| (node.seq, node.message.as_deref()))
+    }
+
     /// `deriveMessages()`: the message of every visible node in order, exact JSON text.
     pub fn derive_message_texts(&self) -> Vec<&RawValue> {
         self.nodes
@@ -306,7 +369,7 @@ fn check_provenance(event: &SessionEvent, shadowed: &[u64]) -> Result<(), Sessio
 }
 
 /// `deriveEventMessage` (§4): the raw text of the event's message, if it projects one.
-fn projected_message(event: &SessionEvent) -> Option<Box<RawValue>> {
+pub(crate) fn projected_message(event: &SessionEvent) -> Option<Box<RawValue>> {
     let data = event.data.get();
     match event.event_type.as_str() {
         USER_MESSAGE => Some(event.data.clone()).filter(|_| data.trim() != "null"),

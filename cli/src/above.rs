@@ -1,0 +1,208 @@
+//! Commands above the log: projections, spill blobs, compaction and pruning.
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use dshdb::cache::{CacheOptions, ProjectionCache};
+use dshdb::compaction::{
+    collect_spill, compact, prune_session, CompactionOwner, PrunerConfig, SummaryInput,
+};
+use dshdb::db::{Options, Store};
+use dshdb::spill::{BlobHash, SpillStore};
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum AboveCommand {
+    /// Spill blobs: oversized payloads stored outside the log (`dshdb-spill:<hash>`).
+    Spill {
+        #[command(subcommand)]
+        action: SpillCommand,
+    },
+    /// Compact the surface span --start..=--end of SESSION into the summary text in
+    /// --summary-file (one atomic batch of compaction/start, summary, checkpoint, end).
+    Compact {
+        store: PathBuf,
+        session: String,
+        #[arg(long)]
+        start: u64,
+        #[arg(long)]
+        end: u64,
+        #[arg(long, value_name = "F")]
+        summary_file: PathBuf,
+        /// Provider recorded in compaction/summary.
+        #[arg(long, default_value = "manual")]
+        provider: String,
+        /// Model recorded in compaction/summary.
+        #[arg(long, default_value = "manual")]
+        model: String,
+    },
+    /// Prune oversized tool results of SESSION (DSH defaults 8192/4096/1024 code points),
+    /// spilling their full text.
+    Prune {
+        store: PathBuf,
+        session: String,
+        /// Do not keep the full text as a spill blob.
+        #[arg(long)]
+        no_spill: bool,
+    },
+    /// Print SESSION's projections from the cache (surface size, tokens, stats, turns).
+    Project { store: PathBuf, session: String },
+}
+
+#[derive(Subcommand)]
+pub enum SpillCommand {
+    /// Write a blob (whole, or --length bytes from --offset) to stdout or -o FILE.
+    Get {
+        store: PathBuf,
+        /// `dshdb-spill:<hash>` or the 64-digit hash.
+        locator: String,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        #[arg(long)]
+        length: Option<u64>,
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// List blobs: locator, raw bytes, stored bytes.
+    Ls { store: PathBuf },
+    /// Remove blobs no event cites.
+    Gc { store: PathBuf },
+}
+
+fn open_existing(path: &Path, read_only: bool) -> Result<Store> {
+    let options = Options {
+        create_if_missing: false,
+        read_only,
+        ..Options::default()
+    };
+    Store::open(path, options).with_context(|| format!("cannot open store {}", path.display()))
+}
+
+pub fn run(command: AboveCommand, out: &mut impl Write) -> Result<()> {
+    match command {
+        AboveCommand::Spill { action } => spill(action, out),
+        AboveCommand::Compact {
+            store,
+            session,
+            start,
+            end,
+            summary_file,
+            provider,
+            model,
+        } => {
+            let text = std::fs::read_to_string(&summary_file)
+                .with_context(|| format!("cannot read {}", summary_file.display()))?;
+            let summary = SummaryInput::text(text.trim_end(), &provider, &model);
+            let store = open_existing(&store, false)?;
+            let cache = ProjectionCache::new(&store, CacheOptions::default());
+            let mut writer = store.writer(&session)?;
+            let result = compact(
+                &cache,
+                &mut writer,
+                start,
+                end,
+                CompactionOwner::Manual,
+                &summary,
+            )?;
+            drop(writer);
+            store.close()?;
+            let report = json!({"compactionId": result.compaction_id, "startSeq": result.start_seq,
+                "summarySeq": result.summary_seq, "replacementSeq": result.replacement_seq,
+                "endSeq": result.end_seq, "shadowedSeqs": result.shadowed_seqs,
+                "shadowedTokenCount": result.shadowed_token_count});
+            writeln!(out, "{report}")?;
+            Ok(())
+        }
+        AboveCommand::Prune {
+            store,
+            session,
+            no_spill,
+        } => {
+            let store = open_existing(&store, false)?;
+            let cache = ProjectionCache::new(&store, CacheOptions::default());
+            let spill = SpillStore::new(store.storage());
+            let mut writer = store.writer(&session)?;
+            let spill = (!no_spill).then_some(&spill);
+            let report = prune_session(&cache, &mut writer, spill, &PrunerConfig::default())?;
+            drop(writer);
+            store.close()?;
+            for pruned in &report.pruned {
+                let locator = pruned.spilled.map(|hash| hash.locator());
+                let line = json!({"originalSeq": pruned.original_seq,
+                    "replacementSeq": pruned.replacement_seq, "callId": pruned.call_id,
+                    "charsBefore": pruned.chars_before, "charsAfter": pruned.chars_after,
+                    "spilled": locator});
+                writeln!(out, "{line}")?;
+            }
+            writeln!(out, "{}", json!({"charsRemoved": report.chars_removed}))?;
+            Ok(())
+        }
+        AboveCommand::Project { store, session } => {
+            let store = open_existing(&store, false)?;
+            let cache = ProjectionCache::new(&store, CacheOptions::default());
+            let (builtins, report) = cache.read_builtins(&session)?;
+            store.close()?;
+            let turns = &builtins.turns;
+            let line = json!({"events": builtins.length,
+                "surfaceNodes": builtins.surface.nodes().len(),
+                "replaceGeneration": builtins.surface.replace_generation(),
+                "messages": builtins.messages.message_texts().len(),
+                "tokens": {"encoding": cache.units().tokens.encoding().name(), "total": builtins.tokens.total},
+                "byType": builtins.stats.by_type, "usage": builtins.stats.usage,
+                "turns": turns.turns.len(), "openTurn": turns.open_turn(),
+                "liveCompactionStart": turns.live_compaction_start(),
+                "staleCompactionStart": turns.stale_compaction_start(),
+                "cache": {"foldedEvents": report.folded_events, "discarded": report.discarded,
+                          "written": report.written}});
+            writeln!(out, "{line}")?;
+            Ok(())
+        }
+    }
+}
+
+fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
+    match action {
+        SpillCommand::Get {
+            store,
+            locator,
+            offset,
+            length,
+            output,
+        } => {
+            let Some(hash) = BlobHash::parse(&locator) else {
+                bail!("not a spill locator or hash: {locator:?}");
+            };
+            let store = open_existing(&store, true)?;
+            let spill = SpillStore::new(store.storage());
+            let bytes = match length {
+                None if offset == 0 => spill.get(&hash)?,
+                length => spill.get_range(&hash, offset, length.unwrap_or(u64::MAX))?,
+            };
+            match output {
+                Some(path) => std::fs::write(&path, &bytes)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => out.write_all(&bytes)?,
+            }
+            Ok(())
+        }
+        SpillCommand::Ls { store } => {
+            let store = open_existing(&store, true)?;
+            for blob in SpillStore::new(store.storage()).list()? {
+                let locator = blob.hash.locator();
+                writeln!(out, "{locator}\t{}\t{}", blob.raw_bytes, blob.stored_bytes)?;
+            }
+            Ok(())
+        }
+        SpillCommand::Gc { store } => {
+            let store = open_existing(&store, false)?;
+            let report = collect_spill(&store, &SpillStore::new(store.storage()))?;
+            store.close()?;
+            let removed: Vec<String> = report.removed.iter().map(BlobHash::locator).collect();
+            let line = json!({"removed": removed, "kept": report.kept,
+                "tempRemoved": report.temp_removed});
+            writeln!(out, "{line}")?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Spill blobs in the canonical export (format-spec/07 F-07-19): after a session's event
+//! lines, one line per blob its events cite, so an export carries everything the session
+//! needs; the import stores the blobs (durably) before the events that cite them.
+
+use super::canonical::{import_canonical_with_progress, CanonicalError, CanonicalImport};
+use crate::db::Store;
+use crate::spill::{locators_in, BlobHash, SpillStore};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::io::Write;
+
+/// Events read per call while collecting a session's locators.
+const SCAN_EVENTS_PER_READ: u64 = 4096;
+
+/// The blobs cited by session `id`, in hash order.
+pub fn cited_blobs(store: &Store, id: &str) -> crate::Result<BTreeSet<BlobHash>> {
+    let total = store.session(id)?.events;
+    let mut cited = BTreeSet::new();
+    let mut from = 0;
+    while from < total {
+        let to = total.min(from + SCAN_EVENTS_PER_READ);
+        for event in store.read(id, from, to)? {
+            cited.extend(locators_in(&event.data));
+            cited.extend(locators_in(&event.envelope));
+        }
+        from = to;
+    }
+    Ok(cited)
+}
+
+/// Writes `{"spill":"<hash>","text":".."}` (UTF-8 payloads) or `{"spill":"<hash>","hex":".."}`
+/// for every blob session `id` cites; returns how many. A cited blob that is missing or
+/// damaged fails the export.
+pub fn write_spill_lines(
+    store: &Store,
+    id: &str,
+    out: &mut dyn Write,
+) -> Result<u64, CanonicalError> {
+    let spill = SpillStore::new(store.storage());
+    let mut written = 0;
+    for hash in cited_blobs(store, id)? {
+        let payload = spill.get(&hash)?;
+        let line = match String::from_utf8(payload) {
+            Ok(text) => json!({"spill": hash.to_hex(), "text": text}),
+            Err(error) => {
+                let hex: String = error
+                    .as_bytes()
+                    .iter()
+                    .map(|byte| format!("{byte:02x}"))
+                    .collect();
+                json!({"spill": hash.to_hex(), "hex": hex})
+            }
+        };
+        out.write_all(line.to_string().as_bytes())?;
+        out.write_all(b"\n")?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+fn malformed(line: usize, reason: impl Into<String>) -> CanonicalError {
+    CanonicalError::Malformed {
+        line,
+        reason: reason.into(),
+    }
+}
+
+/// The byte length of the header line and the `events` lines it announces.
+fn canonical_length(bytes: &[u8]) -> Result<(usize, usize), CanonicalError> {
+    let first_end = bytes
+        .iter()
+        .position(|&byte| byte == b'\n')
+        .unwrap_or(bytes.len());
+    let header: Value = serde_json::from_slice(&bytes[..first_end])
+        .map_err(|error| malformed(1, error.to_string()))?;
+    let events = header
+        .get("events")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| malformed(1, "no event count"))?;
+    let mut end = 0;
+    let mut lines = 0_u64;
+    while lines < events + 1 {
+        let Some(newline) = bytes[end..].iter().position(|&byte| byte == b'\n') else {
+            return Ok((bytes.len(), 0));
+        };
+        end += newline + 1;
+        lines += 1;
+    }
+    Ok((end, usize::try_from(lines).unwrap_or(usize::MAX)))
+}
+
+/// Decodes one spill line (1-based `line` for errors) and checks its hash.
+fn decode_spill_line(text: &str, line: usize) -> Result<(BlobHash, Vec<u8>), CanonicalError> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|error| malformed(line, error.to_string()))?;
+    let hash = value
+        .get("spill")
+        .and_then(Value::as_str)
+        .and_then(BlobHash::parse)
+        .ok_or_else(|| malformed(line, "not a spill line"))?;
+    let payload = match (value.get("text"), value.get("hex")) {
+        (Some(Value::String(text)), None) => text.clone().into_bytes(),
+        (None, Some(Value::String(hex))) if hex.len() % 2 == 0 => (0..hex.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&hex[at..at + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| malformed(line, "bad hex payload"))?,
+        _ => return Err(malformed(line, "spill line needs one of text or hex")),
+    };
+    if BlobHash::of(&payload) != hash {
+        return Err(malformed(line, "spill payload does not match its hash"));
+    }
+    Ok((hash, payload))
+}
+
+/// Imports a canonical file that may end with spill lines: the blobs are checked and stored
+/// first (each durable before any event cites it), then the events are imported.
+pub fn import_canonical_with_spill(
+    store: &Store,
+    bytes: &[u8],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CanonicalImport, CanonicalError> {
+    let (canonical_end, canonical_lines) = canonical_length(bytes)?;
+    let rest = std::str::from_utf8(&bytes[canonical_end..])
+        .map_err(|_| malformed(canonical_lines + 1, "invalid UTF-8"))?;
+    let mut blobs = Vec::new();
+    for (index, text) in rest.lines().enumerate() {
+        blobs.push(decode_spill_line(text, canonical_lines + index + 1)?);
+    }
+    let spill = SpillStore::new(store.storage());
+    let mut created = Vec::new();
+    for (hash, payload) in &blobs {
+        if spill.verify(hash).is_err() {
+            created.push(*hash);
+        }
+        spill.put(payload)?;
+    }
+    let imported = import_canonical_with_progress(store, &bytes[..canonical_end], progress);
+    if imported.is_err() {
+        // A refused import changes nothing: drop the blobs it brought (none is cited).
+        spill.remove_uncited(&created);
+    }
+    imported
+}
