@@ -413,8 +413,9 @@ impl Log {
     }
 
     /// Replaces the manifest by one where the oldest segment `segment` is replaced by `run`
-    /// (F-06-10 step 3). A failure after the rename poisons the log like a failed roll.
-    pub fn replace_segment_with_run(&self, segment: u64, run: RunEntry) -> Result<()> {
+    /// (F-06-10 step 3), or just dropped when it held no record (`None`, F-06-14). A failure
+    /// after the rename poisons the log like a failed roll.
+    pub fn replace_segment_with_run(&self, segment: u64, run: Option<RunEntry>) -> Result<()> {
         let mut state = self.shared.state.lock();
         state.check_usable()?;
         if state.manifest.segments.first().map(|entry| entry.id) != Some(segment)
@@ -426,7 +427,7 @@ impl Log {
         }
         let mut manifest = state.manifest.clone();
         manifest.segments.remove(0);
-        manifest.runs.push(run);
+        manifest.runs.extend(run);
         if let Err(failure) = manifest.write_reporting_stage(self.shared.storage.as_ref()) {
             if failure.after_rename {
                 state.poisoned = Some("manifest sync");

@@ -471,15 +471,20 @@ impl Store {
         let run_id = log.allocate_file_id()?;
         let built = build_run(&bytes, segment.id, segment.salt, run_id, new_salt())?;
         self.check_moves(segment.id, &built.moved)?;
-        write_run_file(storage, run_id, &built.bytes)?;
-        if let Err(error) = log.replace_segment_with_run(segment.id, built.entry) {
-            if log.poisoned().is_none() {
+        // A segment without any record (a clean reopen's fresh segment, closed unused)
+        // needs no run: it is dropped from the manifest (F-06-14).
+        let run = (built.raw_bytes > 0).then_some(built.entry);
+        if run.is_some() {
+            write_run_file(storage, run_id, &built.bytes)?;
+        }
+        if let Err(error) = log.replace_segment_with_run(segment.id, run) {
+            if log.poisoned().is_none() && run.is_some() {
                 // The old manifest is in force: the run file is an orphan either way.
                 let _ = storage.remove(&run_path(run_id));
             }
             return Err(error);
         }
-        self.move_positions(segment.id, built.entry, &built.moved);
+        self.move_positions(segment.id, run, &built.moved);
         storage
             .remove(&segment_path(segment.id))
             .map_err(io_error("segment remove"))?;
@@ -489,7 +494,7 @@ impl Store {
         report.segments_sealed += 1;
         report.events += built.events;
         report.raw_bytes += built.raw_bytes;
-        report.run_bytes += built.entry.file_bytes;
+        report.run_bytes += run.map_or(0, |run| run.file_bytes);
         Ok(())
     }
 
@@ -514,7 +519,7 @@ impl Store {
 
     /// Points the catalog at the run instead of the segment (under the read gate, so no
     /// reader holds positions of the segment any more when it is removed).
-    fn move_positions(&self, segment: u64, run: RunEntry, moved: &[(u32, u64, Position)]) {
+    fn move_positions(&self, segment: u64, run: Option<RunEntry>, moved: &[(u32, u64, Position)]) {
         let inner = &self.inner;
         let _no_readers = inner.read_gate.write();
         let mut catalog = inner.catalog.write();
@@ -524,12 +529,14 @@ impl Store {
                 entry.positions[index] = *position;
             }
         }
-        for entry in catalog.sessions.values_mut() {
-            if entry.defined_in == Some(segment) {
-                entry.defined_in = Some(run.id);
+        if let Some(run) = run {
+            for entry in catalog.sessions.values_mut() {
+                if entry.defined_in == Some(segment) {
+                    entry.defined_in = Some(run.id);
+                }
             }
+            inner.run_entries.write().insert(run.id, run);
         }
-        inner.run_entries.write().insert(run.id, run);
         inner.files.lock().remove(&segment);
         inner.salts.write().remove(&segment);
     }

@@ -459,3 +459,29 @@ fn a_power_cut_anywhere_in_appends_interleaved_with_sealing_loses_nothing_acknow
         "interleaved sealing: {images_checked} crash images over {operations} operations"
     );
 }
+
+/// Segments that never held a record (each clean reopen starts one) are dropped from the
+/// manifest without a run file (F-06-14); the manifest stays version 1.
+#[test]
+fn empty_segments_are_dropped_without_a_run() {
+    let disk = SimStorage::new();
+    for _ in 0..3 {
+        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+        store.close().expect("close");
+    }
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let report = store.maintain().expect("maintain");
+    assert_eq!(report.segments_sealed, 3);
+    assert_eq!(report.run_bytes, 0);
+    let manifest = manifest_of(&disk);
+    assert!(manifest.runs.is_empty());
+    assert_eq!(manifest.segments.len(), 1);
+    assert!(disk.list("runs").expect("runs").is_empty());
+    assert_eq!(disk.list("wal").expect("wal").len(), 1);
+    let mut writer = store.create_session_with_id("after").expect("create");
+    writer.append(chunk("{}")).expect("append");
+    drop(writer);
+    store.close().expect("close");
+    let reopened = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+    assert_eq!(reopened.session("after").expect("session").events, 1);
+}
