@@ -1214,12 +1214,14 @@ impl Store {
     /// Flushes, seals the active segment and releases the writer lock.
     /// Later calls on this store (and its clones) fail with [`Error::Closed`].
     pub fn close(&self) -> Result<()> {
+        // Before taking `closed`: a maintenance pass that is starting takes it too (through
+        // `log()`), and joining the thread while holding it would deadlock.
+        self.stop_maintenance_thread();
         let mut closed = self.inner.closed.lock();
         if *closed {
             return Ok(());
         }
         *closed = true;
-        self.stop_maintenance_thread();
         let outcome = match &self.inner.log {
             Some(log) => log.close().inspect(|()| {
                 // Derived data (F-06-22): a failure only costs the next open a replay.

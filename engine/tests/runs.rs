@@ -346,9 +346,21 @@ fn the_background_thread_starts_and_stops_with_the_store() {
         maintenance_interval: Some(std::time::Duration::from_millis(1)),
         ..sim_options(Durability::Sync)
     };
-    let store = open_sim(&disk, options).expect("open");
-    check_contents(&store).expect("contents while maintenance runs");
-    store.close().expect("close joins the thread");
+    // Reads race the thread's seals (the read gate keeps positions valid), and close races
+    // a pass that is starting; repeat to give the races a chance.
+    for round in 0..20 {
+        let store = open_sim(&disk, options.clone()).expect("open");
+        check_contents(&store).unwrap_or_else(|violation| panic!("round {round}: {violation}"));
+        let mut writer = store.writer("r1").expect("writer");
+        for seq in 0..10 {
+            writer
+                .append(chunk(&event_data(1, 5000 + seq, 300)))
+                .expect("append");
+        }
+        drop(writer);
+        check_contents(&store).unwrap_or_else(|violation| panic!("round {round}: {violation}"));
+        store.close().expect("close joins the thread");
+    }
     let reopened = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
     check_contents(&reopened).expect("contents");
 }
