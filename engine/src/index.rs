@@ -290,11 +290,13 @@ fn put_u64(out: &mut Vec<u8>, value: u64) {
 }
 
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    // The low byte of `value`, taken without a narrowing cast.
+    let low_byte = |value: u64| value.to_le_bytes()[0];
     while value >= 0x80 {
-        out.push((value as u8 & 0x7f) | 0x80);
+        out.push((low_byte(value) & 0x7f) | 0x80);
         value >>= 7;
     }
-    out.push(value as u8);
+    out.push(low_byte(value));
 }
 
 /// Bounds-checked little-endian reads.

@@ -406,7 +406,8 @@ impl RunIndex {
         {
             return Err(corrupt("footer does not fit the file"));
         }
-        let footer_start = (footer_offset - tail_start) as usize;
+        let footer_start = usize::try_from(footer_offset - tail_start)
+            .map_err(|_| corrupt("footer larger than memory"))?;
         let checked = &tail[footer_start..tail.len() - 12];
         if crc32fast::hash(checked) != u32::from_le_bytes(word4(trailer, 12)) {
             return Err(corrupt("footer checksum mismatch"));
@@ -668,8 +669,11 @@ impl RunReader {
                 .ok_or_else(|| corrupt(self.index.id, at, "position past the run"))?;
             let block = &self.index.blocks[index];
             let raw = self.block(index, Some(cache))?;
-            let from = (at - block.raw_offset) as usize;
-            let to = (end.min(block.raw_end()) - block.raw_offset) as usize;
+            // Both lie within one block, whose raw size is a u32.
+            let in_block = |offset: u64| usize::try_from(offset - block.raw_offset);
+            let (Ok(from), Ok(to)) = (in_block(at), in_block(end.min(block.raw_end()))) else {
+                return Err(corrupt(self.index.id, at, "block larger than memory"));
+            };
             out.extend_from_slice(&raw[from..to]);
             at = block.raw_offset + to as u64;
         }
