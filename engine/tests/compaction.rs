@@ -4,6 +4,7 @@
 //! exact cut, and DSH-valid logs that round-trip through export.
 
 mod common;
+mod dsh_fixtures;
 
 use common::*;
 use dshdb::cache::{CacheOptions, ProjectionCache};
@@ -463,4 +464,33 @@ fn pruner_spills_and_round_trips_through_export() {
         .expect("read copy");
     assert!(original.surface == copy.surface);
     assert_eq!(original.tokens, copy.tokens);
+}
+
+/// Model §5.4 on a real DSH log: the fixture's trailing unmatched `compaction/start` is a
+/// live orphan after import, and blocks compaction with DSH's text.
+#[test]
+fn imported_dsh_orphan_bracket_is_detected() {
+    let store = sim_store(&SimStorage::new());
+    let bytes = std::fs::read(dsh_fixtures::fixture_path(
+        "syn-closed-dangling-tool-call",
+        "input.jsonl",
+    ))
+    .expect("fixture");
+    let report = import_dsh_jsonl(&store, &bytes).expect("import");
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let (builtins, _) = cache.read_builtins(&report.session_id).expect("read");
+    assert_eq!(builtins.turns.live_compaction_start(), Some(15));
+    assert_eq!(builtins.turns.open_turn(), None);
+    let nodes = builtins.surface.nodes();
+    let mut writer = store.writer(&report.session_id).expect("writer");
+    let last = *nodes.last().expect("nodes");
+    let refused = compact(
+        &cache,
+        &mut writer,
+        nodes[0],
+        last,
+        CompactionOwner::Manual,
+        &summary(),
+    );
+    assert_eq!(code_of(&refused), Some(CompactionErrorCode::Busy));
 }
