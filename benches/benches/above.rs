@@ -82,11 +82,22 @@ fn generate(events: u64) -> Generated {
     }
 }
 
+/// Session lengths to generate: `DSHDB_BENCH_ABOVE_EVENTS` (comma-separated) or 130k and 1.3M.
+fn session_lengths() -> Vec<u64> {
+    match std::env::var("DSHDB_BENCH_ABOVE_EVENTS") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|item| item.trim().parse().ok())
+            .collect(),
+        Err(_) => vec![130_000, 1_300_000],
+    }
+}
+
 fn above(c: &mut Criterion) {
     let mut group = c.benchmark_group("resume_from_checkpoint");
     group.sample_size(20);
     group.measurement_time(Duration::from_secs(5));
-    for events in [130_000_u64, 1_300_000] {
+    for events in session_lengths() {
         let generated = generate(events);
         let store = &generated.store;
         let length = store.session("long").expect("session").events;

@@ -131,6 +131,10 @@ fn cold_read_folds_only_the_tail() {
     let events = session_events(&store, "s").expect("events");
     assert_equals_scratch(&cached, &events, "tail");
     assert_eq!(cached.turns.turns.len(), 22);
+    assert_eq!(cached.turns.steps.len(), 44);
+    let last_steps = cached.turns.steps_of(21);
+    assert_eq!(last_steps.len(), 2);
+    assert_eq!(last_steps[0].start_seq, 21 * 12 + 2);
     assert_eq!(cached.stats.usage.get("inputTokens"), Some(&(22 * 250)));
     assert!(cached.tokens.total > 0);
 }
@@ -215,7 +219,7 @@ fn foreign_stale_ahead_and_truncated_checkpoints_are_discarded() {
     // Stale version and ahead of the log: renamed copies of b's own checkpoints.
     for path in checkpoint_files(&store, "b") {
         let bytes = read_file(storage.as_ref(), &path);
-        let stale = path.replace("-v1-", "-v0-");
+        let stale = path.replace("-v1-", "-v0-").replace("-v2-", "-v0-");
         write_file(storage.as_ref(), &stale, &bytes);
         let ahead = path.replace("-00000000000000000036", "-00000000000000000999");
         write_file(storage.as_ref(), &ahead, &bytes);
