@@ -3,9 +3,13 @@
 //! - [`JsonlSession`]: DSH's JSONL backend (`compression: 'none'`, dsh-persistence.md §2 and
 //!   §4.4): one file per session, a header line, then one line per event; every batch is one
 //!   `write` of its lines followed by one `fdatasync` of that file.
+//!   In the zstd encoding (§2.7, DSH's default) each batch is one zstd frame. Not modelled:
+//!   DSH's packed chunk rows (§2.4), which make its lines shorter before compression.
 //! - [`Sqlite`]: DSH's SQLite backend, schema 17 (§3): `journal_mode=WAL`, `synchronous=FULL`,
 //!   STRICT tables, one IMMEDIATE transaction per batch (tail read, one row per event,
 //!   revision bump), as `appendBatch` does (§3.6).
+//! - [`Redb`]: an embedded Rust engine (redb 2) storing `(session, seq) → event`, one durable
+//!   write transaction per batch.
 //! - [`RawFile`]: the floor: `pwrite` of the same bytes at increasing offsets of a preallocated
 //!   file, then `fdatasync`.
 
@@ -92,21 +96,55 @@ impl RawFile {
     }
 }
 
-/// One DSH JSONL session file (`<root>/_no-cwd/<id>/session.jsonl`).
+/// DSH's physical encodings of a session file (§2.6, §2.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonlEncoding {
+    /// `session.jsonl`: plain lines.
+    Raw,
+    /// `session.jsonl.zstd`: frame 1 = the header line, then one zstd frame (level 3, content
+    /// checksum) per append batch.
+    Zstd,
+}
+
+/// zstd level DSH's frames get (Node's default, libzstd's 3).
+const DSH_ZSTD_LEVEL: i32 = 3;
+
+/// One DSH JSONL session file (`<root>/_no-cwd/<id>/session.jsonl[.zstd]`).
 pub struct JsonlSession {
     file: File,
     seq: u64,
     line: String,
+    encoding: JsonlEncoding,
     pub path: PathBuf,
+}
+
+/// One zstd frame of `plain` as DSH writes it.
+pub fn dsh_frame(plain: &[u8]) -> Result<Vec<u8>> {
+    let mut compressor = zstd::bulk::Compressor::new(DSH_ZSTD_LEVEL)?;
+    compressor.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
+    Ok(compressor.compress(plain)?)
 }
 
 impl JsonlSession {
     /// Materializes the session: directory, header line. With `durable`, the file and its
     /// directory are fsynced (DSH's first-append protocol minus the temp file and link).
     pub fn create(root: &Path, id: &str, durable: bool) -> Result<JsonlSession> {
+        Self::create_encoded(root, id, durable, JsonlEncoding::Raw)
+    }
+
+    /// [`JsonlSession::create`] in either of DSH's encodings.
+    pub fn create_encoded(
+        root: &Path,
+        id: &str,
+        durable: bool,
+        encoding: JsonlEncoding,
+    ) -> Result<JsonlSession> {
         let dir = root.join("_no-cwd").join(id);
         std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
-        let path = dir.join("session.jsonl");
+        let path = dir.join(match encoding {
+            JsonlEncoding::Raw => "session.jsonl",
+            JsonlEncoding::Zstd => "session.jsonl.zstd",
+        });
         let mut file = OpenOptions::new()
             .append(true)
             .create_new(true)
@@ -116,7 +154,10 @@ impl JsonlSession {
             "{{\"type\":\"session\",\"version\":0,\"id\":\"{id}\",\"createdAt\":{},\"delegationDepth\":0}}\n",
             dshdb::db::now_millis()
         );
-        file.write_all(header.as_bytes())?;
+        match encoding {
+            JsonlEncoding::Raw => file.write_all(header.as_bytes())?,
+            JsonlEncoding::Zstd => file.write_all(&dsh_frame(header.as_bytes())?)?,
+        }
         if durable {
             file.sync_all()?;
             sync_dir(&dir)?;
@@ -125,11 +166,12 @@ impl JsonlSession {
             file,
             seq: 0,
             line: String::new(),
+            encoding,
             path,
         })
     }
 
-    /// Appends a batch as one write, then `fdatasync`.
+    /// Appends a batch as one write (one zstd frame in the zstd encoding), then `fdatasync`.
     pub fn append_batch(&mut self, events: &[GenEvent], durable: bool) -> Result<()> {
         self.line.clear();
         let time = dshdb::db::now_millis();
@@ -137,7 +179,10 @@ impl JsonlSession {
             self.line.push_str(&event.jsonl_line(self.seq, time));
             self.seq += 1;
         }
-        self.file.write_all(self.line.as_bytes())?;
+        match self.encoding {
+            JsonlEncoding::Raw => self.file.write_all(self.line.as_bytes())?,
+            JsonlEncoding::Zstd => self.file.write_all(&dsh_frame(self.line.as_bytes())?)?,
+        }
         if durable {
             self.file.sync_data()?;
         }
@@ -242,6 +287,69 @@ impl Sqlite {
     /// Closes the connection (checkpoints and removes the WAL).
     pub fn close(self) -> Result<()> {
         self.conn.close().map_err(|(_, error)| error)?;
+        Ok(())
+    }
+}
+
+/// redb's table of events: (session id, seq) → the event as its DSH JSONL line.
+const REDB_EVENTS: redb::TableDefinition<(&str, u64), &[u8]> = redb::TableDefinition::new("events");
+
+/// An embedded Rust B-tree engine (redb 2) storing `(session, seq) → event`: one write
+/// transaction per batch, committed with redb's default durability (`Immediate`: fsync'd
+/// before `commit` returns). redb has one writer at a time, so concurrent appenders queue for it.
+pub struct Redb {
+    db: redb::Database,
+}
+
+impl Redb {
+    pub fn create(path: &Path) -> Result<Redb> {
+        let db =
+            redb::Database::create(path).with_context(|| format!("open {}", path.display()))?;
+        let setup = db.begin_write()?;
+        setup.open_table(REDB_EVENTS)?;
+        setup.commit()?;
+        Ok(Redb { db })
+    }
+
+    /// Appends `events` to `session` from `first_seq` in one durable write transaction.
+    pub fn append_batch(&self, session: &str, first_seq: u64, events: &[GenEvent]) -> Result<()> {
+        self.write_batch(session, first_seq, events, redb::Durability::Immediate)
+    }
+
+    /// As [`Redb::append_batch`], without the fsync: for measuring bytes on disk only.
+    pub fn append_batch_unsynced(
+        &self,
+        session: &str,
+        first_seq: u64,
+        events: &[GenEvent],
+    ) -> Result<()> {
+        self.write_batch(session, first_seq, events, redb::Durability::None)
+    }
+
+    fn write_batch(
+        &self,
+        session: &str,
+        first_seq: u64,
+        events: &[GenEvent],
+        durability: redb::Durability,
+    ) -> Result<()> {
+        let mut transaction = self.db.begin_write()?;
+        transaction.set_durability(durability);
+        {
+            let mut table = transaction.open_table(REDB_EVENTS)?;
+            let time = dshdb::db::now_millis();
+            for (seq, event) in (first_seq..).zip(events) {
+                table.insert((session, seq), event.jsonl_line(seq, time).as_bytes())?;
+            }
+        }
+        transaction.commit()?;
+        Ok(())
+    }
+
+    /// Makes everything durable (a final durable, empty transaction) and closes.
+    pub fn close(self) -> Result<()> {
+        let transaction = self.db.begin_write()?;
+        transaction.commit()?;
         Ok(())
     }
 }

@@ -2,4 +2,5 @@
 //! DSH SQLite, raw `pwrite`+`fdatasync`) and the `compare` runner (`src/main.rs`).
 
 pub mod baselines;
+pub mod chart;
 pub mod workload;

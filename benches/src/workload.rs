@@ -56,14 +56,19 @@ impl Rng {
 pub struct GenEvent {
     pub event_type: &'static str,
     pub data: String,
+    /// DSH envelope members after `data`, without braces (e.g. `"surfaceOp":"append"`); empty
+    /// for none.
+    pub envelope: String,
 }
 
 impl GenEvent {
-    /// The event as the DSH JSONL line `JSON.stringify(event)` writes (raw encoding, with `\n`).
+    /// The event as the DSH JSONL line `JSON.stringify(event)` writes (raw encoding, with `\n`):
+    /// `{type, seq, time, data, sourceEventSeqs?, surfaceOp?}`, the order of DSH's `Session.append`.
     pub fn jsonl_line(&self, seq: u64, time: i64) -> String {
+        let separator = if self.envelope.is_empty() { "" } else { "," };
         format!(
-            "{{\"type\":\"{}\",\"data\":{},\"seq\":{},\"time\":{}}}\n",
-            self.event_type, self.data, seq, time
+            "{{\"type\":\"{}\",\"seq\":{},\"time\":{},\"data\":{}{separator}{}}}\n",
+            self.event_type, seq, time, self.data, self.envelope
         )
     }
 }
@@ -77,6 +82,9 @@ pub enum Shape {
     Fixed(usize),
 }
 
+/// The envelope of an event that appends a surface node.
+const APPEND: &str = "\"surfaceOp\":\"append\"";
+
 /// The events of one session, generated lazily turn by turn.
 pub struct SessionStream {
     rng: Rng,
@@ -84,6 +92,9 @@ pub struct SessionStream {
     turn: u64,
     pending: VecDeque<GenEvent>,
     call: u64,
+    /// Seq the next generated event gets when the stream is appended from seq 0 (the DSH
+    /// shape's `sourceEventSeqs` cite earlier events by it).
+    next_seq: u64,
 }
 
 /// Random ASCII "text" of `len` bytes, JSON-safe (no quotes or backslashes).
@@ -114,6 +125,7 @@ impl SessionStream {
             turn: 0,
             pending: VecDeque::new(),
             call: 0,
+            next_seq: 0,
         }
     }
 
@@ -132,8 +144,23 @@ impl SessionStream {
         (0..n).map(|_| self.next_event()).collect()
     }
 
-    fn push(&mut self, event_type: &'static str, data: String) {
-        self.pending.push_back(GenEvent { event_type, data });
+    /// Queues an event; returns the seq it will get.
+    fn push(&mut self, event_type: &'static str, data: String) -> u64 {
+        self.push_with(event_type, data, String::new())
+    }
+
+    fn push_with(&mut self, event_type: &'static str, data: String, envelope: String) -> u64 {
+        self.pending.push_back(GenEvent {
+            event_type,
+            data,
+            envelope,
+        });
+        self.next_seq += 1;
+        self.next_seq - 1
+    }
+
+    fn message_id(&mut self) -> String {
+        format!("msg-{:016x}", self.rng.next_u64())
     }
 
     fn generate_turn(&mut self) {
@@ -146,16 +173,18 @@ impl SessionStream {
             rng.log_range(40, 1_500)
         };
         let user = text(rng, user_len);
-        self.push(
+        let id = self.message_id();
+        self.push_with(
             "user/message",
-            format!("{{\"content\":[{{\"type\":\"text\",\"text\":\"{user}\"}}]}}"),
+            format!("{{\"content\":[{{\"type\":\"text\",\"text\":\"{user}\"}}],\"source\":{{\"kind\":\"user\"}},\"role\":\"user\",\"id\":\"{id}\"}}"),
+            APPEND.to_string(),
         );
         self.push("turn/start", format!("{{\"turn\":{turn}}}"));
         let steps = self.rng.range(1, 4);
         for step in 1..=steps {
             self.push("step/start", format!("{{\"turn\":{turn},\"step\":{step}}}"));
             let chunks = self.rng.range(5, 60);
-            self.push(
+            let first_chunk = self.push(
                 "assistant/chunk",
                 format!("{{\"turn\":{turn},\"step\":{step},\"chunk\":{{\"type\":\"block-start\",\"index\":0,\"blockType\":\"text\"}}}}"),
             );
@@ -174,7 +203,7 @@ impl SessionStream {
                     format!("{{\"turn\":{turn},\"step\":{step},\"chunk\":{{\"type\":\"{kind}\",\"index\":0,\"text\":\"{delta}\"}}}}"),
                 );
             }
-            self.push(
+            let last_chunk = self.push(
                 "assistant/chunk",
                 format!("{{\"turn\":{turn},\"step\":{step},\"chunk\":{{\"type\":\"block-end\",\"index\":0}}}}"),
             );
@@ -188,12 +217,19 @@ impl SessionStream {
             } else {
                 String::new()
             };
-            self.push(
+            let id = self.message_id();
+            let (input_tokens, output_tokens) =
+                (self.rng.range(1_000, 60_000), message.len() / 4 + 1);
+            let cited: Vec<String> = (first_chunk..=last_chunk)
+                .map(|seq| seq.to_string())
+                .collect();
+            self.push_with(
                 "assistant/message",
-                format!("{{\"turn\":{turn},\"step\":{step},\"message\":{{\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":\"{message}\"}}{tool_part}]}}}}"),
+                format!("{{\"turn\":{turn},\"step\":{step},\"message\":{{\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":\"{message}\"}}{tool_part}],\"source\":{{\"kind\":\"model\",\"provider\":\"deepseek\",\"model\":\"deepseek-v4-flash\"}},\"id\":\"{id}\"}},\"usage\":{{\"inputTokens\":{input_tokens},\"outputTokens\":{output_tokens}}}}}"),
+                format!("\"sourceEventSeqs\":[{}],{APPEND}", cited.join(",")),
             );
             if tool {
-                self.push(
+                let call_seq = self.push(
                     "tool/call",
                     format!("{{\"turn\":{turn},\"step\":{step},\"callId\":\"{call_id}\",\"name\":\"bash\",\"arguments\":\"{arguments}\"}}"),
                 );
@@ -203,9 +239,11 @@ impl SessionStream {
                     self.rng.log_range(10, 1_000)
                 };
                 let output = text(&mut self.rng, output_len);
-                self.push(
+                let id = self.message_id();
+                self.push_with(
                     "tool/result",
-                    format!("{{\"turn\":{turn},\"step\":{step},\"message\":{{\"source\":{{\"kind\":\"tool\",\"callId\":\"{call_id}\"}},\"content\":[{{\"type\":\"tool-result\",\"toolCallId\":\"{call_id}\",\"content\":[{{\"type\":\"text\",\"text\":\"{output}\"}}],\"isError\":false}}],\"role\":\"user\"}}}}"),
+                    format!("{{\"turn\":{turn},\"step\":{step},\"message\":{{\"source\":{{\"kind\":\"tool\",\"callId\":\"{call_id}\"}},\"content\":[{{\"type\":\"tool-result\",\"toolCallId\":\"{call_id}\",\"content\":[{{\"type\":\"text\",\"text\":\"{output}\"}}],\"isError\":false}}],\"role\":\"user\",\"id\":\"{id}\"}}}}"),
+                    format!("\"sourceEventSeqs\":[{call_seq}],{APPEND}"),
                 );
             }
             self.push("step/end", format!("{{\"turn\":{turn},\"step\":{step}}}"));
@@ -227,7 +265,30 @@ pub fn fixed_event(rng: &mut Rng, size: usize) -> GenEvent {
     GenEvent {
         event_type: "assistant/chunk",
         data,
+        envelope: String::new(),
     }
+}
+
+/// Id in the header of [`session_jsonl`].
+pub const SESSION_JSONL_ID: &str = "bench-exchange";
+
+/// First event time (ms since the epoch) of the generated session.
+const START_TIME_MS: i64 = 1_786_000_000_000;
+
+/// One generated session as DSH's raw JSONL writer writes it.
+pub fn session_jsonl(seed: u64, events: usize) -> Vec<u8> {
+    let mut stream = SessionStream::new(seed, 1, Shape::Dsh);
+    let mut out = format!(
+        "{{\"type\":\"session\",\"version\":0,\"id\":\"{SESSION_JSONL_ID}\",\"createdAt\":{START_TIME_MS},\"cwd\":\"/home/bench/project\",\"delegationDepth\":0}}\n"
+    )
+    .into_bytes();
+    for seq in 0..events {
+        let event = stream.next_event();
+        let time = START_TIME_MS + i64::try_from(seq).unwrap_or(i64::MAX);
+        let seq = u64::try_from(seq).unwrap_or(u64::MAX);
+        out.extend_from_slice(event.jsonl_line(seq, time).as_bytes());
+    }
+    out
 }
 
 #[cfg(test)]
@@ -256,6 +317,23 @@ mod tests {
                 serde_json::from_str::<serde_json::Value>(&event.data).expect("valid JSON");
             }
         }
+    }
+
+    #[test]
+    fn dsh_shape_is_a_valid_dsh_session_and_round_trips_byte_identically() {
+        let jsonl = session_jsonl(3, 3_000);
+        let dir = std::env::temp_dir().join(format!("dshdb-workload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = dshdb::db::Store::open(&dir, dshdb::db::Options::default()).expect("open");
+        let report = dshdb::exchange::import_dsh_jsonl(&store, &jsonl).expect("DSH-valid");
+        assert_eq!(report.events, 3_000);
+        assert_eq!(report.verbatim, 0, "DSH's own key order re-renders exactly");
+        let exported = dshdb::exchange::export_dsh_jsonl(&store, SESSION_JSONL_ID).expect("export");
+        assert!(exported == jsonl, "export differs from the generated JSONL");
+        let messages = dshdb::exchange::messages(&store, SESSION_JSONL_ID).expect("messages");
+        assert!(messages.len() > 100, "{} messages", messages.len());
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -124,6 +124,18 @@ enum Command {
     },
     /// Print a session's header, event counts by type and lineage (JSON).
     Info { store: PathBuf, session: String },
+    /// Rewrite every sealed write-ahead segment into compressed run files and checkpoint
+    /// the seq index (what the background maintenance does).
+    Maintain { store: PathBuf },
+    /// Print events, bytes on disk, compression ratio, runs and segments of the store or of
+    /// one session.
+    Stats {
+        store: PathBuf,
+        session: Option<String>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     #[command(flatten)]
     Above(above::AboveCommand),
 }
@@ -214,9 +226,83 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
             at,
         } => exchange::fork(&store, &parent, &child, at, out)?,
         Command::Info { store, session } => exchange::info(&store, &session, out)?,
+        Command::Maintain { store } => maintain(&store, out)?,
+        Command::Stats {
+            store,
+            session,
+            json,
+        } => stats(&store, session.as_deref(), json, out)?,
         Command::Above(command) => above::run(command, out)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn maintain(path: &Path, out: &mut impl Write) -> Result<()> {
+    let store = Store::open(
+        path,
+        Options {
+            create_if_missing: false,
+            ..Options::default()
+        },
+    )
+    .with_context(|| format!("cannot open store {}", path.display()))?;
+    let report = store.maintain().context("maintenance failed")?;
+    store.close().context("closing the store")?;
+    let ratio = if report.run_bytes > 0 {
+        report.raw_bytes as f64 / report.run_bytes as f64
+    } else {
+        0.0
+    };
+    writeln!(
+        out,
+        "sealed {} segments into runs: {} events, {} bytes -> {} bytes (ratio {ratio:.2})",
+        report.segments_sealed, report.events, report.raw_bytes, report.run_bytes
+    )?;
+    Ok(())
+}
+
+fn stats(path: &Path, session: Option<&str>, json: bool, out: &mut impl Write) -> Result<()> {
+    let store = open_read_only(path)?;
+    let stats = store
+        .stats(session)
+        .with_context(|| format!("cannot compute stats of {}", path.display()))?;
+    if json {
+        let value = serde_json::json!({
+            "session": session,
+            "sessions": stats.sessions,
+            "events": stats.events,
+            "events_in_runs": stats.events_in_runs,
+            "events_in_segments": stats.events_in_segments,
+            "bytes_on_disk": stats.bytes_on_disk,
+            "raw_bytes": stats.raw_bytes,
+            "run_compression_ratio": stats.run_compression_ratio,
+            "runs": stats.runs,
+            "segments": stats.segments,
+        });
+        writeln!(out, "{value}")?;
+        return Ok(());
+    }
+    if let Some(session) = session {
+        writeln!(out, "session {session}")?;
+    } else {
+        writeln!(out, "store {}", path.display())?;
+        writeln!(out, "sessions: {}", stats.sessions)?;
+    }
+    writeln!(
+        out,
+        "events: {} ({} in runs, {} in segments)",
+        stats.events, stats.events_in_runs, stats.events_in_segments
+    )?;
+    writeln!(out, "bytes on disk: {}", stats.bytes_on_disk)?;
+    writeln!(out, "raw frame bytes: {}", stats.raw_bytes)?;
+    writeln!(
+        out,
+        "run compression ratio: {:.2}",
+        stats.run_compression_ratio
+    )?;
+    writeln!(out, "runs: {}", stats.runs)?;
+    writeln!(out, "segments: {}", stats.segments)?;
+    Ok(())
 }
 
 fn read_only_options() -> Options {
@@ -449,7 +535,12 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
         eprintln!("dshdb: CORRUPT: store {}: {error}", path.display());
         Ok(ExitCode::from(EXIT_CORRUPT))
     };
-    let store = match Store::open(path, read_only_options()) {
+    // Decode every run and segment instead of trusting the seq-index checkpoint.
+    let options = Options {
+        use_checkpoint: false,
+        ..read_only_options()
+    };
+    let store = match Store::open(path, options) {
         Ok(store) => store,
         Err(error) if error.is_corruption() => return corrupt(error, out),
         Err(error) => {
@@ -474,6 +565,7 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     }
     let report = store.recovery_report();
     writeln!(out, "store {}: ok", path.display())?;
+    writeln!(out, "runs decoded: {}", report.runs_replayed)?;
     writeln!(out, "segments scanned: {}", report.segments_scanned)?;
     writeln!(out, "events: {}", report.events)?;
     writeln!(out, "batches: {}", report.batches)?;

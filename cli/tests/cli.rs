@@ -39,7 +39,14 @@ fn dshdb(args: &[&str], stdin: impl AsRef<[u8]>) -> Output {
         .spawn()
         .expect("spawn dshdb");
     let mut input = child.stdin.take().expect("stdin");
-    input.write_all(stdin.as_ref()).expect("write stdin");
+    // A command that fails before reading its input closes the pipe early.
+    if let Err(error) = input.write_all(stdin.as_ref()) {
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "write stdin: {error}"
+        );
+    }
     drop(input);
     child.wait_with_output().expect("wait for dshdb")
 }
@@ -432,4 +439,87 @@ fn quickstart_sessions_pass_the_dsh_session_model_checks() {
             panic!("{id}: {error}");
         }
     }
+}
+
+/// A second writer *process*: while this process holds the store open for writing, `dshdb
+/// append` in a child process is refused with the lock error and writes nothing; a read-only
+/// command works alongside; once the holder closes, the child can write.
+#[test]
+fn a_second_writer_process_is_refused_and_changes_nothing() {
+    let dir = TempDir::new("second-writer");
+    let store_path = dir.join("store");
+    let holder = dshdb::db::Store::open(&store_path, dshdb::db::Options::default()).expect("open");
+    let mut writer = holder.create_session_with_id("held").expect("create");
+    writer
+        .append(dshdb::db::NewEvent::new("assistant/chunk", r#"{"n":0}"#))
+        .expect("append");
+    let store = store_path.to_str().expect("UTF-8 path");
+    let line = "{\"type\":\"assistant/chunk\",\"data\":{\"n\":1}}\n";
+    let refused = dshdb(&["append", store, "held"], line);
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("locked by another writer process"),
+        "{message}"
+    );
+    let listed = dshdb(&["ls", store], "");
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert_eq!(holder.session("held").expect("session").events, 1);
+    drop(writer);
+    holder.close().expect("close");
+    drop(holder);
+    let accepted = dshdb(&["append", store, "held"], line);
+    assert!(
+        accepted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+    let events = dshdb(&["events", store, "held", "--json"], "");
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&stdout(&events)).expect("events --json is a JSON array");
+    assert_eq!(listed.len(), 2);
+}
+
+#[test]
+fn maintain_seals_segments_into_runs_and_stats_reports_them() {
+    let dir = TempDir::new("maintain");
+    let store_path = dir.join("store");
+    let store = path_str(&store_path);
+    let line = |n: usize| format!("{{\"type\":\"assistant/chunk\",\"data\":{{\"n\":{n}}}}}\n");
+    let first: String = (0..3).map(line).collect();
+    let second: String = (3..5).map(line).collect();
+    // Each clean close seals its segment; the next open starts a new one.
+    ok(&["append", store, "s", "--create"], &first);
+    ok(&["append", store, "s"], &second);
+    let out = ok(&["maintain", store], "");
+    assert!(
+        out.contains("sealed 2 segments into runs: 5 events"),
+        "{out}"
+    );
+    let runs = std::fs::read_dir(store_path.join("runs"))
+        .expect("runs dir")
+        .count();
+    assert_eq!(runs, 2);
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(&["stats", store, "--json"], "")).expect("json");
+    assert_eq!(stats["events"], 5);
+    assert_eq!(stats["events_in_runs"], 5);
+    assert_eq!(stats["runs"], 2);
+    assert_eq!(stats["segments"], 1);
+    let session: serde_json::Value =
+        serde_json::from_str(&ok(&["stats", store, "s", "--json"], "")).expect("json");
+    assert_eq!(session["events"], 5);
+    assert_eq!(session["runs"], 2);
+    let text = ok(&["stats", store], "");
+    assert!(text.contains("run compression ratio"), "{text}");
+    let events = ok(&["events", store, "s"], "");
+    assert_eq!(events.lines().count(), 5);
+    assert!(events.contains(r#""seq":4"#), "{events}");
+    let verified = ok(&["verify", store], "");
+    assert!(verified.contains("runs decoded: 2"), "{verified}");
+    assert!(verified.contains("events: 5"), "{verified}");
 }

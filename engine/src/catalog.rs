@@ -33,6 +33,9 @@ pub struct SessionEntry {
     pub positions: Vec<Position>,
     /// Whether a writer handle is alive for this session.
     pub has_writer: bool,
+    /// The file (segment or run id) whose records first defined the session; `None` while
+    /// its header is not yet queued. The seq-index checkpoint keeps sessions by it.
+    pub defined_in: Option<u64>,
 }
 
 /// A fork's shared prefix: the first `length` events are the parent's.
@@ -79,11 +82,16 @@ pub fn header_id(header_json: &[u8]) -> Result<String, String> {
 
 impl Catalog {
     /// Records a session header found in the log (or re-emitted in a later segment).
+    /// `file` is where the header was found. `check_seed_length` is off for run files,
+    /// whose definitions block precedes the parent's events (F-06-1); [`Catalog::check_seeds`]
+    /// checks them once everything is loaded.
     pub fn define_session(
         &mut self,
         number: u32,
         seed: Option<Seed>,
         header_json: &[u8],
+        file: u64,
+        check_seed_length: bool,
     ) -> Result<(), String> {
         if let Some(existing) = self.sessions.get(&number) {
             if existing.header_json.as_bytes() != header_json || existing.seed != seed {
@@ -96,7 +104,7 @@ impl Catalog {
                 .sessions
                 .get(&seed.parent)
                 .ok_or_else(|| format!("fork of unknown session {}", seed.parent))?;
-            if seed.length > parent.length() {
+            if check_seed_length && seed.length > parent.length() {
                 return Err("fork seed longer than its parent".to_string());
             }
         }
@@ -107,6 +115,45 @@ impl Catalog {
             return Err(format!("session id {id:?} defined twice"));
         }
         self.insert_session(number, id, seed, text.to_string());
+        if let Some(entry) = self.sessions.get_mut(&number) {
+            entry.defined_in = Some(file);
+        }
+        Ok(())
+    }
+
+    /// Checks that every fork's seed is no longer than its parent (after a load that
+    /// deferred the check).
+    pub fn check_seeds(&self) -> Result<(), String> {
+        for entry in self.sessions.values() {
+            if let Some(seed) = entry.seed {
+                let parent_length = self.sessions.get(&seed.parent).map(SessionEntry::length);
+                if parent_length.is_none_or(|length| seed.length > length) {
+                    return Err(format!(
+                        "fork {:?} has a seed longer than its parent",
+                        entry.id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Restores a session from a seq-index checkpoint.
+    pub fn restore_session(
+        &mut self,
+        number: u32,
+        seed: Option<Seed>,
+        header_json: &[u8],
+        defined_in: u64,
+        positions: Vec<Position>,
+    ) -> Result<(), String> {
+        if self.sessions.contains_key(&number) {
+            return Err(format!("session {number} twice"));
+        }
+        self.define_session(number, seed, header_json, defined_in, false)?;
+        if let Some(entry) = self.sessions.get_mut(&number) {
+            entry.positions = positions;
+        }
         Ok(())
     }
 
@@ -121,6 +168,7 @@ impl Catalog {
                 seed,
                 positions: Vec::new(),
                 has_writer: false,
+                defined_in: None,
             },
         );
         self.next_session = self.next_session.max(number.saturating_add(1));

@@ -8,7 +8,7 @@
 use crate::error::{Error, Result};
 use crate::frame::Record;
 use crate::io::{Storage, StorageFile};
-use crate::manifest::{Manifest, SegmentEntry};
+use crate::manifest::{Manifest, RunEntry, SegmentEntry};
 use crate::segment::{create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
@@ -386,6 +386,55 @@ impl Log {
             .iter()
             .find(|entry| entry.id == segment)
             .map(|entry| entry.salt)
+    }
+
+    /// A copy of the manifest in force.
+    pub fn manifest(&self) -> Manifest {
+        self.shared.state.lock().manifest.clone()
+    }
+
+    /// The oldest live segment if it is not the one taking appends (so it is sealed; its
+    /// seal is durable once a `flush` returned after the roll that queued it).
+    pub fn oldest_sealed_segment(&self) -> Option<SegmentEntry> {
+        let state = self.shared.state.lock();
+        let oldest = *state.manifest.segments.first()?;
+        (oldest.id != state.active.context.segment && state.written_position.0 > oldest.id)
+            .then_some(oldest)
+    }
+
+    /// Takes the next file id from the manifest's counter for a run file (F-06-10 step 1);
+    /// it reaches the disk with the next manifest write.
+    pub fn allocate_file_id(&self) -> Result<u64> {
+        let mut state = self.shared.state.lock();
+        state.check_usable()?;
+        let id = state.manifest.next_segment_id;
+        state.manifest.next_segment_id += 1;
+        Ok(id)
+    }
+
+    /// Replaces the manifest by one where the oldest segment `segment` is replaced by `run`
+    /// (F-06-10 step 3). A failure after the rename poisons the log like a failed roll.
+    pub fn replace_segment_with_run(&self, segment: u64, run: RunEntry) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        state.check_usable()?;
+        if state.manifest.segments.first().map(|entry| entry.id) != Some(segment)
+            || segment == state.active.context.segment
+        {
+            return Err(Error::invalid(
+                "only the oldest sealed segment can become a run",
+            ));
+        }
+        let mut manifest = state.manifest.clone();
+        manifest.segments.remove(0);
+        manifest.runs.push(run);
+        if let Err(failure) = manifest.write_reporting_stage(self.shared.storage.as_ref()) {
+            if failure.after_rename {
+                state.poisoned = Some("manifest sync");
+            }
+            return Err(failure.error);
+        }
+        state.manifest = manifest;
+        Ok(())
     }
 
     /// Durable ticket so far (for receipts).

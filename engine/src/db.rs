@@ -9,12 +9,18 @@ use crate::frame::{
     decode_frame, EventRecord, Record, EVENT_FIXED_BYTES, EVENT_FLAG_VERBATIM_LINE,
     KNOWN_EVENT_FLAGS, MAX_PAYLOAD_BYTES, NO_SEED_PARENT,
 };
+use crate::index::{
+    encode_checkpoint, write_checkpoint, CoveredSegment, CHECKPOINT_FILE, CHECKPOINT_TEMP_FILE,
+    INDEX_DIR,
+};
 use crate::io::fs::FsStorage;
 use crate::io::{LockGuard, Storage, StorageFile};
-use crate::manifest::{Manifest, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
+use crate::manifest::{Manifest, RunEntry, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
 use crate::recovery::{recover, LogTail, RecoveryReport, TornSegment};
+use crate::run::{build_run, parse_run_name, run_path, BlockCache, RunReader, RUNS_DIR};
 use crate::segment::{
-    create_segment, parse_segment_name, segment_path, SEGMENT_HEADER_BYTES, WAL_DIR,
+    check_header, create_segment, parse_segment_name, read_segment, segment_path,
+    SEGMENT_HEADER_BYTES, WAL_DIR,
 };
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -32,6 +38,9 @@ pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
 pub const MAX_EVENT_DATA_BYTES: usize = MAX_PAYLOAD_BYTES - EVENT_FIXED_BYTES - 4096;
 /// Largest session header, in bytes.
 pub const MAX_HEADER_BYTES: usize = 1024 * 1024;
+/// Default bytes of decompressed run blocks kept in memory (64 MiB): bounds read memory
+/// whatever the store's size.
+pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest event type name, in bytes.
 pub const MAX_TYPE_BYTES: usize = 1024;
 /// 2^53: JavaScript's safe integers (DSH's `createdAt`, `seq`, `time`) lie below it.
@@ -55,6 +64,14 @@ pub struct Options {
     /// Largest encoded batch accepted, in bytes; a batch larger than a segment gets a
     /// segment of its own.
     pub max_batch_bytes: u64,
+    /// Bytes of decompressed run blocks the read cache may hold.
+    pub block_cache_bytes: usize,
+    /// Load the seq-index checkpoint at open (F-06-21). Off, the open decodes and checks
+    /// every run and segment (`dshdb verify`), and costs O(store) instead of O(tail).
+    pub use_checkpoint: bool,
+    /// Run [`Store::maintain`] on a background thread this often; `None` (the default)
+    /// leaves sealing to explicit `maintain` calls.
+    pub maintenance_interval: Option<Duration>,
 }
 
 impl Default for Options {
@@ -66,6 +83,9 @@ impl Default for Options {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
+            use_checkpoint: true,
+            maintenance_interval: None,
         }
     }
 }
@@ -169,6 +189,60 @@ struct Inner {
     report: RecoveryReport,
     closed: Mutex<bool>,
     lock: Mutex<Option<Box<dyn LockGuard>>>,
+    /// Live runs by id, as the manifest names them.
+    run_entries: RwLock<HashMap<u64, RunEntry>>,
+    /// Opened runs (index read, file mapped), by id.
+    run_readers: Mutex<HashMap<u64, Arc<RunReader>>>,
+    cache: BlockCache,
+    /// One `maintain` at a time.
+    maintaining: Mutex<()>,
+    /// Readers hold it shared from collecting positions to decoding them; a seal holds it
+    /// exclusively while it moves positions from a segment to its run.
+    read_gate: RwLock<()>,
+    maintenance: Arc<MaintenanceSignal>,
+}
+
+/// Stops the background maintenance thread.
+#[derive(Default)]
+struct MaintenanceSignal {
+    stop: Mutex<bool>,
+    wake: parking_lot::Condvar,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What one [`Store::maintain`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    /// Segments rewritten as runs.
+    pub segments_sealed: usize,
+    /// Events moved into runs.
+    pub events: u64,
+    /// Bytes of the frames moved (uncompressed).
+    pub raw_bytes: u64,
+    /// Bytes of the run files written.
+    pub run_bytes: u64,
+}
+
+/// Figures of [`Store::stats`], for the whole store or one session.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Sessions counted (1 for one session).
+    pub sessions: u64,
+    /// Events, a fork's seed included for one session, every stored event for the store.
+    pub events: u64,
+    /// Events stored in runs, and in write-ahead segments.
+    pub events_in_runs: u64,
+    pub events_in_segments: u64,
+    /// Run files (holding the session's events, for one session).
+    pub runs: u64,
+    /// Write-ahead segments (holding the session's events, for one session).
+    pub segments: u64,
+    /// Bytes on disk: every file of the store, or the session's run blocks and frames.
+    pub bytes_on_disk: u64,
+    /// Frame bytes of the events counted, uncompressed.
+    pub raw_bytes: u64,
+    /// Uncompressed over compressed bytes of the run blocks counted (0 without runs).
+    pub run_compression_ratio: f64,
 }
 
 /// An open store. Cheap to clone; all clones share one store.
@@ -233,19 +307,23 @@ impl Store {
                 })
             }
         };
-        let mut recovered = recover(storage.as_ref(), &manifest)?;
+        let mut recovered = recover(storage.as_ref(), &manifest, options.use_checkpoint)?;
         let salts = manifest
             .segments
             .iter()
             .map(|entry| (entry.id, entry.salt))
             .collect();
+        let run_entries = manifest.runs.iter().map(|run| (run.id, *run)).collect();
+        let write_fresh_checkpoint = !recovered.report.checkpoint_used && !manifest.runs.is_empty();
         let log = if options.read_only {
             None
         } else {
             remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
             Some(start_log(&storage, &options, manifest, recovered.tail)?)
         };
-        Ok(Store {
+        let cache = BlockCache::new(options.block_cache_bytes);
+        let interval = options.maintenance_interval;
+        let store = Store {
             inner: Arc::new(Inner {
                 storage,
                 options,
@@ -256,8 +334,191 @@ impl Store {
                 report: recovered.report,
                 closed: Mutex::new(false),
                 lock: Mutex::new(lock),
+                run_entries: RwLock::new(run_entries),
+                run_readers: Mutex::new(HashMap::new()),
+                cache,
+                maintaining: Mutex::new(()),
+                read_gate: RwLock::new(()),
+                maintenance: Arc::new(MaintenanceSignal::default()),
             }),
-        })
+        };
+        if store.inner.log.is_some() {
+            if write_fresh_checkpoint {
+                // Derived data (F-06-22): a failure here only costs the next open a rebuild.
+                let _ = store.write_runs_checkpoint();
+            }
+            if let Some(interval) = interval {
+                store.start_maintenance_thread(interval);
+            }
+        }
+        Ok(store)
+    }
+
+    fn start_maintenance_thread(&self, interval: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        let signal = self.inner.maintenance.clone();
+        let thread_signal = signal.clone();
+        let spawned = std::thread::Builder::new()
+            .name("dshdb-maintenance".to_string())
+            .spawn(move || loop {
+                {
+                    let mut stop = thread_signal.stop.lock();
+                    if !*stop {
+                        thread_signal.wake.wait_for(&mut stop, interval);
+                    }
+                    if *stop {
+                        return;
+                    }
+                }
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                // Errors poison the log or are retried next time; appenders see them.
+                let _ = (Store { inner }).maintain();
+            });
+        if let Ok(handle) = spawned {
+            *signal.thread.lock() = Some(handle);
+        }
+    }
+
+    fn stop_maintenance_thread(&self) {
+        let signal = &self.inner.maintenance;
+        *signal.stop.lock() = true;
+        signal.wake.notify_all();
+        let handle = signal.thread.lock().take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+
+    /// Rewrites every sealed write-ahead segment into a run file (F-06-10), oldest first,
+    /// then checkpoints the seq index. Crash-safe at every step: the segment is removed only
+    /// after the run file and the manifest naming it are durable.
+    pub fn maintain(&self) -> Result<MaintenanceReport> {
+        let log = self.log()?;
+        let _one_at_a_time = self.inner.maintaining.lock();
+        let mut report = MaintenanceReport::default();
+        if log.manifest().segments.len() < 2 {
+            // Only the segment taking appends: nothing is sealed, nothing to flush for.
+            return Ok(report);
+        }
+        // Makes the seal of every rolled segment durable (it is queued with the roll).
+        log.flush()?;
+        while let Some(segment) = log.oldest_sealed_segment() {
+            self.seal_segment(log, segment, &mut report)?;
+        }
+        Ok(report)
+    }
+
+    fn seal_segment(
+        &self,
+        log: &Log,
+        segment: SegmentEntry,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let storage = self.inner.storage.as_ref();
+        let bytes = read_segment(storage, segment.id)?;
+        check_header(&bytes, segment.id, segment.salt)?;
+        let run_id = log.allocate_file_id()?;
+        let built = build_run(&bytes, segment.id, segment.salt, run_id, new_salt())?;
+        self.check_moves(segment.id, &built.moved)?;
+        write_run_file(storage, run_id, &built.bytes)?;
+        if let Err(error) = log.replace_segment_with_run(segment.id, built.entry) {
+            if log.poisoned().is_none() {
+                // The old manifest is in force: the run file is an orphan either way.
+                let _ = storage.remove(&run_path(run_id));
+            }
+            return Err(error);
+        }
+        self.move_positions(segment.id, built.entry, &built.moved);
+        // Derived data (F-06-22): a failure only costs the next open a replay of the runs.
+        let _ = self.write_runs_checkpoint();
+        storage
+            .remove(&segment_path(segment.id))
+            .map_err(io_error("segment remove"))?;
+        storage
+            .sync_dir(WAL_DIR)
+            .map_err(io_error("directory sync"))?;
+        report.segments_sealed += 1;
+        report.events += built.events;
+        report.raw_bytes += built.raw_bytes;
+        report.run_bytes += built.entry.file_bytes;
+        Ok(())
+    }
+
+    /// Every event of the run must be indexed in the segment it came from.
+    fn check_moves(&self, segment: u64, moved: &[(u32, u64, Position)]) -> Result<()> {
+        let catalog = self.inner.catalog.read();
+        for (session, seq, _) in moved {
+            let indexed = catalog.sessions.get(session).and_then(|entry| {
+                let index = seq.checked_sub(entry.seed_length())?;
+                entry.positions.get(usize::try_from(index).ok()?)
+            });
+            if indexed.map(|position| position.segment) != Some(segment) {
+                return Err(Error::Corrupt {
+                    segment,
+                    offset: 0,
+                    reason: format!("event {seq} of session {session} is not indexed here"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Points the catalog at the run instead of the segment (under the read gate, so no
+    /// reader holds positions of the segment any more when it is removed).
+    fn move_positions(&self, segment: u64, run: RunEntry, moved: &[(u32, u64, Position)]) {
+        let inner = &self.inner;
+        let _no_readers = inner.read_gate.write();
+        let mut catalog = inner.catalog.write();
+        for (session, seq, position) in moved {
+            if let Some(entry) = catalog.sessions.get_mut(session) {
+                let index = (seq - entry.seed_length()) as usize;
+                entry.positions[index] = *position;
+            }
+        }
+        for entry in catalog.sessions.values_mut() {
+            if entry.defined_in == Some(segment) {
+                entry.defined_in = Some(run.id);
+            }
+        }
+        inner.run_entries.write().insert(run.id, run);
+        inner.files.lock().remove(&segment);
+        inner.salts.write().remove(&segment);
+    }
+
+    /// Checkpoints the seq index as of the runs (F-06-20).
+    fn write_runs_checkpoint(&self) -> Result<()> {
+        let Some(log) = &self.inner.log else {
+            return Ok(());
+        };
+        let manifest = log.manifest();
+        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &[]);
+        write_checkpoint(self.inner.storage.as_ref(), &bytes)
+    }
+
+    /// Checkpoints the seq index as of every run and segment, after a clean close sealed
+    /// them all (F-06-20).
+    fn write_closing_checkpoint(&self, log: &Log) -> Result<()> {
+        let manifest = log.manifest();
+        let mut covered = Vec::with_capacity(manifest.segments.len());
+        for segment in &manifest.segments {
+            let end = self
+                .inner
+                .storage
+                .open_read(&segment_path(segment.id))
+                .and_then(|file| file.len())
+                .map_err(io_error("segment length"))?;
+            covered.push(CoveredSegment {
+                id: segment.id,
+                salt: segment.salt,
+                end,
+            });
+        }
+        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &covered);
+        write_checkpoint(self.inner.storage.as_ref(), &bytes)
     }
 
     /// The store's directory (derived files above the log, `cache/` and `spill/`, live there).
@@ -471,6 +732,7 @@ impl Store {
         })?;
         if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
             entry.positions.extend(positions);
+            entry.defined_in.get_or_insert(submitted.segment);
         }
         Ok(PendingReceipt {
             store: self.clone(),
@@ -545,6 +807,7 @@ impl Store {
 
     /// The events with seq in `from..to` (clamped to the session's length).
     pub fn read(&self, id: &str, from: u64, to: u64) -> Result<Vec<Event>> {
+        let _positions_stay_valid = self.inner.read_gate.read();
         let (positions, types) = {
             let catalog = self.inner.catalog.read();
             let number = *catalog
@@ -600,6 +863,9 @@ impl Store {
         if let Some(salt) = self.inner.salts.read().get(&segment) {
             return Ok(*salt);
         }
+        if let Some(run) = self.inner.run_entries.read().get(&segment) {
+            return Ok(run.salt);
+        }
         let salt = self
             .inner
             .log
@@ -614,6 +880,9 @@ impl Store {
     }
 
     fn read_span(&self, segment: u64, start: u64, end: u64) -> Result<Vec<u8>> {
+        if let Some(reader) = self.run_reader(segment)? {
+            return reader.read_raw(start, end, &self.inner.cache);
+        }
         if let Some(log) = &self.inner.log {
             log.wait_written(segment, end)?;
         }
@@ -622,6 +891,135 @@ impl Store {
         file.read_exact_at(&mut bytes, start)
             .map_err(io_error("segment read"))?;
         Ok(bytes)
+    }
+
+    /// The opened run `id`, or `None` when `id` is not a live run.
+    fn run_reader(&self, id: u64) -> Result<Option<Arc<RunReader>>> {
+        let Some(entry) = self.inner.run_entries.read().get(&id).copied() else {
+            return Ok(None);
+        };
+        let mut readers = self.inner.run_readers.lock();
+        if let Some(reader) = readers.get(&id) {
+            return Ok(Some(reader.clone()));
+        }
+        let file = self
+            .inner
+            .storage
+            .open_read(&run_path(id))
+            .map_err(|error| match error.kind() {
+                std::io::ErrorKind::NotFound => Error::CorruptFile {
+                    file: run_path(id),
+                    reason: "named by the manifest but missing".to_string(),
+                },
+                _ => Error::io("run open", error),
+            })?;
+        let reader = Arc::new(RunReader::open(file, &entry)?);
+        readers.insert(id, reader.clone());
+        Ok(Some(reader))
+    }
+
+    /// Events, files and compression of the store, or of one session (`dshdb stats`).
+    pub fn stats(&self, session: Option<&str>) -> Result<Stats> {
+        let _positions_stay_valid = self.inner.read_gate.read();
+        let run_ids: Vec<u64> = self.inner.run_entries.read().keys().copied().collect();
+        let mut readers = HashMap::new();
+        for id in run_ids {
+            if let Some(reader) = self.run_reader(id)? {
+                readers.insert(id, reader);
+            }
+        }
+        let catalog = self.inner.catalog.read();
+        let mut stats = Stats::default();
+        let mut runs_seen = std::collections::HashSet::new();
+        let mut segments_seen = std::collections::HashSet::new();
+        let numbers: Vec<u32> = match session {
+            Some(id) => {
+                let number = *catalog
+                    .by_id
+                    .get(id)
+                    .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+                if let Some(entry) = catalog.sessions.get(&number) {
+                    stats.events = entry.length();
+                }
+                vec![number]
+            }
+            None => catalog.sessions.keys().copied().collect(),
+        };
+        for number in &numbers {
+            let Some(entry) = catalog.sessions.get(number) else {
+                continue;
+            };
+            stats.sessions += 1;
+            for position in &entry.positions {
+                stats.raw_bytes += u64::from(position.frame_bytes);
+                if readers.contains_key(&position.segment) {
+                    stats.events_in_runs += 1;
+                    runs_seen.insert(position.segment);
+                } else {
+                    stats.events_in_segments += 1;
+                    segments_seen.insert(position.segment);
+                }
+            }
+        }
+        let (mut run_raw, mut run_stored) = (0u64, 0u64);
+        for (id, reader) in &readers {
+            for block in &reader.index.blocks {
+                if session.is_none() || numbers.contains(&block.session) {
+                    run_raw += u64::from(block.raw_bytes);
+                    run_stored += u64::from(block.stored_bytes);
+                }
+            }
+            if session.is_none() {
+                runs_seen.insert(*id);
+            }
+        }
+        if run_stored > 0 {
+            stats.run_compression_ratio = run_raw as f64 / run_stored as f64;
+        }
+        stats.runs = runs_seen.len() as u64;
+        match session {
+            Some(_) => {
+                stats.segments = segments_seen.len() as u64;
+                let wal_bytes = stats.raw_bytes - run_raw.min(stats.raw_bytes);
+                stats.bytes_on_disk = run_stored + wal_bytes;
+            }
+            None => {
+                stats.events = stats.events_in_runs + stats.events_in_segments;
+                stats.segments = self.store_file_bytes(&mut stats.bytes_on_disk)?;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Adds the length of every store file to `bytes`; returns how many segments there are.
+    fn store_file_bytes(&self, bytes: &mut u64) -> Result<u64> {
+        let storage = self.inner.storage.as_ref();
+        let length = |path: &str| {
+            storage
+                .open_read(path)
+                .and_then(|file| file.len())
+                .map_err(io_error("stats"))
+        };
+        let mut segments = 0;
+        for (dir, is_store_file) in [
+            (WAL_DIR, parse_segment_name as fn(&str) -> Option<u64>),
+            (RUNS_DIR, parse_run_name),
+        ] {
+            for name in storage.list(dir).map_err(io_error("stats"))? {
+                if is_store_file(&name).is_some() {
+                    *bytes += length(&format!("{dir}/{name}"))?;
+                    if dir == WAL_DIR {
+                        segments += 1;
+                    }
+                }
+            }
+        }
+        for file in [MANIFEST_FILE, CHECKPOINT_FILE] {
+            if storage.exists(file).map_err(io_error("stats"))? {
+                *bytes += length(file)?;
+            }
+        }
+        Ok(segments)
     }
 
     fn segment_file(&self, segment: u64) -> Result<Arc<dyn StorageFile>> {
@@ -684,8 +1082,12 @@ impl Store {
             return Ok(());
         }
         *closed = true;
+        self.stop_maintenance_thread();
         let outcome = match &self.inner.log {
-            Some(log) => log.close(),
+            Some(log) => log.close().inspect(|()| {
+                // Derived data (F-06-22): a failure only costs the next open a replay.
+                let _ = self.write_closing_checkpoint(log);
+            }),
             None => Ok(()),
         };
         self.inner.lock.lock().take();
@@ -695,6 +1097,8 @@ impl Store {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        *self.maintenance.stop.lock() = true;
+        self.maintenance.wake.notify_all();
         if !*self.closed.lock() {
             if let Some(log) = &self.log {
                 // Best effort: a drop cannot report; `close()` is the way to see errors.
@@ -953,9 +1357,10 @@ fn validate_event(event: &NewEvent<'_>) -> Result<()> {
 
 fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
     let existing = storage.list("").map_err(io_error("store list"))?;
+    let store_names = [LOCK_FILE, MANIFEST_TEMP_FILE, WAL_DIR, RUNS_DIR, INDEX_DIR];
     let foreign = existing
         .iter()
-        .any(|name| name != LOCK_FILE && name != MANIFEST_TEMP_FILE && name != WAL_DIR);
+        .any(|name| !store_names.contains(&name.as_str()));
     if foreign {
         return Err(Error::NotAStore {
             path: label.to_path_buf(),
@@ -965,9 +1370,18 @@ fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
         .list(WAL_DIR)
         .map_err(io_error("store list"))?
         .iter()
-        .any(|name| parse_segment_name(name).is_some());
+        .any(|name| parse_segment_name(name).is_some())
+        || storage
+            .list(RUNS_DIR)
+            .map_err(io_error("store list"))?
+            .iter()
+            .any(|name| parse_run_name(name).is_some())
+        || storage
+            .exists(CHECKPOINT_FILE)
+            .map_err(io_error("store list"))?;
     if segments_left {
-        // Segments without a MANIFEST are a damaged store, never a new one: creating a
+        // Segments, runs or a checkpoint without a MANIFEST are a damaged store, never a
+        // new one (F-06-11): creating a
         // manifest here would make this very open delete every segment as an orphan.
         return Err(Error::CorruptFile {
             file: MANIFEST_FILE.to_string(),
@@ -980,6 +1394,7 @@ fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
     storage.sync_dir("").map_err(io_error("directory sync"))?;
     let manifest = Manifest {
         segments: Vec::new(),
+        runs: Vec::new(),
         next_segment_id: 1,
     };
     manifest.write(storage)?;
@@ -1008,13 +1423,51 @@ fn remove_orphans(
             .sync_dir(WAL_DIR)
             .map_err(io_error("directory sync"))?;
     }
-    if storage
-        .exists(MANIFEST_TEMP_FILE)
-        .map_err(io_error("store list"))?
-    {
+    let mut removed_runs = false;
+    for name in storage.list(RUNS_DIR).map_err(io_error("runs list"))? {
+        let named = parse_run_name(&name)
+            .is_some_and(|id| manifest.runs.iter().any(|entry| entry.id == id));
+        if !named && parse_run_name(&name).is_some() {
+            storage
+                .remove(&format!("{RUNS_DIR}/{name}"))
+                .map_err(io_error("orphan remove"))?;
+            report.orphan_runs.push(name);
+            removed_runs = true;
+        }
+    }
+    if removed_runs {
         storage
-            .remove(MANIFEST_TEMP_FILE)
-            .map_err(io_error("temp remove"))?;
+            .sync_dir(RUNS_DIR)
+            .map_err(io_error("directory sync"))?;
+    }
+    for temporary in [MANIFEST_TEMP_FILE, CHECKPOINT_TEMP_FILE] {
+        if storage.exists(temporary).map_err(io_error("store list"))? {
+            storage.remove(temporary).map_err(io_error("temp remove"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes a run file whole and makes it and its directory entry durable (F-06-10 step 2).
+/// On failure the file is removed again (best effort; otherwise it is an orphan, F-06-11).
+fn write_run_file(storage: &dyn Storage, id: u64, bytes: &[u8]) -> Result<()> {
+    if !storage.exists(RUNS_DIR).map_err(io_error("runs list"))? {
+        storage
+            .create_dir(RUNS_DIR)
+            .map_err(io_error("runs directory"))?;
+        storage.sync_dir("").map_err(io_error("directory sync"))?;
+    }
+    let path = run_path(id);
+    let written = storage
+        .open(&path, true)
+        .and_then(|file| {
+            file.write_at(bytes, 0)?;
+            file.sync_data()
+        })
+        .and_then(|()| storage.sync_dir(RUNS_DIR));
+    if let Err(error) = written {
+        let _ = storage.remove(&path);
+        return Err(Error::io("run write", error));
     }
     Ok(())
 }

@@ -78,6 +78,7 @@ pub fn check_segment_recovery(bytes: &[u8]) {
     disk.sync_dir(WAL_DIR).expect("sim sync");
     let manifest = Manifest {
         segments: vec![SegmentEntry { id, salt }],
+        runs: Vec::new(),
         next_segment_id,
     };
     manifest.write(&disk).expect("sim manifest");
@@ -209,4 +210,92 @@ pub fn check_model(bytes: &[u8]) {
             assert_eq!(&event.data, text, "recovered event differs");
         }
     }
+}
+
+/// Lines per zstd frame when [`check_dsh_import`] frames fuzz plaintext itself.
+const FUZZ_LINES_PER_FRAME: usize = 3;
+
+fn fuzz_store() -> Store {
+    let options = Options {
+        durability: Durability::Buffered,
+        segment_bytes: FUZZ_SEGMENT_BYTES,
+        ..Options::default()
+    };
+    Store::open_on(Arc::new(SimStorage::new()), options, Path::new("fuzz"))
+        .expect("a fresh simulated store opens")
+}
+
+/// `plain` as DSH frames it: frame 1 the header line, then `FUZZ_LINES_PER_FRAME` lines a frame.
+fn dsh_frames(plain: &[u8]) -> Option<Vec<u8>> {
+    let mut lines = plain.split_inclusive(|&byte| byte == b'\n');
+    let mut out = zstd_frame(lines.next()?)?;
+    let rest: Vec<&[u8]> = lines.collect();
+    for group in rest.chunks(FUZZ_LINES_PER_FRAME) {
+        out.extend(zstd_frame(&group.concat())?);
+    }
+    Some(out)
+}
+
+fn zstd_frame(plain: &[u8]) -> Option<Vec<u8>> {
+    let mut compressor = zstd::bulk::Compressor::new(3).ok()?;
+    compressor
+        .set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
+        .ok()?;
+    compressor.compress(plain).ok()
+}
+
+/// DSH import: the first byte picks the encoding. Plain JSONL (even first byte) and
+/// well-framed zstd of the fuzz plaintext (first byte 1 mod 4): an accepted import exports
+/// exactly the accepted plaintext (everything before a dropped torn tail). Raw bytes as a zstd
+/// file (3 mod 4): import fails cleanly or succeeds, never panics.
+pub fn check_dsh_import(bytes: &[u8]) {
+    let Some((&mode, input)) = bytes.split_first() else {
+        return;
+    };
+    let store = fuzz_store();
+    match mode % 4 {
+        0 | 2 => {
+            let Ok(report) = crate::exchange::import_dsh_jsonl(&store, input) else {
+                return;
+            };
+            let exported = crate::exchange::export_dsh_jsonl(&store, &report.session_id)
+                .expect("an imported session exports");
+            assert_eq!(
+                exported,
+                accepted_prefix(input, &report),
+                "plain export differs"
+            );
+        }
+        1 => {
+            let Some(file) = dsh_frames(input) else {
+                return;
+            };
+            let Ok(report) = crate::exchange::import_dsh_jsonl_zstd(&store, &file) else {
+                return;
+            };
+            let exported = crate::exchange::export_dsh_jsonl_zstd(&store, &report.session_id)
+                .expect("an imported session exports");
+            let plain = zstd::stream::decode_all(exported.as_slice()).expect("export decodes");
+            assert_eq!(
+                plain,
+                accepted_prefix(input, &report),
+                "zstd export differs"
+            );
+        }
+        _ => {
+            let _ = crate::exchange::import_dsh_jsonl_zstd(&store, input);
+        }
+    }
+}
+
+fn accepted_prefix<'input>(
+    input: &'input [u8],
+    report: &crate::exchange::ImportReport,
+) -> &'input [u8] {
+    let end = report
+        .dropped
+        .as_ref()
+        .and_then(|dropped| usize::try_from(dropped.offset).ok())
+        .unwrap_or(input.len());
+    &input[..end.min(input.len())]
 }

@@ -16,10 +16,12 @@ pub mod exchange;
 pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod index;
 pub mod io;
 pub mod manifest;
 pub mod projection;
 pub mod recovery;
+pub mod run;
 pub mod segment;
 pub mod session;
 pub mod spill;

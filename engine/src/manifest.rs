@@ -7,13 +7,29 @@ use crate::io::Storage;
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_TEMP_FILE: &str = "MANIFEST.tmp";
 const MANIFEST_MAGIC: &[u8; 8] = b"DSHDBMAN";
-/// The manifest format version this build reads and writes (F-04-2).
+/// The manifest format version written while the store has no run (F-04-2, F-06-8).
 pub const MANIFEST_VERSION: u32 = 1;
+/// The manifest format version that adds the run list (F-06-7); written once a run exists.
+pub const MANIFEST_VERSION_RUNS: u32 = 2;
 const FIXED_BYTES: usize = 24;
+/// Fixed bytes of a version-2 manifest (run count and a reserved word added).
+const FIXED_BYTES_V2: usize = 32;
 const ENTRY_BYTES: usize = 16;
+/// Bytes of one run entry of a version-2 manifest: id, salt, file length.
+const RUN_ENTRY_BYTES: usize = 24;
 const CHECKSUM_BYTES: usize = 4;
 /// Most segments one manifest may name (bounds what a damaged count can make us allocate).
 pub const MAX_SEGMENTS: usize = 1 << 20;
+/// Most runs one manifest may name (F-06-7).
+pub const MAX_RUNS: usize = 1 << 20;
+
+/// One live run file (format-spec/06-runs-and-index.md): id, frame salt and exact length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunEntry {
+    pub id: u64,
+    pub salt: u64,
+    pub file_bytes: u64,
+}
 
 /// One live segment: its id and the salt its frames are checksummed with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,21 +42,44 @@ pub struct SegmentEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Manifest {
     pub segments: Vec<SegmentEntry>,
+    /// Runs holding the log's prefix, in log order (F-06-9); empty in a version-1 manifest.
+    pub runs: Vec<RunEntry>,
     /// The id the next segment will get; every id on disk is below it.
     pub next_segment_id: u64,
 }
 
 impl Manifest {
+    /// Encodes as version 1 without runs and as version 2 with them (F-06-8).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(FIXED_BYTES + self.segments.len() * ENTRY_BYTES + 4);
+        let mut out = Vec::with_capacity(
+            FIXED_BYTES_V2
+                + self.segments.len() * ENTRY_BYTES
+                + self.runs.len() * RUN_ENTRY_BYTES
+                + CHECKSUM_BYTES,
+        );
         out.extend_from_slice(MANIFEST_MAGIC);
-        out.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        let version = if self.runs.is_empty() {
+            MANIFEST_VERSION
+        } else {
+            MANIFEST_VERSION_RUNS
+        };
+        out.extend_from_slice(&version.to_le_bytes());
         let count = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
         out.extend_from_slice(&count.to_le_bytes());
         out.extend_from_slice(&self.next_segment_id.to_le_bytes());
+        if !self.runs.is_empty() {
+            let run_count = u32::try_from(self.runs.len()).unwrap_or(u32::MAX);
+            out.extend_from_slice(&run_count.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+        }
         for entry in &self.segments {
             out.extend_from_slice(&entry.id.to_le_bytes());
             out.extend_from_slice(&entry.salt.to_le_bytes());
+        }
+        for run in &self.runs {
+            out.extend_from_slice(&run.id.to_le_bytes());
+            out.extend_from_slice(&run.salt.to_le_bytes());
+            out.extend_from_slice(&run.file_bytes.to_le_bytes());
         }
         let sum = crc32fast::hash(&out);
         out.extend_from_slice(&sum.to_le_bytes());
@@ -61,34 +100,65 @@ impl Manifest {
             return Err(corrupt("checksum mismatch"));
         }
         let version = u32::from_le_bytes(word4(bytes, 8));
-        if version != MANIFEST_VERSION {
-            return Err(Error::UnsupportedVersion {
-                file: MANIFEST_FILE.to_string(),
-                found: version,
-                supported: MANIFEST_VERSION,
-            });
-        }
+        let fixed_bytes = match version {
+            MANIFEST_VERSION => FIXED_BYTES,
+            MANIFEST_VERSION_RUNS if body.len() >= FIXED_BYTES_V2 => FIXED_BYTES_V2,
+            MANIFEST_VERSION_RUNS => return Err(corrupt("version 2 shorter than its fields")),
+            _ => {
+                return Err(Error::UnsupportedVersion {
+                    file: MANIFEST_FILE.to_string(),
+                    found: version,
+                    supported: MANIFEST_VERSION_RUNS,
+                })
+            }
+        };
         let count = u32::from_le_bytes(word4(bytes, 12)) as usize;
-        if count > MAX_SEGMENTS || body.len() != FIXED_BYTES + count * ENTRY_BYTES {
-            return Err(corrupt("segment count does not match the length"));
+        let run_count = if version == MANIFEST_VERSION_RUNS {
+            if word4(bytes, 28) != [0; 4] {
+                return Err(corrupt("reserved bytes are not zero"));
+            }
+            u32::from_le_bytes(word4(bytes, 24)) as usize
+        } else {
+            0
+        };
+        let runs_valid = version == MANIFEST_VERSION || (1..=MAX_RUNS).contains(&run_count);
+        if count > MAX_SEGMENTS
+            || !runs_valid
+            || body.len() != fixed_bytes + count * ENTRY_BYTES + run_count * RUN_ENTRY_BYTES
+        {
+            return Err(corrupt("segment or run count does not match the length"));
         }
         let next_segment_id = u64::from_le_bytes(word8(bytes, 16));
         let segments = (0..count)
             .map(|index| {
-                let at = FIXED_BYTES + index * ENTRY_BYTES;
+                let at = fixed_bytes + index * ENTRY_BYTES;
                 SegmentEntry {
                     id: u64::from_le_bytes(word8(bytes, at)),
                     salt: u64::from_le_bytes(word8(bytes, at + 8)),
                 }
             })
             .collect::<Vec<_>>();
-        let ascending = segments.windows(2).all(|pair| pair[0].id < pair[1].id);
-        let below_next = segments.iter().all(|entry| entry.id < next_segment_id);
+        let runs_start = fixed_bytes + count * ENTRY_BYTES;
+        let runs = (0..run_count)
+            .map(|index| {
+                let at = runs_start + index * RUN_ENTRY_BYTES;
+                RunEntry {
+                    id: u64::from_le_bytes(word8(bytes, at)),
+                    salt: u64::from_le_bytes(word8(bytes, at + 8)),
+                    file_bytes: u64::from_le_bytes(word8(bytes, at + 16)),
+                }
+            })
+            .collect::<Vec<_>>();
+        let ascending = segments.windows(2).all(|pair| pair[0].id < pair[1].id)
+            && runs.windows(2).all(|pair| pair[0].id < pair[1].id);
+        let below_next = segments.iter().all(|entry| entry.id < next_segment_id)
+            && runs.iter().all(|entry| entry.id < next_segment_id);
         if !ascending || !below_next {
-            return Err(corrupt("segment ids out of order"));
+            return Err(corrupt("segment or run ids out of order"));
         }
         Ok(Manifest {
             segments,
+            runs,
             next_segment_id,
         })
     }
@@ -181,6 +251,7 @@ mod tests {
                 SegmentEntry { id: 1, salt: 11 },
                 SegmentEntry { id: 4, salt: 44 },
             ],
+            runs: Vec::new(),
             next_segment_id: 5,
         };
         let bytes = manifest.encode();
@@ -190,5 +261,51 @@ mod tests {
             damaged[index] ^= 1;
             assert!(Manifest::decode(&damaged).is_err(), "flip at {index}");
         }
+    }
+}
+
+#[cfg(test)]
+mod run_list_tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_with_runs_is_version_2_round_trips_and_any_flip_is_refused() {
+        let manifest = Manifest {
+            segments: vec![SegmentEntry { id: 9, salt: 99 }],
+            runs: vec![
+                RunEntry {
+                    id: 10,
+                    salt: 1,
+                    file_bytes: 300,
+                },
+                RunEntry {
+                    id: 11,
+                    salt: 2,
+                    file_bytes: 400,
+                },
+            ],
+            next_segment_id: 12,
+        };
+        let bytes = manifest.encode();
+        assert_eq!(u32::from_le_bytes(word4(&bytes, 8)), MANIFEST_VERSION_RUNS);
+        assert_eq!(bytes.len(), 36 + 16 + 2 * 24);
+        assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
+        for index in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[index] ^= 1;
+            assert!(Manifest::decode(&damaged).is_err(), "flip at {index}");
+        }
+    }
+
+    #[test]
+    fn a_manifest_without_runs_stays_version_1() {
+        let manifest = Manifest {
+            segments: vec![SegmentEntry { id: 1, salt: 5 }],
+            runs: Vec::new(),
+            next_segment_id: 2,
+        };
+        let bytes = manifest.encode();
+        assert_eq!(u32::from_le_bytes(word4(&bytes, 8)), MANIFEST_VERSION);
+        assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
     }
 }

@@ -5,8 +5,10 @@
 use crate::catalog::{Catalog, Position, Seed};
 use crate::error::{Error, Result};
 use crate::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
+use crate::index::{load_checkpoint, CoveredSegment};
 use crate::io::Storage;
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, RunEntry};
+use crate::run::{run_path, walk_block, RunReader, DEFINITIONS_SESSION};
 use crate::segment::{
     check_header, durable_evidence_after, has_valid_frame, nonzero_end, read_segment, scan_frames,
     SEGMENT_HEADER_BYTES,
@@ -35,6 +37,16 @@ pub struct RecoveryReport {
     pub torn_tail: Option<TornTail>,
     /// Segment files the manifest does not name (a crash during a roll); removed when writable.
     pub orphan_segments: Vec<String>,
+    /// Run files the manifest does not name (a crash during a seal, F-06-11).
+    pub orphan_runs: Vec<String>,
+    /// Sealed segments the checkpoint covered (not scanned).
+    pub segments_covered: usize,
+    /// Runs whose blocks were decoded because no checkpoint covered them.
+    pub runs_replayed: usize,
+    /// Whether a seq-index checkpoint was loaded.
+    pub checkpoint_used: bool,
+    /// Why a checkpoint was not used (F-06-22), when the store has one or has runs.
+    pub checkpoint_ignored: Option<String>,
 }
 
 /// Where appends continue after recovery.
@@ -78,12 +90,43 @@ struct SegmentReplay<'a> {
 }
 
 /// Replays the segments the manifest names.
-pub fn recover(storage: &dyn Storage, manifest: &Manifest) -> Result<Recovered> {
-    let mut catalog = Catalog::default();
+/// With `use_checkpoint` off every run and segment is decoded and checked (what `verify`
+/// wants); with it on, a matching seq-index checkpoint stands in for the files it covers.
+pub fn recover(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    use_checkpoint: bool,
+) -> Result<Recovered> {
     let mut report = RecoveryReport::default();
-    let mut tail = None;
+    let checkpoint = if use_checkpoint {
+        load_checkpoint(storage, manifest)
+    } else {
+        Err("not used: every file is checked".to_string())
+    };
+    let (mut catalog, covered_runs, covered_segments) = match checkpoint {
+        Ok(checkpoint) => {
+            report.checkpoint_used = true;
+            (
+                checkpoint.catalog,
+                checkpoint.runs.len(),
+                checkpoint.segments,
+            )
+        }
+        Err(reason) => {
+            if !manifest.runs.is_empty() || !reason.starts_with("cannot open") {
+                report.checkpoint_ignored = Some(reason);
+            }
+            (Catalog::default(), 0, Vec::new())
+        }
+    };
+    for run in &manifest.runs[covered_runs..] {
+        report.events += replay_run(storage, run, &mut catalog)?;
+        report.runs_replayed += 1;
+    }
+    report.segments_covered = covered_segments.len();
+    let mut tail = covered_segments.last().map(sealed_tail);
     let segments = &manifest.segments;
-    let mut index = 0;
+    let mut index = covered_segments.len();
     while index < segments.len() {
         let entry = segments[index];
         let bytes = read_segment(storage, entry.id)?;
@@ -191,11 +234,106 @@ pub fn recover(storage: &dyn Storage, manifest: &Manifest) -> Result<Recovered> 
         }
         break;
     }
+    catalog
+        .check_seeds()
+        .map_err(|reason| corrupt(0, 0, &reason))?;
     Ok(Recovered {
         catalog,
         report,
         tail,
     })
+}
+
+/// The log tail when the last segment is covered by the checkpoint (it was sealed).
+fn sealed_tail(segment: &CoveredSegment) -> LogTail {
+    LogTail {
+        segment: segment.id,
+        salt: segment.salt,
+        offset: segment.end,
+        sealed: true,
+        wipe_end: segment.end,
+        seal_earlier: Vec::new(),
+    }
+}
+
+/// Loads one run's sessions, types and event positions into the catalog (F-06-1, F-06-6);
+/// returns how many events it holds.
+fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) -> Result<u64> {
+    let file = storage.open_read(&run_path(entry.id)).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            Error::CorruptFile {
+                file: run_path(entry.id),
+                reason: "named by the manifest but missing".to_string(),
+            }
+        } else {
+            Error::io("run open", error)
+        }
+    })?;
+    let reader = RunReader::open(file, entry)?;
+    let run = entry.id;
+    let mut events = 0;
+    for (index, block) in reader.index.blocks.iter().enumerate() {
+        let raw = reader.block(index, None)?;
+        let mut next_seq = block.first_seq;
+        walk_block(
+            &raw,
+            block,
+            run,
+            entry.salt,
+            |offset, frame_bytes, record| {
+                let bad = |reason: &str| corrupt(run, offset, reason);
+                match record {
+                    Record::SessionHeader {
+                        session,
+                        seed_parent,
+                        seed_length,
+                        header_json,
+                    } if block.session == DEFINITIONS_SESSION => {
+                        let seed = (seed_parent != NO_SEED_PARENT).then_some(Seed {
+                            parent: seed_parent,
+                            length: seed_length,
+                        });
+                        catalog
+                            .define_session(session, seed, header_json, run, false)
+                            .map_err(|reason| bad(&reason))
+                    }
+                    Record::TypeDefinition { type_number, name }
+                        if block.session == DEFINITIONS_SESSION =>
+                    {
+                        catalog
+                            .define_type(type_number, name)
+                            .map_err(|reason| bad(&reason))
+                    }
+                    Record::Event(event) if event.session == block.session => {
+                        if event.seq != next_seq
+                            || !catalog.type_names.contains_key(&event.type_number)
+                        {
+                            return Err(bad("event seq or type does not match its block"));
+                        }
+                        next_seq += 1;
+                        let position = Position {
+                            segment: run,
+                            offset,
+                            frame_bytes,
+                        };
+                        catalog
+                            .push_event(event.session, event.seq, position)
+                            .map_err(|reason| bad(&reason))
+                    }
+                    _ => Err(bad("record does not belong in this block")),
+                }
+            },
+        )?;
+        if next_seq - block.first_seq != u64::from(block.event_count) {
+            return Err(corrupt(
+                run,
+                block.raw_offset,
+                "block holds another event count",
+            ));
+        }
+        events += u64::from(block.event_count);
+    }
+    Ok(events)
 }
 
 fn corrupt(segment: u64, offset: u64, reason: &str) -> Error {
@@ -264,7 +402,7 @@ impl<'a> SegmentReplay<'a> {
                         length: seed_length,
                     });
                     catalog
-                        .define_session(number, seed, header_json)
+                        .define_session(number, seed, header_json, segment, true)
                         .map_err(|reason| corrupt(segment, offset, &reason))?;
                     self.defined_sessions.insert(number);
                 }

@@ -422,3 +422,29 @@ fn native_sessions_export_a_dsh_header() {
     let report = import_dsh_jsonl(&again, exported.as_bytes()).expect("re-import");
     assert_eq!(report.events, 1);
 }
+
+/// Lines in DSH's own layout are split into fields by reading the envelope off the text; lines
+/// with other spacing or another field order must still export byte for byte (stored verbatim,
+/// not split wrongly).
+#[test]
+fn envelope_fast_path_keeps_odd_lines_exact() {
+    let lines = [
+        r#"{"type":"session","version":0,"id":"envelope-odd","createdAt":1786073817152,"cwd":"/p","delegationDepth":0}"#,
+        r#"{"type":"user/message","seq":0,"time":2,"data":{"id":"u","role":"user","content":[],"source":{"kind":"user"}},"surfaceOp":"append"}"#,
+        r#"{"type":"turn/start","seq":1,"time":3,"data":{"turn":1} }"#,
+        r#"{"type":"step/start","seq":2,"time":4,"data":{"turn":1,"step":1}}"#,
+        r#"{"type":"step/end","data":{"turn":1,"step":1},"seq":3,"time":5}"#,
+        r#"{"type":"turn/end","seq":4,"time":6,"data":{"turn":1,"reason":{"kind":"completed"}}}"#,
+    ];
+    let input = format!("{}\n", lines.join("\n"));
+    let store = new_store();
+    let report = dshdb::exchange::import_dsh_jsonl(&store, input.as_bytes()).expect("import");
+    assert_eq!(report.events, 5);
+    // The two odd lines (a space before the brace, data before seq) are kept verbatim.
+    assert_eq!(report.verbatim, 2);
+    let exported = dshdb::exchange::export_dsh_jsonl(&store, "envelope-odd").expect("export");
+    assert_eq!(String::from_utf8_lossy(&exported), input);
+    let events = store.read("envelope-odd", 0, 5).expect("read");
+    assert_eq!(events[0].envelope, r#""surfaceOp":"append""#);
+    assert_eq!(events[4].envelope, "");
+}

@@ -341,6 +341,7 @@ fn manifest_from_json(json: &Value) -> Manifest {
                 salt: hex(&entry["salt"]),
             })
             .collect(),
+        runs: Vec::new(),
         next_segment_id: hex(&json["next_segment_id"]),
     }
 }
@@ -422,6 +423,7 @@ fn check_segment_store(name: &str) {
     let disk = SimStorage::new();
     let manifest = Manifest {
         segments: vec![SegmentEntry { id, salt }],
+        runs: Vec::new(),
         next_segment_id: id + 1,
     };
     disk.create_dir("wal").expect("wal");

@@ -4,7 +4,8 @@
 
 use dshdb::frame::{EventRecord, Record, NO_SEED_PARENT};
 use dshdb::fuzzing::{
-    check_frame_decode, check_model, check_segment_recovery, check_surface_fold, FUZZ_SALT,
+    check_dsh_import, check_frame_decode, check_model, check_segment_recovery, check_surface_fold,
+    FUZZ_SALT,
 };
 use std::io::Write;
 use std::path::Path;
@@ -169,4 +170,31 @@ fn model_corpus() {
         })
         .collect();
     replay("model", seeds, check_model);
+}
+
+/// Whole fixture logs (header included) in each import mode: plain, framed zstd, raw zstd.
+fn import_seeds() -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/dsh");
+    let mut seeds = Vec::new();
+    for entry in std::fs::read_dir(&dir)
+        .expect("DSH fixtures beside the repo")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".input.jsonl") {
+            let bytes = std::fs::read(entry.path()).expect("fixture");
+            for mode in [0u8, 1] {
+                let mut seed = vec![mode];
+                seed.extend_from_slice(&bytes);
+                seeds.push(seed);
+            }
+        }
+    }
+    seeds.sort();
+    seeds
+}
+
+#[test]
+fn dsh_import_corpus() {
+    replay("dsh_import", import_seeds(), check_dsh_import);
 }

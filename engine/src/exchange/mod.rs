@@ -250,10 +250,43 @@ fn envelope_members(line: &str) -> Option<String> {
     Some(parts.join(","))
 }
 
+/// The envelope of a line in DSH's own layout, `{"type":..,"seq":..,"time":..,"data":..,<rest>}`,
+/// read off the text without parsing `data` again; `None` when the line is laid out otherwise
+/// or the rest repeats an event field. [`plain_event`] still checks that the event re-renders
+/// to the exact line.
+fn canonical_envelope(event: &SessionEvent, line: &str) -> Option<String> {
+    let head = Event {
+        seq: event.seq,
+        time: event.time,
+        event_type: event.event_type.clone(),
+        data: String::new(),
+        envelope: String::new(),
+        flags: 0,
+    }
+    .to_json_line();
+    // `head` ends with `"data":}`: drop the brace, then the data text follows.
+    let prefix = head.strip_suffix('}')?;
+    let rest = line.strip_prefix(prefix)?.strip_prefix(event.data.get())?;
+    let members = rest.strip_suffix('}')?;
+    if members.is_empty() {
+        return Some(String::new());
+    }
+    let members = members.strip_prefix(',')?;
+    let parsed =
+        serde_json::from_str::<serde_json::Map<String, Value>>(&format!("{{{members}}}")).ok()?;
+    let repeats_event_field = ["type", "seq", "time", "data"]
+        .iter()
+        .any(|key| parsed.contains_key(*key));
+    (!repeats_event_field).then(|| members.to_owned())
+}
+
 /// How an event line is stored: split into fields when that re-renders exactly, else verbatim.
 fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
     let data = event.data.get().to_owned();
-    if let Some(envelope) = std::str::from_utf8(raw).ok().and_then(envelope_members) {
+    let envelope = std::str::from_utf8(raw)
+        .ok()
+        .and_then(|line| canonical_envelope(event, line).or_else(|| envelope_members(line)));
+    if let Some(envelope) = envelope {
         let candidate = Event {
             seq: event.seq,
             time: event.time,

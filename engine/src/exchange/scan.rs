@@ -250,11 +250,27 @@ pub(crate) fn scan(bytes: &[u8]) -> Result<Scanned<'_>, ExchangeError> {
 }
 
 /// `decodeStorageRecord` on one line's bytes (decoded lossily, as DSH's `TextDecoder` does).
+/// The top-level `type` member alone, for the fast tag read in [`decode_record`]: a duplicate
+/// `type` member, a lone surrogate or any other oddity makes this parse fail and the record is
+/// read the slow, lossy way instead, so both ways agree wherever this one succeeds.
+#[derive(serde::Deserialize)]
+struct TypeTag {
+    #[serde(rename = "type")]
+    tag: Option<Value>,
+}
+
+fn record_tag(text: &str) -> Result<Option<String>, ()> {
+    if let Ok(TypeTag { tag }) = serde_json::from_str::<TypeTag>(text) {
+        return Ok(tag.and_then(|tag| tag.as_str().map(str::to_owned)));
+    }
+    let value = value_lossy(text).map_err(|_| ())?;
+    Ok(value.get("type").and_then(Value::as_str).map(str::to_owned))
+}
+
 pub(crate) fn decode_record(raw: &[u8]) -> Result<Record, ()> {
     let text = String::from_utf8_lossy(raw);
-    let value = value_lossy(&text).map_err(|_| ())?;
-    let tag = value.get("type").and_then(Value::as_str);
-    match tag.and_then(RowTag::from_tag) {
+    let tag = record_tag(&text)?;
+    match tag.as_deref().and_then(RowTag::from_tag) {
         Some(tag) => expand_row(tag, &text),
         None => parse_event_line(&text).map(Record::Event).map_err(|_| ()),
     }

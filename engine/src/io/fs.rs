@@ -58,6 +58,16 @@ impl StorageFile for FsFile {
         self.file.set_len(length)
     }
 
+    fn map_read(&self) -> io::Result<Option<super::MappedFile>> {
+        if self.file.metadata()?.len() == 0 {
+            // A zero-length map is an error on Linux; nothing to map anyway.
+            return Ok(None);
+        }
+        // SAFETY: only run files are mapped, and they are never written after they are named
+        // by the manifest (see `MappedFile::map`).
+        unsafe { super::MappedFile::map(&self.file) }.map(Some)
+    }
+
     fn allocate(&self, length: u64) -> io::Result<()> {
         let length_signed = libc::off_t::try_from(length)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;

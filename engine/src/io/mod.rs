@@ -29,6 +29,12 @@ pub trait StorageFile: Send + Sync {
     /// for lack of space. Fails with "no space" when the disk is full.
     fn allocate(&self, length: u64) -> io::Result<()>;
 
+    /// Maps the file read-only, where the storage can (real files); `Ok(None)` means "read
+    /// it with `read_at`". Only for files that are never written again (run files).
+    fn map_read(&self) -> io::Result<Option<MappedFile>> {
+        Ok(None)
+    }
+
     /// Reads the whole file into memory.
     fn read_all(&self) -> io::Result<Vec<u8>> {
         let length = usize::try_from(self.len()?)
@@ -50,6 +56,76 @@ pub trait StorageFile: Send + Sync {
         }
         Ok(())
     }
+}
+
+/// A read-only memory map of an immutable file.
+pub struct MappedFile {
+    map: memmap2::Mmap,
+}
+
+impl MappedFile {
+    /// Maps `file` read-only.
+    ///
+    /// # Safety
+    /// The caller guarantees that nobody writes or truncates the file while the map lives
+    /// (dshdb maps only run files, which are complete and synced before the manifest names
+    /// them and are never modified afterwards).
+    pub unsafe fn map(file: &std::fs::File) -> io::Result<MappedFile> {
+        // SAFETY: forwarded to the caller, see above.
+        let map = unsafe { memmap2::Mmap::map(file)? };
+        Ok(MappedFile { map })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+/// A file held in memory (read-only), for tests and tools that decode bytes they already
+/// have with the same code as files on a storage.
+pub struct MemoryFile {
+    bytes: Vec<u8>,
+}
+
+impl MemoryFile {
+    pub fn new(bytes: Vec<u8>) -> Self {
+        MemoryFile { bytes }
+    }
+}
+
+impl StorageFile for MemoryFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.bytes.len());
+        let count = buf.len().min(self.bytes.len() - start);
+        buf[..count].copy_from_slice(&self.bytes[start..start + count]);
+        Ok(count)
+    }
+
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+        Err(read_only_error())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.bytes.len() as u64)
+    }
+
+    fn set_len(&self, _length: u64) -> io::Result<()> {
+        Err(read_only_error())
+    }
+
+    fn allocate(&self, _length: u64) -> io::Result<()> {
+        Err(read_only_error())
+    }
+}
+
+fn read_only_error() -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, "read-only memory file")
 }
 
 /// A held exclusive lock; dropping it releases the lock.

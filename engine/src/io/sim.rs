@@ -13,8 +13,9 @@
 //!     ends on a sector boundary (a torn write), including the whole write;
 //!   - the process-crash image: the volatile state before the cut operation (what a `kill -9`
 //!     leaves, since the kernel keeps written pages).
-//! - Faults: a capacity in bytes (allocation and writes past it fail with `ENOSPC`), and one-shot
-//!   failures of the n-th write, sync or rename with `EIO`.
+//! - Faults: a capacity in bytes (allocation and writes past it fail with `ENOSPC`), one-shot
+//!   failures of the n-th write, sync or rename with `EIO`, and a one-shot short write (the
+//!   n-th write lands only its first half, rounded down to a sector, then fails with `EIO`).
 
 use super::{parent_dir, LockGuard, Storage, StorageFile};
 use parking_lot::Mutex;
@@ -69,6 +70,10 @@ pub enum FaultKind {
     Write,
     Sync,
     Rename,
+    /// A write of which only the first half (rounded down to a sector) reaches the file
+    /// before the call fails with `EIO`: what a short `pwrite` followed by a failing retry
+    /// leaves.
+    ShortWrite,
 }
 
 #[derive(Default)]
@@ -247,6 +252,12 @@ impl StorageFile for SimHandle {
         let mut state = self.state.lock();
         state.begin(Some((self.inode, offset, buf)))?;
         state.fail_once(FaultKind::Write)?;
+        if state.fail_once(FaultKind::ShortWrite).is_err() {
+            let landed = (buf.len() as u64 / 2 / SECTOR_BYTES * SECTOR_BYTES) as usize;
+            let file = state.file(self.inode)?;
+            apply_write(&mut file.volatile, offset, &buf[..landed]);
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         let end = offset + buf.len() as u64;
         let capacity = state.capacity;
         let used = state.used_bytes();
@@ -390,6 +401,11 @@ impl SimStorage {
     /// The images recorded by the power cut (empty before it).
     pub fn take_images(&self) -> Vec<CrashImage> {
         std::mem::take(&mut self.state.lock().images)
+    }
+
+    /// Bytes the disk holds now (allocated or written, whichever is larger, over all files).
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().used_bytes()
     }
 
     /// Limits the disk to `bytes` bytes in all; growth past it fails with `ENOSPC`.

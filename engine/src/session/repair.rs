@@ -26,7 +26,16 @@ struct RepairScan {
 
 impl RepairScan {
     fn observe(&mut self, event: &SessionEvent) {
-        let data = event.data_value();
+        // Parse only the payloads this scan reads (chunks are most of a session).
+        let reads_payload = matches!(
+            event.event_type.as_str(),
+            "turn/start" | "step/start" | ASSISTANT_MESSAGE | "tool/call" | TOOL_RESULT
+        );
+        let data = if reads_payload {
+            event.data_value()
+        } else {
+            Value::Null
+        };
         match event.event_type.as_str() {
             "turn/start" => {
                 self.open_turn = Some(data.get("turn").cloned().unwrap_or(Value::Null));

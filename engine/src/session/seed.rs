@@ -2,7 +2,7 @@
 //! persistence §5.5). Pure: callers pass the clock (`now`) and own all I/O.
 
 use super::error::SessionError;
-use super::event::{is_known_event_type, SessionEvent, END_SEED};
+use super::event::{is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED};
 use super::json::{is_lossless, raw_from_built, MAX_SAFE_INTEGER};
 use super::legacy::migrate_legacy;
 use super::message::{check_message_shape, check_request_header, is_fallback_header};
@@ -40,17 +40,22 @@ pub fn validate_seed_event(
     if event.event_type == "request/header-delta" {
         return Err(SessionError::SeedHeaderDelta { index });
     }
-    let data = event.data_value();
-    if event.event_type == "request/header" {
-        check_request_header(&data, index)?;
-    }
-    check_message_shape(
-        &event.event_type,
-        &data,
-        &format!("seed {} at index {index}", event.event_type),
-    )?;
-    if is_fallback_header(&event.event_type, &data) {
-        return Err(SessionError::SeedHeaderFallback { index });
+    // Only request headers and message-bearing events have payload rules: skip parsing the
+    // rest.
+    let is_header = event.event_type == "request/header";
+    if is_header || is_surface_eligible_type(&event.event_type) {
+        let data = event.data_value();
+        if is_header {
+            check_request_header(&data, index)?;
+        }
+        check_message_shape(
+            &event.event_type,
+            &data,
+            &format!("seed {} at index {index}", event.event_type),
+        )?;
+        if is_fallback_header(&event.event_type, &data) {
+            return Err(SessionError::SeedHeaderFallback { index });
+        }
     }
     if event.seq != index as u64 {
         return Err(SessionError::SeedNotContiguous {
@@ -126,10 +131,15 @@ pub fn restore_session(
 
 /// `adoptStoredEvents` message-shape pass, with DSH's import subject.
 fn check_import_shapes(events: &[SessionEvent]) -> Result<(), SessionError> {
-    events.iter().try_for_each(|event| {
-        let subject = format!("session event at seq {}", event.seq);
-        check_message_shape(&event.event_type, &event.data_value(), &subject)
-    })
+    // Only the message-bearing types have a shape to check: skip parsing the rest (most of a
+    // session is chunks).
+    events
+        .iter()
+        .filter(|event| is_surface_eligible_type(&event.event_type))
+        .try_for_each(|event| {
+            let subject = format!("session event at seq {}", event.seq);
+            check_message_shape(&event.event_type, &event.data_value(), &subject)
+        })
 }
 
 /// The read side refuses unknown types unless marked `ignorable` (persistence §2.9).

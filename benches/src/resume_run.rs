@@ -1,0 +1,355 @@
+//! Cold resume and reopen-after-crash, each measured in a fresh child process so that its
+//! peak RSS (`VmHWM`) is its own.
+//!
+//! - **Cold resume**: open a store holding one long generated session and derive its messages,
+//!   against reading that session's DSH `session.jsonl.zstd` with zstd + serde_json (every line
+//!   parsed to a `Value`, as any reader of the file must; no derivation: favourable to it).
+//! - **Reopen after a crash**: a child writes a fleet of sessions and exits without closing
+//!   (`_exit`, as a kill leaves it); the next process times opening the store until it can
+//!   list its sessions. DSH JSONL lists by reading each session's header line.
+
+use anyhow::{bail, Context, Result};
+use dshdb::db::{NewEvent, Options, Store};
+use dshdb::exchange;
+use dshdb_benches::baselines::{dsh_frame, JsonlEncoding, JsonlSession, Redb, Sqlite};
+use dshdb_benches::workload::{session_jsonl, SessionStream, Shape, SESSION_JSONL_ID};
+use std::fmt::Write as _;
+use std::io::BufRead;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+/// Lines per zstd frame of the DSH file (about one 200 ms write-behind batch).
+const LINES_PER_FRAME: usize = 16;
+/// Child runs per system; the median is reported.
+const RUNS: usize = 3;
+/// Events per append batch of the crash writer.
+const CRASH_BATCH_EVENTS: usize = 16;
+
+/// What one child reports: wall time of the measured part and its peak RSS.
+struct ChildReport {
+    millis: f64,
+    peak_rss_mib: f64,
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// The child side: `dshdb-benches child KIND ARGS...`; prints `millis peak_rss_mib`.
+pub fn child(args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    match args {
+        [kind, path] if kind == "resume-dshdb" => {
+            let options = Options {
+                read_only: true,
+                ..Options::default()
+            };
+            let store = Store::open(path, options)?;
+            let messages = exchange::messages(&store, SESSION_JSONL_ID)?;
+            anyhow::ensure!(!messages.is_empty(), "no messages derived");
+        }
+        [kind, path] if kind == "resume-zstd" => {
+            let file = std::fs::read(path)?;
+            let plain = zstd::decode_all(file.as_slice())?;
+            let values = plain
+                .split(|&byte| byte == b'\n')
+                .filter(|line| !line.is_empty())
+                .map(serde_json::from_slice::<serde_json::Value>)
+                .collect::<Result<Vec<_>, _>>()?;
+            anyhow::ensure!(values.len() > 1, "no events read");
+        }
+        [kind, system, dir, sessions, events] if kind == "crash-writer" => {
+            crash_writer(system, Path::new(dir), sessions.parse()?, events.parse()?)?;
+        }
+        [kind, system, dir] if kind == "reopen" => reopen(system, Path::new(dir))?,
+        other => bail!("unknown child command {other:?}"),
+    }
+    println!(
+        "{} {}",
+        started.elapsed().as_secs_f64() * 1e3,
+        peak_rss_mib()
+    );
+    Ok(())
+}
+
+fn run_child(args: &[&str]) -> Result<ChildReport> {
+    let output = Command::new(std::env::current_exe()?)
+        .arg("child")
+        .args(args)
+        .output()
+        .context("spawn child")?;
+    if !output.status.success() {
+        bail!(
+            "child {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut fields = text.split_whitespace();
+    let mut number =
+        || -> Result<f64> { Ok(fields.next().context("child report")?.parse::<f64>()?) };
+    Ok(ChildReport {
+        millis: number()?,
+        peak_rss_mib: number()?,
+    })
+}
+
+fn median_report(mut runs: Vec<ChildReport>) -> ChildReport {
+    runs.sort_by(|a, b| a.millis.total_cmp(&b.millis));
+    runs.swap_remove(runs.len() / 2)
+}
+
+/// Writes the DSH JSONL of one session as `session.jsonl.zstd`, `LINES_PER_FRAME` lines a frame.
+fn write_dsh_zstd(jsonl: &[u8], path: &Path) -> Result<u64> {
+    let mut lines = jsonl.split_inclusive(|&byte| byte == b'\n');
+    let header = lines.next().context("header line")?;
+    let mut out = dsh_frame(header)?;
+    let rest: Vec<&[u8]> = lines.collect();
+    for frame in rest.chunks(LINES_PER_FRAME) {
+        out.extend(dsh_frame(&frame.concat())?);
+    }
+    std::fs::write(path, &out)?;
+    Ok(out.len() as u64)
+}
+
+/// Cold resume, as a markdown section.
+pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
+    eprintln!("cold resume: a {events}-event session");
+    let dir = work.join("resume");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let jsonl = session_jsonl(0x5E55_10E5, events);
+    let zstd_path = dir.join("session.jsonl.zstd");
+    let zstd_bytes = write_dsh_zstd(&jsonl, &zstd_path)?;
+    let store_path = dir.join("store");
+    let store = Store::open(&store_path, Options::default())?;
+    exchange::import_dsh_jsonl(&store, &jsonl)?;
+    store.close()?;
+    drop(store);
+    let store_bytes = directory_bytes(&store_path)?;
+    let (mut dshdb_runs, mut zstd_runs) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        drop_caches_hint(&store_path, &zstd_path);
+        dshdb_runs.push(run_child(&["resume-dshdb", path_text(&store_path)?])?);
+        zstd_runs.push(run_child(&["resume-zstd", path_text(&zstd_path)?])?);
+    }
+    let (dshdb, baseline) = (median_report(dshdb_runs), median_report(zstd_runs));
+    std::fs::remove_dir_all(&dir)?;
+    let mut out = String::new();
+    writeln!(
+        out,
+        "### Cold resume of one {events}-event session ({:.0} MB of JSONL; fresh process each, \
+         median of {RUNS}; page cache warm)\n",
+        jsonl.len() as f64 / 1e6
+    )?;
+    writeln!(
+        out,
+        "| system | time (ms) | peak RSS (MiB) | on disk (MB) |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|")?;
+    writeln!(
+        out,
+        "| dshdb: open + derive messages | {:.0} | {:.0} | {:.1} |",
+        dshdb.millis,
+        dshdb.peak_rss_mib,
+        store_bytes as f64 / 1e6
+    )?;
+    writeln!(
+        out,
+        "| DSH session.jsonl.zstd: zstd + serde_json Value per line (no derivation) | {:.0} | {:.0} | {:.1} |",
+        baseline.millis,
+        baseline.peak_rss_mib,
+        zstd_bytes as f64 / 1e6
+    )?;
+    writeln!(
+        out,
+        "\ndshdb / JSONL-zstd: time {:.2}×, peak RSS {:.2}× (issue #4 targets: time ≤ 0.2×, RSS ≤ 0.5×).\n",
+        dshdb.millis / baseline.millis,
+        dshdb.peak_rss_mib / baseline.peak_rss_mib
+    )?;
+    Ok(out)
+}
+
+/// The page cache is left warm for both (dropping it needs root); this only reads both once
+/// so neither pays the first cold read alone.
+fn drop_caches_hint(store: &Path, file: &Path) {
+    let _ = directory_bytes(store);
+    let _ = std::fs::read(file);
+}
+
+fn path_text(path: &Path) -> Result<&str> {
+    path.to_str().context("a UTF-8 path")
+}
+
+fn directory_bytes(path: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let metadata = entry.metadata()?;
+        total += if metadata.is_dir() {
+            directory_bytes(&entry.path())?
+        } else {
+            metadata.len()
+        };
+    }
+    Ok(total)
+}
+
+/// Child: writes `sessions` × `events` DSH-mix events to `system` at `dir`, then exits
+/// without closing anything.
+fn crash_writer(system: &str, dir: &Path, sessions: usize, events: usize) -> Result<()> {
+    let ids: Vec<String> = (0..sessions).map(|i| format!("session-{i:05}")).collect();
+    let streams: Vec<Vec<_>> = (0..sessions)
+        .map(|i| SessionStream::new(7, i as u64, Shape::Dsh).take(events))
+        .collect();
+    match system {
+        "dshdb" => {
+            let options = Options {
+                durability: dshdb::commit::Durability::Buffered,
+                ..Options::default()
+            };
+            let store = Store::open(dir, options)?;
+            for (id, stream) in ids.iter().zip(&streams) {
+                let mut writer = store.create_session_with_id(id)?;
+                for batch in stream.chunks(CRASH_BATCH_EVENTS) {
+                    let events: Vec<NewEvent<'_>> = batch
+                        .iter()
+                        .map(|event| NewEvent {
+                            envelope: &event.envelope,
+                            ..NewEvent::new(event.event_type, &event.data)
+                        })
+                        .collect();
+                    writer.append_batch(&events)?;
+                }
+            }
+            store.flush()?;
+        }
+        "sqlite" => {
+            std::fs::create_dir_all(dir)?;
+            let mut db = Sqlite::create(&dir.join("dsh.sqlite"))?;
+            db.unsynced()?;
+            db.create_sessions(&ids)?;
+            for (id, stream) in ids.iter().zip(&streams) {
+                for batch in stream.chunks(CRASH_BATCH_EVENTS) {
+                    db.append_batch(id, batch)?;
+                }
+            }
+        }
+        "redb" => {
+            std::fs::create_dir_all(dir)?;
+            let db = Redb::create(&dir.join("events.redb"))?;
+            for (id, stream) in ids.iter().zip(&streams) {
+                for (index, batch) in stream.chunks(CRASH_BATCH_EVENTS).enumerate() {
+                    let first = (index * CRASH_BATCH_EVENTS) as u64;
+                    db.append_batch_unsynced(id, first, batch)?;
+                }
+            }
+        }
+        "jsonl-zstd" => {
+            for (id, stream) in ids.iter().zip(&streams) {
+                let mut file = JsonlSession::create_encoded(dir, id, false, JsonlEncoding::Zstd)?;
+                for batch in stream.chunks(CRASH_BATCH_EVENTS) {
+                    file.append_batch(batch, false)?;
+                }
+            }
+        }
+        other => bail!("unknown system {other}"),
+    }
+    // A kill: no close, no destructors, no final flush of anything buffered in the process.
+    // SAFETY: _exit(2) has no preconditions.
+    unsafe { libc::_exit(0) }
+}
+
+/// Child: opens `system` at `dir` after the crash until it can list its sessions.
+fn reopen(system: &str, dir: &Path) -> Result<()> {
+    let sessions = match system {
+        "dshdb" => Store::open(dir, Options::default())?.sessions().len(),
+        "sqlite" => {
+            let connection = rusqlite::Connection::open(dir.join("dsh.sqlite"))?;
+            let count: i64 =
+                connection.query_row("SELECT count(*) FROM sessions", [], |row| row.get(0))?;
+            usize::try_from(count)?
+        }
+        "redb" => {
+            let database = redb::Database::create(dir.join("events.redb"))?;
+            let read = database.begin_read()?;
+            drop(read);
+            1
+        }
+        "jsonl-zstd" => {
+            let root = dir.join("_no-cwd");
+            let mut count = 0;
+            for entry in std::fs::read_dir(root)? {
+                let file = std::fs::File::open(entry?.path().join("session.jsonl.zstd"))?;
+                let mut header = String::new();
+                std::io::BufReader::new(zstd::Decoder::new(file)?).read_line(&mut header)?;
+                count += usize::from(header.contains("\"type\":\"session\""));
+            }
+            count
+        }
+        other => bail!("unknown system {other}"),
+    };
+    anyhow::ensure!(sessions > 0, "no sessions after reopen");
+    Ok(())
+}
+
+/// Reopen after a crash, as a markdown section.
+pub fn crash_reopen(work: &Path, sessions: usize, events: usize) -> Result<String> {
+    let mut out = String::new();
+    writeln!(
+        out,
+        "### Reopen after a crash ({sessions} sessions × {events} DSH-mix events written, then \
+         the writer process exits without closing; fresh process each, median of {RUNS})\n"
+    )?;
+    writeln!(
+        out,
+        "| system | reopen until sessions listed (ms) | on disk (MB) |"
+    )?;
+    writeln!(out, "|---|---:|---:|")?;
+    for system in ["dshdb", "jsonl-zstd", "sqlite", "redb"] {
+        eprintln!("crash reopen: {system}");
+        let mut runs = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..RUNS {
+            let dir = work.join(format!("crash-{system}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            let dir_text = path_text(&dir)?;
+            let (sessions_text, events_text) = (sessions.to_string(), events.to_string());
+            let writer = Command::new(std::env::current_exe()?)
+                .args([
+                    "child",
+                    "crash-writer",
+                    system,
+                    dir_text,
+                    &sessions_text,
+                    &events_text,
+                ])
+                .status()?;
+            anyhow::ensure!(writer.success(), "crash writer for {system} failed");
+            bytes = directory_bytes(&dir)?;
+            runs.push(run_child(&["reopen", system, dir_text])?);
+            std::fs::remove_dir_all(&dir)?;
+        }
+        let report = median_report(runs);
+        writeln!(
+            out,
+            "| {system} | {:.1} | {:.1} |",
+            report.millis,
+            bytes as f64 / 1e6
+        )?;
+    }
+    writeln!(out)?;
+    Ok(out)
+}

@@ -1,0 +1,792 @@
+//! L5: run files (format-spec/06-runs-and-index.md): a sealed segment's records regrouped per
+//! session into zstd-compressed blocks, with a checksummed footer index
+//! `(session, seq range) → block`. Pure encoding and decoding plus block reads; the sealing
+//! protocol (file sync, manifest, removal) lives in `db.rs`.
+
+use crate::catalog::Position;
+use crate::error::{Error, Result};
+use crate::frame::{decode_frame, Record, FRAME_HEADER_BYTES};
+use crate::io::StorageFile;
+use crate::manifest::{word4, word8, RunEntry};
+use crate::segment::scan_frames;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Directory that holds run files.
+pub const RUNS_DIR: &str = "runs";
+/// Bytes of the run header; block 0 starts here (F-06-5).
+pub const RUN_HEADER_BYTES: u64 = 64;
+const RUN_MAGIC: &[u8; 8] = b"DSHDBRUN";
+const RUN_TRAILER_MAGIC: &[u8; 8] = b"DSHDBRNF";
+/// The run file format version this build reads and writes (F-06-2).
+pub const RUN_VERSION: u32 = 1;
+/// Largest raw (decompressed) size of an event block, in bytes, unless one frame alone is
+/// larger (F-06-3): bounds what a point read decompresses.
+pub const RUN_BLOCK_RAW_BYTES: usize = 256 * 1024;
+/// Bytes of one footer entry.
+pub const FOOTER_ENTRY_BYTES: usize = 48;
+/// Bytes of the trailer that ends a run file.
+pub const TRAILER_BYTES: usize = 24;
+/// The `session` of the definitions block (block 0).
+pub const DEFINITIONS_SESSION: u32 = u32::MAX;
+/// zstd level of run blocks: level 3 compresses DSH events within a few percent of level 9
+/// at several times the speed (sealing runs off the append path but still costs CPU).
+pub const RUN_ZSTD_LEVEL: i32 = 3;
+/// Most blocks one run may have (bounds what a damaged count can make us allocate).
+pub const MAX_RUN_BLOCKS: usize = 1 << 24;
+
+/// The path of run `id`.
+pub fn run_path(id: u64) -> String {
+    format!("{RUNS_DIR}/{id:016x}.run")
+}
+
+/// Parses a run file name back to its id.
+pub fn parse_run_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".run")?;
+    let lower_hex = |byte: u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
+    if hex.len() != 16 || !hex.bytes().all(lower_hex) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// One footer entry: where a block lies and what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockEntry {
+    pub session: u32,
+    pub event_count: u32,
+    pub first_seq: u64,
+    pub raw_offset: u64,
+    pub raw_bytes: u32,
+    pub stored_checksum: u32,
+    pub file_offset: u64,
+    pub stored_bytes: u32,
+}
+
+impl BlockEntry {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.session.to_le_bytes());
+        out.extend_from_slice(&self.event_count.to_le_bytes());
+        out.extend_from_slice(&self.first_seq.to_le_bytes());
+        out.extend_from_slice(&self.raw_offset.to_le_bytes());
+        out.extend_from_slice(&self.raw_bytes.to_le_bytes());
+        out.extend_from_slice(&self.stored_checksum.to_le_bytes());
+        out.extend_from_slice(&self.file_offset.to_le_bytes());
+        out.extend_from_slice(&self.stored_bytes.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+    }
+
+    fn decode(bytes: &[u8]) -> BlockEntry {
+        BlockEntry {
+            session: u32::from_le_bytes(word4(bytes, 0)),
+            event_count: u32::from_le_bytes(word4(bytes, 4)),
+            first_seq: u64::from_le_bytes(word8(bytes, 8)),
+            raw_offset: u64::from_le_bytes(word8(bytes, 16)),
+            raw_bytes: u32::from_le_bytes(word4(bytes, 24)),
+            stored_checksum: u32::from_le_bytes(word4(bytes, 28)),
+            file_offset: u64::from_le_bytes(word8(bytes, 32)),
+            stored_bytes: u32::from_le_bytes(word4(bytes, 40)),
+        }
+    }
+
+    /// One past the block's last raw byte.
+    pub fn raw_end(&self) -> u64 {
+        self.raw_offset + u64::from(self.raw_bytes)
+    }
+}
+
+/// A run made from a segment, ready to be written.
+pub struct BuiltRun {
+    pub bytes: Vec<u8>,
+    pub entry: RunEntry,
+    /// Every event's new position: `(session, seq, position in the run)`.
+    pub moved: Vec<(u32, u64, Position)>,
+    /// Events the run holds.
+    pub events: u64,
+    /// Raw (uncompressed) bytes of its blocks.
+    pub raw_bytes: u64,
+}
+
+/// Events of one session gathered from the source segment, re-framed with the run's salt.
+struct SessionFrames {
+    session: u32,
+    first_seq: u64,
+    raw: Vec<u8>,
+    /// (seq, offset in `raw`, frame bytes) of every event.
+    frames: Vec<(u64, usize, u32)>,
+}
+
+fn corrupt(segment: u64, offset: u64, reason: &str) -> Error {
+    Error::Corrupt {
+        segment,
+        offset,
+        reason: reason.to_string(),
+    }
+}
+
+/// Rewrites the records of a sealed segment as a run (F-06-1). The segment must end with a
+/// seal; records that no commit covers make it corrupt.
+pub fn build_run(
+    segment_bytes: &[u8],
+    segment: u64,
+    segment_salt: u64,
+    run_id: u64,
+    run_salt: u64,
+) -> Result<BuiltRun> {
+    let mut definitions = Vec::new();
+    let mut sessions: Vec<SessionFrames> = Vec::new();
+    let mut slot_of: HashMap<u32, usize> = HashMap::new();
+    let mut uncommitted = 0usize;
+    let scan = scan_frames(segment_bytes, segment, segment_salt, |offset, record| {
+        match &record {
+            Record::SessionHeader { .. } | Record::TypeDefinition { .. } => {
+                record.encode(&mut definitions, run_salt);
+                uncommitted += 1;
+            }
+            Record::Event(event) => {
+                let slot = *slot_of.entry(event.session).or_insert_with(|| {
+                    sessions.push(SessionFrames {
+                        session: event.session,
+                        first_seq: event.seq,
+                        raw: Vec::new(),
+                        frames: Vec::new(),
+                    });
+                    sessions.len() - 1
+                });
+                let frames = &mut sessions[slot];
+                let expected = frames.first_seq + frames.frames.len() as u64;
+                if event.seq != expected {
+                    return Err(corrupt(
+                        segment,
+                        offset,
+                        "event seq not contiguous in segment",
+                    ));
+                }
+                let start = frames.raw.len();
+                event.encode(&mut frames.raw, run_salt);
+                let length = u32::try_from(frames.raw.len() - start)
+                    .map_err(|_| corrupt(segment, offset, "frame larger than 4 GiB"))?;
+                frames.frames.push((event.seq, start, length));
+                uncommitted += 1;
+            }
+            Record::Commit { .. } => uncommitted = 0,
+            Record::Seal { .. } => {}
+        }
+        Ok(())
+    })?;
+    if !scan.sealed {
+        return Err(corrupt(segment, scan.valid_end, "segment is not sealed"));
+    }
+    if uncommitted != 0 {
+        return Err(corrupt(
+            segment,
+            scan.valid_end,
+            "records after the last commit",
+        ));
+    }
+    assemble(&definitions, &sessions, segment, run_id, run_salt)
+}
+
+/// Lays out header, blocks, footer and trailer.
+fn assemble(
+    definitions: &[u8],
+    sessions: &[SessionFrames],
+    source_segment: u64,
+    run_id: u64,
+    run_salt: u64,
+) -> Result<BuiltRun> {
+    let mut out = encode_run_header(run_id, run_salt, source_segment);
+    let mut blocks = Vec::new();
+    let mut moved = Vec::new();
+    let mut raw_offset = 0u64;
+    let mut events = 0u64;
+    push_block(
+        &mut out,
+        &mut blocks,
+        &mut raw_offset,
+        DEFINITIONS_SESSION,
+        0,
+        0,
+        definitions,
+    )?;
+    for session in sessions {
+        let mut start = 0;
+        while start < session.frames.len() {
+            let block_raw_start = session.frames[start].1;
+            let mut end = start + 1;
+            while end < session.frames.len()
+                && session.frames[end].1 + session.frames[end].2 as usize - block_raw_start
+                    <= RUN_BLOCK_RAW_BYTES
+            {
+                end += 1;
+            }
+            let last = session.frames[end - 1];
+            let raw = &session.raw[block_raw_start..last.1 + last.2 as usize];
+            for (seq, offset, length) in &session.frames[start..end] {
+                moved.push((
+                    session.session,
+                    *seq,
+                    Position {
+                        segment: run_id,
+                        offset: raw_offset + (offset - block_raw_start) as u64,
+                        frame_bytes: *length,
+                    },
+                ));
+            }
+            let count = u32::try_from(end - start).map_err(|_| Error::TooLarge {
+                what: "run block events",
+                size: (end - start) as u64,
+                limit: u64::from(u32::MAX),
+            })?;
+            push_block(
+                &mut out,
+                &mut blocks,
+                &mut raw_offset,
+                session.session,
+                count,
+                session.frames[start].0,
+                raw,
+            )?;
+            events += u64::from(count);
+            start = end;
+        }
+    }
+    let footer_offset = out.len() as u64;
+    let footer_start = out.len();
+    for block in &blocks {
+        block.encode(&mut out);
+    }
+    out.extend_from_slice(&footer_offset.to_le_bytes());
+    let block_count = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&block_count.to_le_bytes());
+    let sum = crc32fast::hash(&out[footer_start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out.extend_from_slice(RUN_TRAILER_MAGIC);
+    let file_bytes = out.len() as u64;
+    Ok(BuiltRun {
+        bytes: out,
+        entry: RunEntry {
+            id: run_id,
+            salt: run_salt,
+            file_bytes,
+        },
+        moved,
+        events,
+        raw_bytes: raw_offset,
+    })
+}
+
+fn push_block(
+    out: &mut Vec<u8>,
+    blocks: &mut Vec<BlockEntry>,
+    raw_offset: &mut u64,
+    session: u32,
+    event_count: u32,
+    first_seq: u64,
+    raw: &[u8],
+) -> Result<()> {
+    let stored = zstd::bulk::compress(raw, RUN_ZSTD_LEVEL)
+        .map_err(|error| Error::io("run block compress", error))?;
+    let too_large = |size: usize| Error::TooLarge {
+        what: "run block",
+        size: size as u64,
+        limit: u64::from(u32::MAX),
+    };
+    let raw_bytes = u32::try_from(raw.len()).map_err(|_| too_large(raw.len()))?;
+    let stored_bytes = u32::try_from(stored.len()).map_err(|_| too_large(stored.len()))?;
+    blocks.push(BlockEntry {
+        session,
+        event_count,
+        first_seq,
+        raw_offset: *raw_offset,
+        raw_bytes,
+        stored_checksum: crc32fast::hash(&stored),
+        file_offset: out.len() as u64,
+        stored_bytes,
+    });
+    *raw_offset += u64::from(raw_bytes);
+    out.extend_from_slice(&stored);
+    Ok(())
+}
+
+/// The 64-byte run header.
+pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RUN_HEADER_BYTES as usize);
+    out.extend_from_slice(RUN_MAGIC);
+    out.extend_from_slice(&RUN_VERSION.to_le_bytes());
+    out.extend_from_slice(&(RUN_HEADER_BYTES as u32).to_le_bytes());
+    out.extend_from_slice(&run_id.to_le_bytes());
+    out.extend_from_slice(&salt.to_le_bytes());
+    out.extend_from_slice(&source_segment.to_le_bytes());
+    out.resize(60, 0);
+    let sum = crc32fast::hash(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// A run's decoded header and footer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunIndex {
+    pub id: u64,
+    pub salt: u64,
+    pub source_segment: u64,
+    pub blocks: Vec<BlockEntry>,
+}
+
+impl RunIndex {
+    /// Decodes and checks a run's header, trailer and footer (F-06-2, F-06-5) given its
+    /// header bytes and its tail (everything from `footer_offset` on is enough; `tail_start`
+    /// says where `tail` starts in the file).
+    pub fn decode(header: &[u8], tail: &[u8], tail_start: u64, entry: &RunEntry) -> Result<Self> {
+        let file = run_path(entry.id);
+        let corrupt = |reason: &str| Error::CorruptFile {
+            file: file.clone(),
+            reason: reason.to_string(),
+        };
+        let minimum = RUN_HEADER_BYTES + (FOOTER_ENTRY_BYTES + TRAILER_BYTES) as u64;
+        if entry.file_bytes < minimum
+            || header.len() < RUN_HEADER_BYTES as usize
+            || &header[..8] != RUN_MAGIC
+        {
+            return Err(corrupt("bad magic or shorter than a run"));
+        }
+        if crc32fast::hash(&header[..60]) != u32::from_le_bytes(word4(header, 60)) {
+            return Err(corrupt("header checksum mismatch"));
+        }
+        let version = u32::from_le_bytes(word4(header, 8));
+        if version != RUN_VERSION {
+            return Err(Error::UnsupportedVersion {
+                file,
+                found: version,
+                supported: RUN_VERSION,
+            });
+        }
+        if u64::from_le_bytes(word8(header, 16)) != entry.id
+            || u64::from_le_bytes(word8(header, 24)) != entry.salt
+        {
+            return Err(corrupt("header id or salt differs from the manifest"));
+        }
+        if tail_start + tail.len() as u64 != entry.file_bytes || tail.len() < TRAILER_BYTES {
+            return Err(corrupt("file length differs from the manifest"));
+        }
+        let trailer = &tail[tail.len() - TRAILER_BYTES..];
+        if &trailer[16..24] != RUN_TRAILER_MAGIC {
+            return Err(corrupt("bad trailer magic"));
+        }
+        let footer_offset = u64::from_le_bytes(word8(trailer, 0));
+        let block_count = u32::from_le_bytes(word4(trailer, 8)) as usize;
+        let footer_bytes = (block_count as u64).saturating_mul(FOOTER_ENTRY_BYTES as u64);
+        let expected_length = footer_offset
+            .checked_add(footer_bytes)
+            .and_then(|end| end.checked_add(TRAILER_BYTES as u64));
+        if block_count == 0
+            || block_count > MAX_RUN_BLOCKS
+            || expected_length != Some(entry.file_bytes)
+            || footer_offset < tail_start
+            || footer_offset < RUN_HEADER_BYTES
+        {
+            return Err(corrupt("footer does not fit the file"));
+        }
+        let footer_start = (footer_offset - tail_start) as usize;
+        let checked = &tail[footer_start..tail.len() - 12];
+        if crc32fast::hash(checked) != u32::from_le_bytes(word4(trailer, 12)) {
+            return Err(corrupt("footer checksum mismatch"));
+        }
+        let blocks: Vec<BlockEntry> = checked[..block_count * FOOTER_ENTRY_BYTES]
+            .chunks_exact(FOOTER_ENTRY_BYTES)
+            .map(BlockEntry::decode)
+            .collect();
+        check_block_layout(&blocks, footer_offset).map_err(corrupt)?;
+        Ok(RunIndex {
+            id: entry.id,
+            salt: entry.salt,
+            source_segment: u64::from_le_bytes(word8(header, 32)),
+            blocks,
+        })
+    }
+
+    /// Reads and checks a run's index from its file.
+    pub fn read(file: &dyn StorageFile, entry: &RunEntry) -> Result<Self> {
+        let io = |error| Error::io("run read", error);
+        let length = file.len().map_err(io)?;
+        if length != entry.file_bytes {
+            return Err(Error::CorruptFile {
+                file: run_path(entry.id),
+                reason: "file length differs from the manifest".to_string(),
+            });
+        }
+        let mut header = vec![0; RUN_HEADER_BYTES as usize];
+        file.read_exact_at(&mut header, 0).map_err(io)?;
+        let mut trailer = [0u8; TRAILER_BYTES];
+        file.read_exact_at(&mut trailer, length - TRAILER_BYTES as u64)
+            .map_err(io)?;
+        let footer_offset = u64::from_le_bytes(word8(&trailer, 0))
+            .clamp(RUN_HEADER_BYTES, length - TRAILER_BYTES as u64);
+        let tail_length =
+            usize::try_from(length - footer_offset).map_err(|_| Error::CorruptFile {
+                file: run_path(entry.id),
+                reason: "footer larger than memory".to_string(),
+            })?;
+        let mut tail = vec![0; tail_length];
+        file.read_exact_at(&mut tail, footer_offset).map_err(io)?;
+        RunIndex::decode(&header, &tail, footer_offset, entry)
+    }
+
+    /// The block holding raw offset `offset`.
+    pub fn block_at(&self, offset: u64) -> Option<usize> {
+        let index = self
+            .blocks
+            .partition_point(|block| block.raw_end() <= offset);
+        (index < self.blocks.len() && self.blocks[index].raw_offset <= offset).then_some(index)
+    }
+}
+
+fn check_block_layout(
+    blocks: &[BlockEntry],
+    footer_offset: u64,
+) -> std::result::Result<(), &'static str> {
+    let mut file_offset = RUN_HEADER_BYTES;
+    let mut raw_offset = 0u64;
+    for (index, block) in blocks.iter().enumerate() {
+        let definitions = block.session == DEFINITIONS_SESSION;
+        if definitions != (index == 0) || (definitions && block.event_count != 0) {
+            return Err("block 0 and only block 0 holds the definitions");
+        }
+        if !definitions && block.event_count == 0 {
+            return Err("event block without events");
+        }
+        if block.file_offset != file_offset || block.raw_offset != raw_offset {
+            return Err("blocks do not follow each other");
+        }
+        file_offset += u64::from(block.stored_bytes);
+        raw_offset += u64::from(block.raw_bytes);
+    }
+    if file_offset != footer_offset {
+        return Err("last block does not end at the footer");
+    }
+    Ok(())
+}
+
+/// Decompresses and checks one block's stored bytes (F-06-6).
+pub fn decode_block(stored: &[u8], block: &BlockEntry, run: u64) -> Result<Vec<u8>> {
+    let damaged = |reason: &str| corrupt(run, block.raw_offset, reason);
+    if stored.len() != block.stored_bytes as usize
+        || crc32fast::hash(stored) != block.stored_checksum
+    {
+        return Err(damaged("run block checksum mismatch"));
+    }
+    let raw = zstd::bulk::decompress(stored, block.raw_bytes as usize)
+        .map_err(|_| damaged("run block does not decompress"))?;
+    if raw.len() != block.raw_bytes as usize {
+        return Err(damaged("run block decompresses to another size"));
+    }
+    Ok(raw)
+}
+
+/// Walks the frames of a decompressed block, calling `on_record` with each record's raw
+/// offset in the run and its frame size. Every frame must be valid (F-06-6).
+pub fn walk_block<'a>(
+    raw: &'a [u8],
+    block: &BlockEntry,
+    run: u64,
+    salt: u64,
+    mut on_record: impl FnMut(u64, u32, Record<'a>) -> Result<()>,
+) -> Result<()> {
+    let mut offset = 0usize;
+    while offset < raw.len() {
+        let at = block.raw_offset + offset as u64;
+        let frame = decode_frame(&raw[offset..], salt)
+            .map_err(|error| corrupt(run, at, &format!("{error:?}")))?;
+        let record = Record::decode(&frame)
+            .map_err(|error| corrupt(run, at, &format!("{error:?}")))?
+            .ok_or_else(|| corrupt(run, at, "unknown record kind in a run"))?;
+        let frame_bytes = u32::try_from(frame.total_bytes)
+            .map_err(|_| corrupt(run, at, "frame larger than 4 GiB"))?;
+        debug_assert!(frame.total_bytes >= FRAME_HEADER_BYTES);
+        on_record(at, frame_bytes, record)?;
+        offset += frame.total_bytes;
+    }
+    Ok(())
+}
+
+/// A byte-bounded LRU cache of decompressed run blocks, shared by all readers of a store.
+pub struct BlockCache {
+    capacity_bytes: usize,
+    state: Mutex<CacheState>,
+}
+
+/// A cache key: (run id, block index).
+type BlockKey = (u64, usize);
+
+#[derive(Default)]
+struct CacheState {
+    /// Block bytes and the tick of their last use.
+    blocks: HashMap<BlockKey, (Arc<Vec<u8>>, u64)>,
+    /// Last-use tick → key, oldest first.
+    order: BTreeMap<u64, BlockKey>,
+    tick: u64,
+    bytes: usize,
+}
+
+impl BlockCache {
+    /// A cache that holds at most `capacity_bytes` of decompressed blocks.
+    pub fn new(capacity_bytes: usize) -> Self {
+        BlockCache {
+            capacity_bytes,
+            state: Mutex::new(CacheState::default()),
+        }
+    }
+
+    /// The cached block, marked as just used.
+    pub fn get(&self, run: u64, block: usize) -> Option<Arc<Vec<u8>>> {
+        let mut state = self.state.lock();
+        state.tick += 1;
+        let tick = state.tick;
+        let (bytes, old_tick) = {
+            let (bytes, last_use) = state.blocks.get_mut(&(run, block))?;
+            let old = *last_use;
+            *last_use = tick;
+            (bytes.clone(), old)
+        };
+        state.order.remove(&old_tick);
+        state.order.insert(tick, (run, block));
+        Some(bytes)
+    }
+
+    /// Caches a block, evicting the least recently used ones beyond the capacity. A block
+    /// larger than the whole capacity is not kept.
+    pub fn insert(&self, run: u64, block: usize, bytes: Arc<Vec<u8>>) {
+        if bytes.len() > self.capacity_bytes {
+            return;
+        }
+        let mut state = self.state.lock();
+        state.tick += 1;
+        let tick = state.tick;
+        if let Some((old, old_tick)) = state.blocks.insert((run, block), (bytes.clone(), tick)) {
+            state.bytes -= old.len();
+            state.order.remove(&old_tick);
+        }
+        state.bytes += bytes.len();
+        state.order.insert(tick, (run, block));
+        while state.bytes > self.capacity_bytes {
+            let Some((_, key)) = state.order.pop_first() else {
+                break;
+            };
+            if let Some((evicted, _)) = state.blocks.remove(&key) {
+                state.bytes -= evicted.len();
+            }
+        }
+    }
+
+    /// Decompressed bytes held now.
+    pub fn held_bytes(&self) -> usize {
+        self.state.lock().bytes
+    }
+}
+
+/// An open run: its index and its bytes (memory-mapped on real files).
+pub struct RunReader {
+    pub index: RunIndex,
+    file: Arc<dyn StorageFile>,
+    map: Option<crate::io::MappedFile>,
+}
+
+impl RunReader {
+    /// Opens a run named by the manifest and checks its header and footer.
+    pub fn open(file: Arc<dyn StorageFile>, entry: &RunEntry) -> Result<Self> {
+        let index = RunIndex::read(file.as_ref(), entry)?;
+        let map = file
+            .map_read()
+            .map_err(|error| Error::io("run map", error))?;
+        Ok(RunReader { index, file, map })
+    }
+
+    /// Decompressed block `block`, through `cache` when one is given.
+    pub fn block(&self, block: usize, cache: Option<&BlockCache>) -> Result<Arc<Vec<u8>>> {
+        if let Some(bytes) = cache.and_then(|cache| cache.get(self.index.id, block)) {
+            return Ok(bytes);
+        }
+        let entry = &self.index.blocks[block];
+        let start = entry.file_offset;
+        let end = start + u64::from(entry.stored_bytes);
+        let raw = match &self.map {
+            Some(map) => {
+                let bytes = map.bytes();
+                let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
+                match range.and_then(|(from, to)| bytes.get(from..to)) {
+                    Some(stored) => decode_block(stored, entry, self.index.id)?,
+                    None => {
+                        return Err(corrupt(
+                            self.index.id,
+                            entry.raw_offset,
+                            "block past the mapped file",
+                        ))
+                    }
+                }
+            }
+            None => {
+                let mut stored = vec![0; entry.stored_bytes as usize];
+                self.file
+                    .read_exact_at(&mut stored, start)
+                    .map_err(|error| Error::io("run read", error))?;
+                decode_block(&stored, entry, self.index.id)?
+            }
+        };
+        let raw = Arc::new(raw);
+        if let Some(cache) = cache {
+            cache.insert(self.index.id, block, raw.clone());
+        }
+        Ok(raw)
+    }
+
+    /// The raw stream bytes `start..end` (they may span blocks).
+    pub fn read_raw(&self, start: u64, end: u64, cache: &BlockCache) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(usize::try_from(end - start).unwrap_or(0));
+        let mut at = start;
+        while at < end {
+            let index = self
+                .index
+                .block_at(at)
+                .ok_or_else(|| corrupt(self.index.id, at, "position past the run"))?;
+            let block = &self.index.blocks[index];
+            let raw = self.block(index, Some(cache))?;
+            let from = (at - block.raw_offset) as usize;
+            let to = (end.min(block.raw_end()) - block.raw_offset) as usize;
+            out.extend_from_slice(&raw[from..to]);
+            at = block.raw_offset + to as u64;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{EventRecord, NO_SEED_PARENT};
+    use crate::segment::{encode_header, SEGMENT_HEADER_BYTES};
+
+    /// A sealed segment with two interleaved sessions of `events` events each.
+    fn sealed_segment(salt: u64, events: u64) -> Vec<u8> {
+        let mut bytes = encode_header(1, salt);
+        for session in 0..2u32 {
+            Record::SessionHeader {
+                session,
+                seed_parent: NO_SEED_PARENT,
+                seed_length: 0,
+                header_json: format!(r#"{{"version":0,"id":"s{session}","createdAt":1}}"#)
+                    .as_bytes(),
+            }
+            .encode(&mut bytes, salt);
+        }
+        Record::TypeDefinition {
+            type_number: 0,
+            name: b"note",
+        }
+        .encode(&mut bytes, salt);
+        let data: Vec<String> = (0..events).map(|seq| format!(r#"{{"n":{seq}}}"#)).collect();
+        for seq in 0..events {
+            for session in 0..2u32 {
+                EventRecord {
+                    session,
+                    seq,
+                    time: 5,
+                    type_number: 0,
+                    flags: 0,
+                    data: data[seq as usize].as_bytes(),
+                    envelope: b"",
+                }
+                .encode(&mut bytes, salt);
+                Record::Commit {
+                    session,
+                    first_seq: seq,
+                    event_count: 1,
+                    durable_offset: SEGMENT_HEADER_BYTES,
+                }
+                .encode(&mut bytes, salt);
+            }
+        }
+        let used = bytes.len() as u64;
+        Record::Seal {
+            used_bytes: used,
+            durable_offset: used,
+        }
+        .encode(&mut bytes, salt);
+        bytes
+    }
+
+    #[test]
+    fn a_segment_becomes_a_run_whose_index_and_blocks_decode() {
+        let segment = sealed_segment(7, 30_000);
+        let built = build_run(&segment, 1, 7, 2, 9).expect("built");
+        assert_eq!(built.events, 60_000);
+        let header = &built.bytes[..64];
+        let index = RunIndex::decode(header, &built.bytes, 0, &built.entry).expect("index");
+        assert!(
+            index.blocks.len() > 3,
+            "30k events per session need several blocks"
+        );
+        assert_eq!(index.source_segment, 1);
+        let cache = BlockCache::new(1 << 20);
+        let file: Arc<dyn StorageFile> = Arc::new(crate::io::MemoryFile::new(built.bytes.clone()));
+        let reader = RunReader::open(file, &built.entry).expect("reader");
+        for (session, seq, position) in built.moved.iter().step_by(997) {
+            let raw = reader
+                .read_raw(position.offset, position.end(), &cache)
+                .expect("raw");
+            let frame = decode_frame(&raw, 9).expect("frame");
+            let Ok(Some(Record::Event(event))) = Record::decode(&frame) else {
+                panic!("not an event");
+            };
+            assert_eq!((event.session, event.seq), (*session, *seq));
+        }
+        assert!(cache.held_bytes() <= 1 << 20);
+    }
+
+    #[test]
+    fn any_flip_in_header_or_footer_is_refused() {
+        let segment = sealed_segment(7, 20);
+        let built = build_run(&segment, 1, 7, 2, 9).expect("built");
+        let bytes = &built.bytes;
+        let footer_offset = index_footer_offset(bytes);
+        let checked: Vec<usize> = (0..64).chain(footer_offset..bytes.len()).collect();
+        for at in checked {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x20;
+            let outcome = RunIndex::decode(&damaged[..64], &damaged, 0, &built.entry);
+            assert!(outcome.is_err(), "flip at {at} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn a_flip_inside_a_block_is_corruption_when_read() {
+        let segment = sealed_segment(7, 20);
+        let built = build_run(&segment, 1, 7, 2, 9).expect("built");
+        let index =
+            RunIndex::decode(&built.bytes[..64], &built.bytes, 0, &built.entry).expect("index");
+        let block = index.blocks[1];
+        let mut damaged = built.bytes.clone();
+        damaged[block.file_offset as usize + 3] ^= 1;
+        let stored = &damaged[block.file_offset as usize..][..block.stored_bytes as usize];
+        assert!(matches!(
+            decode_block(stored, &block, 2),
+            Err(Error::Corrupt { segment: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bytes() {
+        let cache = BlockCache::new(1000);
+        for block in 0..50 {
+            cache.insert(1, block, Arc::new(vec![0; 300]));
+            assert!(cache.held_bytes() <= 1000);
+        }
+        assert!(cache.get(1, 49).is_some());
+        assert!(cache.get(1, 0).is_none());
+    }
+
+    fn index_footer_offset(bytes: &[u8]) -> usize {
+        let trailer = &bytes[bytes.len() - TRAILER_BYTES..];
+        u64::from_le_bytes(word8(trailer, 0)) as usize
+    }
+}

@@ -1,0 +1,340 @@
+//! Sealing write-ahead segments into run files (format-spec/06-runs-and-index.md): reads
+//! through runs, power cuts at every step of sealing (F-06-10), orphan runs (F-06-11), the
+//! seq-index checkpoint (F-06-20..22) and damage to runs (F-06-6).
+
+mod common;
+
+use common::*;
+use dshdb::commit::Durability;
+use dshdb::db::{Options, Store};
+use dshdb::index::CHECKPOINT_FILE;
+use dshdb::io::sim::{CrashImage, SimStorage};
+use dshdb::io::Storage;
+use dshdb::manifest::Manifest;
+use dshdb::Error;
+
+const SESSIONS: usize = 3;
+const EVENTS_PER_SESSION: u64 = 40;
+
+fn expected(session: usize, seq: u64) -> String {
+    event_data(session, seq, 60 + (seq as usize * 37 + session * 11) % 300)
+}
+
+fn session_id(session: usize) -> String {
+    format!("r{session}")
+}
+
+/// Sessions with interleaved appends over several small segments, plus a fork of r0.
+fn populate(store: &Store) {
+    let mut writers: Vec<_> = (0..SESSIONS)
+        .map(|session| {
+            store
+                .create_session_with_id(&session_id(session))
+                .expect("create")
+        })
+        .collect();
+    for seq in 0..EVENTS_PER_SESSION {
+        for (session, writer) in writers.iter_mut().enumerate() {
+            let data = expected(session, seq);
+            writer.append(chunk(&data)).expect("append");
+        }
+    }
+    drop(writers);
+    let mut fork = store.fork("r0", 9, "fork").expect("fork");
+    fork.append(chunk(r#"{"forked":true}"#))
+        .expect("fork append");
+}
+
+/// Every session reads back exactly what `populate` wrote (later appends may follow).
+fn check_contents(store: &Store) -> Result<(), String> {
+    for session in 0..SESSIONS {
+        let id = session_id(session);
+        let events = store
+            .read(&id, 0, u64::MAX)
+            .map_err(|error| format!("read {id}: {error}"))?;
+        if (events.len() as u64) < EVENTS_PER_SESSION {
+            return Err(format!("{id} has {} events", events.len()));
+        }
+        for (seq, event) in events.iter().enumerate() {
+            let seq_matches = event.seq == seq as u64;
+            if !seq_matches
+                || (seq < EVENTS_PER_SESSION as usize
+                    && event.data != expected(session, seq as u64))
+            {
+                return Err(format!("{id} seq {seq} differs"));
+            }
+        }
+    }
+    let fork = store
+        .read("fork", 0, u64::MAX)
+        .map_err(|error| format!("read fork: {error}"))?;
+    let seed_matches = fork[..10]
+        .iter()
+        .enumerate()
+        .all(|(seq, event)| event.data == expected(0, seq as u64));
+    if fork.len() != 12 || !seed_matches || fork[11].data != r#"{"forked":true}"# {
+        return Err("fork differs".to_string());
+    }
+    Ok(())
+}
+
+fn manifest_of(disk: &SimStorage) -> Manifest {
+    Manifest::read(disk).expect("manifest").expect("present")
+}
+
+/// A closed store image holding the populated sessions, not yet sealed.
+fn populated_image() -> CrashImage {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    populate(&store);
+    store.close().expect("close");
+    disk.durable_image()
+}
+
+#[test]
+fn maintain_moves_sealed_segments_into_runs_and_reads_are_unchanged() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let segments_before = manifest_of(&disk).segments.len();
+    assert!(segments_before > 3, "the workload spans several segments");
+    let report = store.maintain().expect("maintain");
+    assert_eq!(report.segments_sealed, segments_before - 1);
+    let manifest = manifest_of(&disk);
+    assert_eq!(manifest.segments.len(), 1, "only the active segment stays");
+    assert_eq!(manifest.runs.len(), segments_before - 1);
+    assert_eq!(disk.list("wal").expect("wal").len(), 1);
+    check_contents(&store).expect("contents after sealing");
+    let stats = store.stats(None).expect("stats");
+    assert_eq!(stats.events_in_segments, 0);
+    assert_eq!(stats.events, SESSIONS as u64 * EVENTS_PER_SESSION + 2);
+    assert!(stats.run_compression_ratio > 1.0);
+    let session = store.stats(Some("r1")).expect("session stats");
+    assert_eq!(session.events, EVENTS_PER_SESSION);
+    assert!(session.runs >= 1);
+    // Appends go on; a second maintain after more rolls seals those too.
+    let mut writer = store.writer("r1").expect("writer");
+    for seq in 0..30 {
+        writer
+            .append(chunk(&event_data(1, 1000 + seq, 200)))
+            .expect("append");
+    }
+    drop(writer);
+    assert!(store.maintain().expect("maintain again").segments_sealed > 0);
+    store.close().expect("close");
+    let reopened = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+    check_contents(&reopened).expect("contents after reopen");
+    assert!(reopened.recovery_report().checkpoint_used);
+    assert_eq!(reopened.recovery_report().runs_replayed, 0);
+    assert_eq!(reopened.recovery_report().segments_scanned, 0);
+    assert_eq!(
+        reopened.session("r1").expect("r1").events,
+        EVENTS_PER_SESSION + 30
+    );
+}
+
+#[test]
+fn a_read_only_open_reads_runs_without_writing() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    store.maintain().expect("maintain");
+    store.close().expect("close");
+    let before = disk.durable_image();
+    let options = Options {
+        read_only: true,
+        ..sim_options(Durability::Sync)
+    };
+    let reader = open_sim(&disk, options).expect("read-only open");
+    check_contents(&reader).expect("contents");
+    assert!(matches!(reader.maintain(), Err(Error::ReadOnly)));
+    drop(reader);
+    let after = disk.durable_image();
+    for name in before.file_names() {
+        assert_eq!(before.file(name), after.file(name), "{name} changed");
+    }
+}
+
+/// Power cut at every storage operation of `maintain`: every image opens, holds every
+/// event exactly once, and takes appends again (F-06-10).
+#[test]
+fn a_power_cut_at_every_step_of_sealing_loses_nothing() {
+    let base = populated_image();
+    let reference = SimStorage::from_image(&base);
+    let store = open_sim(&reference, sim_options(Durability::Sync)).expect("open");
+    let start = reference.operation_count();
+    store.maintain().expect("maintain");
+    let operations = reference.operation_count() - start;
+    drop(store);
+    let mut images_checked = 0;
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::from_image(&base);
+        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+        disk.crash_at(disk.operation_count() + cut);
+        let _ = store.maintain();
+        let mut images = disk.take_images();
+        drop(store);
+        if images.is_empty() {
+            images.push(disk.durable_image());
+        }
+        for image in &images {
+            let label = format!("cut {cut}, {}", image.label);
+            let recovered = SimStorage::from_image(image);
+            let store = open_sim(&recovered, sim_options(Durability::Sync))
+                .unwrap_or_else(|error| panic!("{label}: reopen failed: {error}"));
+            if let Err(violation) = check_contents(&store) {
+                panic!("{label}: {violation}");
+            }
+            let manifest = manifest_of(&recovered);
+            let named = manifest.runs.len();
+            let run_files = recovered.list("runs").expect("runs").len();
+            assert_eq!(run_files, named, "{label}: orphan run left after open");
+            let mut writer = store.writer("r2").expect("writer");
+            writer
+                .append(chunk("{\"after\":1}"))
+                .expect("append after recovery");
+            drop(writer);
+            store.maintain().expect("maintain after recovery");
+            check_contents(&store).unwrap_or_else(|violation| panic!("{label}: {violation}"));
+            store.close().expect("close");
+            images_checked += 1;
+        }
+    }
+    assert!(images_checked > operations, "{images_checked} images");
+}
+
+#[test]
+fn an_orphan_run_is_removed_at_open() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    store.maintain().expect("maintain");
+    store.close().expect("close");
+    let mut image = disk.durable_image();
+    let (name, bytes) = {
+        let name = image
+            .file_names()
+            .find(|name| name.starts_with("runs/"))
+            .expect("a run")
+            .to_string();
+        (name.clone(), image.file(&name).expect("bytes").to_vec())
+    };
+    let orphan = SimStorage::from_image(&image);
+    let file = orphan
+        .open("runs/00000000000fffff.run", true)
+        .expect("orphan");
+    file.write_at(&bytes, 0).expect("write");
+    file.sync_data().expect("sync");
+    orphan.sync_dir("runs").expect("dir");
+    let store = open_sim(&orphan, sim_options(Durability::Sync)).expect("open");
+    assert_eq!(
+        store.recovery_report().orphan_runs,
+        vec!["00000000000fffff.run".to_string()]
+    );
+    check_contents(&store).expect("contents");
+    image.remove_file(&name);
+    let missing = SimStorage::from_image(&image);
+    let outcome = open_sim(&missing, sim_options(Durability::Sync))
+        .and_then(|store| store.read("r0", 0, u64::MAX).map(|_| ()));
+    assert!(
+        matches!(outcome, Err(Error::CorruptFile { .. })),
+        "a missing run is loud: {outcome:?}"
+    );
+}
+
+/// Any damage to the checkpoint makes the open ignore it and rebuild; it never blocks the
+/// open (F-06-22).
+#[test]
+fn a_damaged_checkpoint_is_ignored_and_rebuilt() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    store.maintain().expect("maintain");
+    store.close().expect("close");
+    let image = disk.durable_image();
+    let length = image.file(CHECKPOINT_FILE).expect("checkpoint").len();
+    let step = (length / 97).max(1);
+    let mut flips = 0;
+    for at in (0..length).step_by(step).chain([length - 1]) {
+        let mut damaged = image.clone();
+        damaged.file_mut(CHECKPOINT_FILE).expect("checkpoint")[at] ^= 0x08;
+        let disk = SimStorage::from_image(&damaged);
+        let store = open_sim(&disk, sim_options(Durability::Sync))
+            .unwrap_or_else(|error| panic!("flip at {at}: open failed: {error}"));
+        let report = store.recovery_report();
+        assert!(!report.checkpoint_used, "flip at {at} went unnoticed");
+        assert!(report.checkpoint_ignored.is_some());
+        assert!(report.runs_replayed > 0);
+        check_contents(&store).unwrap_or_else(|violation| panic!("flip at {at}: {violation}"));
+        store.close().expect("close");
+        let again = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+        assert!(
+            again.recovery_report().checkpoint_used,
+            "rewritten at close"
+        );
+        flips += 1;
+    }
+    assert!(flips > 50);
+    // A truncated or foreign checkpoint is ignored the same way.
+    for replacement in [Vec::new(), b"not a checkpoint".to_vec()] {
+        let mut foreign = image.clone();
+        *foreign.file_mut(CHECKPOINT_FILE).expect("checkpoint") = replacement;
+        let disk = SimStorage::from_image(&foreign);
+        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+        assert!(!store.recovery_report().checkpoint_used);
+        check_contents(&store).expect("contents");
+    }
+}
+
+/// A flipped byte inside a run's blocks is a loud typed error when read, never a silent
+/// truncation (F-06-6).
+#[test]
+fn damage_inside_a_run_is_corruption() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    store.maintain().expect("maintain");
+    store.close().expect("close");
+    let image = disk.durable_image();
+    let name = image
+        .file_names()
+        .find(|name| name.starts_with("runs/"))
+        .expect("a run")
+        .to_string();
+    // A byte of the last event block (just before the footer).
+    let run_bytes = image.file(&name).expect("run");
+    let trailer = &run_bytes[run_bytes.len() - 24..];
+    let footer_offset = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes")) as usize;
+    let target = footer_offset - 5;
+    let mut damaged = image.clone();
+    damaged.file_mut(&name).expect("run")[target] ^= 0x01;
+    damaged.remove_file(CHECKPOINT_FILE);
+    let disk = SimStorage::from_image(&damaged);
+    let outcome = open_sim(&disk, sim_options(Durability::Sync)).map(|_| ());
+    assert!(
+        matches!(outcome, Err(ref error) if error.is_corruption()),
+        "without a checkpoint the open replays the run and finds the damage: {outcome:?}"
+    );
+    let mut damaged = image.clone();
+    damaged.file_mut(&name).expect("run")[target] ^= 0x01;
+    let disk = SimStorage::from_image(&damaged);
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("checkpointed open");
+    let reads: Vec<_> = (0..SESSIONS)
+        .map(|session| store.read(&session_id(session), 0, u64::MAX))
+        .collect();
+    assert!(
+        reads
+            .iter()
+            .any(|read| matches!(read, Err(error) if error.is_corruption())),
+        "the damaged block is reported when read"
+    );
+}
+
+#[test]
+fn the_background_thread_starts_and_stops_with_the_store() {
+    let disk = SimStorage::from_image(&populated_image());
+    let options = Options {
+        maintenance_interval: Some(std::time::Duration::from_millis(1)),
+        ..sim_options(Durability::Sync)
+    };
+    let store = open_sim(&disk, options).expect("open");
+    check_contents(&store).expect("contents while maintenance runs");
+    store.close().expect("close joins the thread");
+    let reopened = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+    check_contents(&reopened).expect("contents");
+}
