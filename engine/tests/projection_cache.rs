@@ -332,3 +332,28 @@ fn live_checkpoints_follow_durable_turn_ends() {
     let (_, report) = cache.read_builtins("s").expect("read");
     assert_eq!(report.folded_events, 0);
 }
+
+/// Readers on several threads while the session grows: every read is a consistent prefix
+/// fold, and the final read equals the fold from scratch.
+#[test]
+fn concurrent_readers_while_appending() {
+    let disk = SimStorage::new();
+    let store = new_store(&disk);
+    generated_session(&store, "s", 2);
+    let cache = cache(&store, 5);
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                for _ in 0..20 {
+                    let (cached, _) = cache.read_builtins("s").expect("read");
+                    assert_eq!(cached.stats.events, cached.length);
+                    assert_eq!(cached.turns.next_seq, cached.length);
+                }
+            });
+        }
+        append_turns(&store, "s", 3..12);
+    });
+    let (cached, _) = cache.read_builtins("s").expect("final read");
+    let events = session_events(&store, "s").expect("events");
+    assert_equals_scratch(&cached, &events, "concurrent");
+}

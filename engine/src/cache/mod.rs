@@ -162,6 +162,8 @@ pub struct ProjectionCache {
     /// Live write policy per session: seq covered by the last checkpoint written here and
     /// whether a `turn/end` was appended since.
     live: Arc<Mutex<HashMap<String, LiveMark>>>,
+    /// Serializes checkpoint writes of this cache (they share temp file names).
+    write_lock: Arc<Mutex<()>>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -185,6 +187,7 @@ impl ProjectionCache {
             options,
             units,
             live: Arc::default(),
+            write_lock: Arc::default(),
         }
     }
 
@@ -442,6 +445,7 @@ impl ProjectionCache {
         let Some(last) = last else {
             return Ok(false);
         };
+        let _writing = self.write_lock.lock();
         // The log leads: only durable events may be covered by a checkpoint.
         if self.store.flush().is_err() {
             return Ok(false);
