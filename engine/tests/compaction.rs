@@ -554,3 +554,75 @@ fn crash_at_every_point_of_a_pruning_pass() {
     }
     assert_eq!(lengths.len(), 2, "both outcomes occur: {lengths:?}");
 }
+
+/// Every DSH fixture that folds with no open turn and no live bracket: prune, compact by
+/// token budget, export, and DSH's cold-load validation accepts the result on import, with
+/// the same projections.
+#[test]
+fn fixtures_with_compaction_and_pruning_round_trip_through_export() {
+    let store = sim_store(&SimStorage::new());
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let spill = SpillStore::new(store.storage());
+    let small = PrunerConfig {
+        threshold_chars: 200,
+        head_chars: 100,
+        tail_chars: 50,
+    };
+    let mut compacted = 0;
+    let mut pruned = 0;
+    for name in dsh_fixtures::case_names() {
+        let bytes = std::fs::read(dsh_fixtures::fixture_path(&name, "input.jsonl")).expect("read");
+        let Ok(report) = import_dsh_jsonl(&store, &bytes) else {
+            continue;
+        };
+        let id = report.session_id;
+        let Ok((builtins, _)) = cache.read_builtins(&id) else {
+            continue;
+        };
+        if builtins.turns.open_turn().is_some() || builtins.turns.live_compaction_start().is_some()
+        {
+            continue;
+        }
+        let mut writer = store.writer(&id).expect("writer");
+        let pruning = prune_session(&cache, &mut writer, Some(&spill), &small).expect("prune");
+        pruned += pruning.pruned.len();
+        let (builtins, _) = cache.read_builtins(&id).expect("read");
+        let nodes = builtins.surface.nodes();
+        let deltas = dshdb::compaction::pairing_deltas(&store, &id, &nodes).expect("deltas");
+        let range = select_compactable_range(&nodes, &builtins.tokens.nodes, &deltas, 0);
+        if let Ok(Some((start, end))) = range {
+            let summary = SummaryInput::text("Done so far.", "p", "m");
+            if compact(
+                &cache,
+                &mut writer,
+                start,
+                end,
+                CompactionOwner::Manual,
+                &summary,
+            )
+            .is_ok()
+            {
+                compacted += 1;
+            }
+        }
+        drop(writer);
+        let exported = export_dsh_jsonl(&store, &id).expect("export");
+        let other = sim_store(&SimStorage::new());
+        let imported = import_dsh_jsonl(&other, &exported)
+            .unwrap_or_else(|error| panic!("{name}: DSH refuses the compacted log: {error}"));
+        assert_eq!(
+            export_dsh_jsonl(&other, &id).expect("re-export"),
+            exported,
+            "{name}"
+        );
+        let (original, _) = cache.read_builtins(&id).expect("read");
+        let copy_cache = ProjectionCache::new(&other, CacheOptions::default());
+        let (copy, _) = copy_cache
+            .read_builtins(&imported.session_id)
+            .expect("read copy");
+        assert!(original.surface == copy.surface, "{name}");
+        assert_eq!(original.tokens, copy.tokens, "{name}");
+    }
+    assert!(compacted >= 5, "compacted {compacted} fixtures");
+    assert!(pruned >= 3, "pruned {pruned} tool results");
+}
