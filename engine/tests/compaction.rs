@@ -626,3 +626,52 @@ fn fixtures_with_compaction_and_pruning_round_trip_through_export() {
     assert!(compacted >= 5, "compacted {compacted} fixtures");
     assert!(pruned >= 3, "pruned {pruned} tool results");
 }
+
+/// `LiveSession`: oversized tool results are spilled on append (DSH policy), checkpoints
+/// follow `turn/end`, and compaction by token budget hands the span to the summarizer.
+#[test]
+fn live_session_spills_checkpoints_and_compacts_to_budget() {
+    use dshdb::cache::session_cache_dir;
+    use dshdb::compaction::LiveSession;
+    let store = sim_store(&SimStorage::new());
+    let writer = store.create_session_with_id("s").expect("create");
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let mut live = LiveSession::new(writer, cache);
+    let owned = big_tool_turn(1, 120_000);
+    let events: Vec<_> = owned.iter().map(OwnedEvent::as_new_event).collect();
+    let (receipt, blobs) = live.append_batch(&events).expect("append");
+    assert_eq!(receipt.end_seq, 12);
+    let hash = blobs[6].expect("the big result was spilled");
+    assert!(blobs
+        .iter()
+        .enumerate()
+        .all(|(index, blob)| blob.is_none() || index == 6));
+    let stored = store.get("s", 6).expect("get");
+    assert!(
+        stored.data.len() < 52_000,
+        "preview only: {}",
+        stored.data.len()
+    );
+    assert!(stored.data.contains(&hash.locator()));
+    assert_eq!(live.spill().get(&hash).expect("blob").len(), 120_000);
+    let checkpoints = store.storage().list(&session_cache_dir("s")).expect("list");
+    assert_eq!(checkpoints.len(), 5, "checkpoints at turn/end");
+    for turn in 2..=6 {
+        let owned = turn_events(turn, TEXT_BYTES);
+        let events: Vec<_> = owned.iter().map(OwnedEvent::as_new_event).collect();
+        live.append_batch(&events).expect("append");
+    }
+    let before = live.projections().expect("projections");
+    let mut span_messages = 0;
+    let result = live
+        .compact_to_budget(0, CompactionOwner::Manual, |span| {
+            span_messages = span.len();
+            SummaryInput::text("Six turns of tool use.", "p", "m")
+        })
+        .expect("compact")
+        .expect("something to compact");
+    assert_eq!(span_messages, result.shadowed_seqs.len());
+    let after = live.projections().expect("projections");
+    assert!(after.surface.nodes().len() < before.surface.nodes().len());
+    assert!(after.tokens.total < before.tokens.total);
+}

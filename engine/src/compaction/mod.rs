@@ -6,10 +6,12 @@
 //! `compaction/end` as ONE atomic batch: after a crash the log holds all four or none, so an
 //! interrupted bracket can only come from an imported DSH log (detected by the turn index).
 
+mod live;
 mod pruner;
 mod region;
 mod retention;
 
+pub use live::LiveSession;
 pub use pruner::{
     measure_content, prune_content, prune_session, PruneReport, PrunedResult, PrunerConfig,
     PRUNE_MARKER,
