@@ -176,7 +176,17 @@ fn gc_keeps_cited_blobs_and_removes_the_rest() {
     drop(store.fork("parent", 0, "child").expect("fork"));
     let temp = format!("{SPILL_DIR}/{}.tmp", orphan.to_hex());
     store.storage().open(&temp, true).expect("temp");
-    // Blobs put by this process are pending until seen referenced: a fresh handle sees none.
+    // Blobs put in this process are pending until cited: a collection keeps them.
+    let report = collect_spill(&store, &SpillStore::new(store.storage())).expect("gc");
+    assert!(report.removed.is_empty(), "pending puts survive");
+    assert_eq!(report.temp_removed, 1);
+    store.storage().open(&temp, true).expect("temp again");
+    // Another process (a reopened store on the same disk) collects the orphan.
+    drop(spill);
+    store.close().expect("close");
+    drop(store);
+    let store = store_on(&disk);
+    let spill = SpillStore::new(store.storage());
     let collector = SpillStore::new(store.storage());
     let report = collect_spill(&store, &collector).expect("gc");
     assert_eq!(report.removed, vec![orphan]);

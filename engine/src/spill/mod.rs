@@ -14,9 +14,9 @@ pub use policy::{
 use crate::error::{Error, Result};
 use crate::io::{Storage, StorageFile};
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// The spill directory inside the store.
 pub const SPILL_DIR: &str = "spill";
@@ -111,9 +111,30 @@ pub struct GcReport {
 #[derive(Clone)]
 pub struct SpillStore {
     storage: Arc<dyn Storage>,
-    /// Blobs put by this process and not yet seen referenced: a collection running in this
-    /// process keeps them (a put precedes the append that cites it).
+    /// Blobs put by this process into this storage and not yet seen referenced: a
+    /// collection running in this process keeps them (a put precedes the append that cites
+    /// it). Shared by every handle on the same storage.
     pending: Arc<Mutex<HashSet<BlobHash>>>,
+}
+
+/// One storage's pending set; the weak handle keeps the storage's allocation (so its
+/// address) from being reused while the entry exists.
+type PendingEntry = (Weak<dyn Storage>, Arc<Mutex<HashSet<BlobHash>>>);
+
+/// The pending set of each live storage in this process, by the storage's address.
+type PendingRegistry = Mutex<HashMap<usize, PendingEntry>>;
+
+fn pending_for(storage: &Arc<dyn Storage>) -> Arc<Mutex<HashSet<BlobHash>>> {
+    static REGISTRY: std::sync::OnceLock<PendingRegistry> = std::sync::OnceLock::new();
+    let registry = REGISTRY.get_or_init(PendingRegistry::default);
+    let mut entries = registry.lock();
+    // Storages no handle uses any more take their pending sets with them.
+    entries.retain(|_, (weak, _)| weak.strong_count() > 0);
+    let key = Arc::as_ptr(storage) as *const () as usize;
+    let entry = entries
+        .entry(key)
+        .or_insert_with(|| (Arc::downgrade(storage), Arc::default()));
+    entry.1.clone()
 }
 
 fn io_error(operation: &'static str) -> impl FnOnce(std::io::Error) -> Error {
@@ -129,10 +150,8 @@ fn blob_error(hash: &BlobHash, reason: impl Into<String>) -> Error {
 
 impl SpillStore {
     pub fn new(storage: Arc<dyn Storage>) -> Self {
-        Self {
-            storage,
-            pending: Arc::default(),
-        }
+        let pending = pending_for(&storage);
+        Self { storage, pending }
     }
 
     /// Stores `bytes` (F-07-11): returns once the blob is durable (temp file, fsync, rename,
