@@ -675,3 +675,67 @@ fn live_session_spills_checkpoints_and_compacts_to_budget() {
     assert!(after.surface.nodes().len() < before.surface.nodes().len());
     assert!(after.tokens.total < before.tokens.total);
 }
+
+/// Model §5.8: DSH's heuristic token surface. A compaction's and a prune's claims price the
+/// replacements, so the total stays the sum of the node prices; a replace whose adjacent
+/// claim covers another range is refused with DSH's text; the fixture folds.
+#[test]
+fn heuristic_meter_follows_shadow_prices() {
+    use dshdb::projection::{HeuristicMeterUnit, ProjectionUnit};
+    let store = sim_store(&SimStorage::new());
+    drop(store.create_session_with_id("s").expect("create"));
+    append_owned(&store, "s", &big_tool_turn(1, 20_000));
+    for turn in 2..=4 {
+        append_owned(&store, "s", &turn_events(turn, TEXT_BYTES));
+    }
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let mut writer = store.writer("s").expect("writer");
+    prune_session(&cache, &mut writer, None, &PrunerConfig::default()).expect("prune");
+    let nodes = cache.read_builtins("s").expect("read").0.surface.nodes();
+    compact(
+        &cache,
+        &mut writer,
+        nodes[0],
+        nodes[7],
+        CompactionOwner::Manual,
+        &summary(),
+    )
+    .expect("compact");
+    let (meter, _) = cache.read("s", &HeuristicMeterUnit).expect("meter");
+    let sum: u64 = meter.nodes.iter().map(|(_, price)| price).sum();
+    assert_eq!(meter.total, sum, "claims equal the shadowed prices");
+    assert_eq!(meter.nodes.len(), 9);
+    // A replace right after a claim for another range.
+    let events = session_events(&store, "s").expect("events");
+    let mut state = fold_from_scratch(&HeuristicMeterUnit, &events).expect("fold");
+    let next = events.len() as u64;
+    let claim = dshdb::session::parse_event_line(&format!(
+        r#"{{"type":"compaction/prune","seq":{next},"time":0,"data":{{"shadowedRange":{{"start":1,"end":1}},"shadowedSeqs":[1],"shadowedTokenCount":3}}}}"#
+    ))
+    .expect("line");
+    HeuristicMeterUnit.apply(&mut state, &claim).expect("arms");
+    let last = *meter.nodes.last().expect("node");
+    let replace = dshdb::session::parse_event_line(&format!(
+        r#"{{"type":"user/message","seq":{},"time":0,"data":{{"role":"user","content":[],"source":{{"kind":"user"}},"id":"x"}},"sourceEventSeqs":[{}],"surfaceOp":{{"op":"replace","start":{},"end":{}}}}}"#,
+        next + 1, last.0, last.0, last.0
+    ))
+    .expect("line");
+    let refused = HeuristicMeterUnit.apply(&mut state, &replace);
+    let text = format!(
+        "token surface: replace at seq {} over range {}-{} has no adjacent shadow price (armed claim covers 1-1)",
+        next + 1, last.0, last.0
+    );
+    assert!(refused.is_err_and(|error| error.to_string().contains(&text)));
+    // DSH's own fixture with a prune and a compaction folds.
+    let fixture = sim_store(&SimStorage::new());
+    let bytes = std::fs::read(dsh_fixtures::fixture_path(
+        "syn-compaction-replace",
+        "input.jsonl",
+    ))
+    .expect("fixture");
+    let report = import_dsh_jsonl(&fixture, &bytes).expect("import");
+    let events = session_events(&fixture, &report.session_id).expect("events");
+    let folded = fold_from_scratch(&HeuristicMeterUnit, &events).expect("fixture folds");
+    let nodes: Vec<u64> = folded.nodes.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(nodes, [16, 9, 19, 21]);
+}
