@@ -761,13 +761,7 @@ fn dshdb_disk(
         .map(|id| store.create_session_with_id(id))
         .collect::<dshdb::Result<Vec<_>>>()?;
     for (session, _, batch) in batches {
-        let events: Vec<NewEvent<'_>> = batch
-            .iter()
-            .map(|event| NewEvent {
-                envelope: &event.envelope,
-                ..NewEvent::new(event.event_type, &event.data)
-            })
-            .collect();
+        let events: Vec<NewEvent<'_>> = batch.iter().map(GenEvent::as_new_event).collect();
         writers[*session].append_batch(&events)?;
     }
     store.flush()?;

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use dshdb::db::{NewEvent, Options, Store};
 use dshdb::exchange;
 use dshdb_benches::baselines::{dsh_frame, JsonlEncoding, JsonlSession, Redb, Sqlite};
-use dshdb_benches::workload::{session_jsonl, SessionStream, Shape, SESSION_JSONL_ID};
+use dshdb_benches::workload::{session_jsonl, GenEvent, SessionStream, Shape, SESSION_JSONL_ID};
 use std::fmt::Write as _;
 use std::io::BufRead;
 use std::path::Path;
@@ -224,13 +224,8 @@ fn crash_writer(system: &str, dir: &Path, sessions: usize, events: usize) -> Res
             for (id, stream) in ids.iter().zip(&streams) {
                 let mut writer = store.create_session_with_id(id)?;
                 for batch in stream.chunks(CRASH_BATCH_EVENTS) {
-                    let events: Vec<NewEvent<'_>> = batch
-                        .iter()
-                        .map(|event| NewEvent {
-                            envelope: &event.envelope,
-                            ..NewEvent::new(event.event_type, &event.data)
-                        })
-                        .collect();
+                    let events: Vec<NewEvent<'_>> =
+                        batch.iter().map(GenEvent::as_new_event).collect();
                     writer.append_batch(&events)?;
                 }
             }

@@ -62,6 +62,14 @@ pub struct GenEvent {
 }
 
 impl GenEvent {
+    /// The event as a dshdb append (type, data and envelope; time now).
+    pub fn as_new_event(&self) -> dshdb::db::NewEvent<'_> {
+        dshdb::db::NewEvent {
+            envelope: &self.envelope,
+            ..dshdb::db::NewEvent::new(self.event_type, &self.data)
+        }
+    }
+
     /// The event as the DSH JSONL line `JSON.stringify(event)` writes (raw encoding, with `\n`):
     /// `{type, seq, time, data, sourceEventSeqs?, surfaceOp?}`, the order of DSH's `Session.append`.
     pub fn jsonl_line(&self, seq: u64, time: i64) -> String {
@@ -81,6 +89,10 @@ pub enum Shape {
     /// `assistant/chunk` events with exactly this many bytes of `data` JSON.
     Fixed(usize),
 }
+
+/// Share of tool results that are 1–4 MiB (a build log, a file dump): rare, but the ones that
+/// make a session hundreds of MB.
+const MEGABYTE_OUTPUT_CHANCE: f64 = 0.000_5;
 
 /// The envelope of an event that appends a surface node.
 const APPEND: &str = "\"surfaceOp\":\"append\"";
@@ -233,7 +245,9 @@ impl SessionStream {
                     "tool/call",
                     format!("{{\"turn\":{turn},\"step\":{step},\"callId\":\"{call_id}\",\"name\":\"bash\",\"arguments\":\"{arguments}\"}}"),
                 );
-                let output_len = if self.rng.chance(0.05) {
+                let output_len = if self.rng.chance(MEGABYTE_OUTPUT_CHANCE) {
+                    self.rng.log_range(1 << 20, 4 << 20)
+                } else if self.rng.chance(0.05) {
                     self.rng.log_range(8 * 1024, 64 * 1024)
                 } else {
                     self.rng.log_range(10, 1_000)

@@ -93,28 +93,36 @@ fn encoded_records() -> Vec<u8> {
     out
 }
 
-fn fixture_logs() -> Vec<Vec<u8>> {
+/// The bytes of every DSH fixture input, in name order.
+fn fixture_inputs() -> Vec<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/dsh");
-    let mut logs = Vec::new();
-    for entry in std::fs::read_dir(&dir)
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
         .expect("DSH fixtures beside the repo")
         .flatten()
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".input.jsonl") {
-            let bytes = std::fs::read(entry.path()).expect("fixture");
-            // Drop the header line: the fold sees events only. (Some fixtures hold invalid
-            // UTF-8 on purpose; the check then returns early, which is its contract.)
-            let events: Vec<u8> = bytes
+        .map(|entry| entry.path())
+        .filter(|path| path.to_string_lossy().ends_with(".input.jsonl"))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|path| std::fs::read(path).expect("fixture"))
+        .collect()
+}
+
+fn fixture_logs() -> Vec<Vec<u8>> {
+    // Drop the header line: the fold sees events only. (Some fixtures hold invalid UTF-8 on
+    // purpose; the check then returns early, which is its contract.)
+    fixture_inputs()
+        .iter()
+        .map(|bytes| {
+            bytes
                 .split_inclusive(|byte| *byte == b'\n')
                 .skip(1)
                 .flatten()
                 .copied()
-                .collect();
-            logs.push(events);
-        }
-    }
-    logs
+                .collect()
+        })
+        .collect()
 }
 
 fn replay(target: &str, mut seeds: Vec<Vec<u8>>, check: fn(&[u8])) -> u64 {
@@ -172,26 +180,12 @@ fn model_corpus() {
     replay("model", seeds, check_model);
 }
 
-/// Whole fixture logs (header included) in each import mode: plain, framed zstd, raw zstd.
+/// Whole fixture logs (header included) in the plain and the framed-zstd import mode.
 fn import_seeds() -> Vec<Vec<u8>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/dsh");
-    let mut seeds = Vec::new();
-    for entry in std::fs::read_dir(&dir)
-        .expect("DSH fixtures beside the repo")
-        .flatten()
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".input.jsonl") {
-            let bytes = std::fs::read(entry.path()).expect("fixture");
-            for mode in [0u8, 1] {
-                let mut seed = vec![mode];
-                seed.extend_from_slice(&bytes);
-                seeds.push(seed);
-            }
-        }
-    }
-    seeds.sort();
-    seeds
+    fixture_inputs()
+        .iter()
+        .flat_map(|bytes| [0u8, 1].map(|mode| [&[mode], bytes.as_slice()].concat()))
+        .collect()
 }
 
 #[test]
