@@ -174,7 +174,7 @@ fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
                 bail!("not a spill locator or hash: {locator:?}");
             };
             let store = open_existing(&store, true)?;
-            let spill = SpillStore::new(store.storage());
+            let spill = SpillStore::new_read_only(store.storage());
             let bytes = match length {
                 None if offset == 0 => spill.get(&hash)?,
                 length => spill.get_range(&hash, offset, length.unwrap_or(u64::MAX))?,
@@ -188,7 +188,7 @@ fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
         }
         SpillCommand::Ls { store } => {
             let store = open_existing(&store, true)?;
-            for blob in SpillStore::new(store.storage()).list()? {
+            for blob in SpillStore::new_read_only(store.storage()).list()? {
                 let locator = blob.hash.locator();
                 writeln!(out, "{locator}\t{}\t{}", blob.raw_bytes, blob.stored_bytes)?;
             }

@@ -374,3 +374,31 @@ fn crash_at_every_point_of_a_collection_keeps_cited_blobs() {
         }
     }
 }
+
+/// F-01-3: a read-only handle reads blobs and refuses every write.
+#[test]
+fn read_only_handles_refuse_writes() {
+    let disk = SimStorage::new();
+    let store = store_on(&disk);
+    let hash = SpillStore::new(store.storage()).put(b"kept").expect("put");
+    store.close().expect("close");
+    drop(store);
+    let options = dshdb::db::Options {
+        read_only: true,
+        ..dshdb::db::Options::default()
+    };
+    let reader = open_sim(&disk, options).expect("read-only open");
+    let spill = SpillStore::new_read_only(reader.storage());
+    assert_eq!(spill.get(&hash).expect("get"), b"kept");
+    assert!(matches!(spill.put(b"new"), Err(Error::ReadOnly)));
+    assert!(matches!(
+        spill.gc(&Default::default()),
+        Err(Error::ReadOnly)
+    ));
+    let writable_handle = SpillStore::new(reader.storage());
+    assert!(matches!(
+        collect_spill(&reader, &writable_handle),
+        Err(Error::ReadOnly)
+    ));
+    assert_eq!(spill.list().expect("list").len(), 1);
+}

@@ -115,6 +115,8 @@ pub struct SpillStore {
     /// collection running in this process keeps them (a put precedes the append that cites
     /// it). Shared by every handle on the same storage.
     pending: Arc<Mutex<HashSet<BlobHash>>>,
+    /// Refuse every write (a read-only store).
+    read_only: bool,
 }
 
 /// One storage's pending set; the weak handle keeps the storage's allocation (so its
@@ -151,12 +153,32 @@ fn blob_error(hash: &BlobHash, reason: impl Into<String>) -> Error {
 impl SpillStore {
     pub fn new(storage: Arc<dyn Storage>) -> Self {
         let pending = pending_for(&storage);
-        Self { storage, pending }
+        Self {
+            storage,
+            pending,
+            read_only: false,
+        }
+    }
+
+    /// A handle that reads blobs and refuses to write ([`Error::ReadOnly`]).
+    pub fn new_read_only(storage: Arc<dyn Storage>) -> Self {
+        Self {
+            read_only: true,
+            ..Self::new(storage)
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
     }
 
     /// Stores `bytes` (F-07-11): returns once the blob is durable (temp file, fsync, rename,
     /// directory fsync). An existing valid blob with the same hash is reused.
     pub fn put(&self, bytes: &[u8]) -> Result<BlobHash> {
+        self.check_writable()?;
         let hash = BlobHash::of(bytes);
         let size = bytes.len() as u64;
         if size > MAX_BLOB_BYTES {
@@ -279,6 +301,9 @@ impl SpillStore {
 
     /// Removes blobs the caller knows nothing cites (best effort, e.g. a refused import).
     pub fn remove_uncited(&self, hashes: &[BlobHash]) {
+        if self.read_only {
+            return;
+        }
         for hash in hashes {
             let _ = self.storage.remove(&hash.path());
         }
@@ -291,6 +316,7 @@ impl SpillStore {
     /// collection) and every leftover temp file (F-07-14). Removal is idempotent, so a crash
     /// mid-way leaves only blobs a later collection removes.
     pub fn gc(&self, referenced: &HashSet<BlobHash>) -> Result<GcReport> {
+        self.check_writable()?;
         let mut report = GcReport::default();
         let mut pending = self.pending.lock();
         pending.retain(|hash| !referenced.contains(hash));
