@@ -337,6 +337,21 @@ fn crash_at_every_point_leaves_all_four_events_or_none() {
                 !acknowledged || length == 40,
                 "cut {cut}: acknowledged compaction lost"
             );
+            // The log leads: no checkpoint that survived covers more than the durable log.
+            let dir = dshdb::cache::session_cache_dir("s");
+            for name in store.storage().list(&dir).expect("list cache") {
+                let file = store
+                    .storage()
+                    .open_read(&format!("{dir}/{name}"))
+                    .expect("open");
+                let bytes = file.read_all().expect("read");
+                if let Ok(checkpoint) = dshdb::cache::decode_checkpoint(&bytes) {
+                    assert!(
+                        checkpoint.seq <= length,
+                        "cut {cut}: checkpoint ahead of the log"
+                    );
+                }
+            }
             let events = session_events(&store, "s").expect("events");
             let cache = ProjectionCache::new(&store, CacheOptions { every_events: 1 });
             let (cached, _) = cache.read_builtins("s").expect("cache read after crash");
