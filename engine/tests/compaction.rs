@@ -754,3 +754,41 @@ fn heuristic_meter_follows_shadow_prices() {
     let nodes: Vec<u64> = folded.nodes.iter().map(|(seq, _)| *seq).collect();
     assert_eq!(nodes, [16, 9, 19, 21]);
 }
+
+/// A fork reads its parent's prefix: compacting the child shadows inherited nodes, appends
+/// only to the child, and leaves the parent as it was.
+#[test]
+fn compacting_a_fork_leaves_the_parent_alone() {
+    let store = sim_store(&SimStorage::new());
+    session_with_turns(&store, "parent", 3);
+    drop(
+        store
+            .fork("parent", 23, "child")
+            .expect("fork after turn 2"),
+    );
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let (before, _) = cache.read_builtins("parent").expect("parent");
+    let nodes = cache
+        .read_builtins("child")
+        .expect("child")
+        .0
+        .surface
+        .nodes();
+    assert_eq!(nodes.len(), 8);
+    let mut writer = store.writer("child").expect("writer");
+    let result = compact(
+        &cache,
+        &mut writer,
+        nodes[0],
+        nodes[7],
+        CompactionOwner::Manual,
+        &summary(),
+    )
+    .expect("compact the fork");
+    assert_eq!(result.start_seq, 25, "after the child's end-seed");
+    let (child, _) = cache.read_builtins("child").expect("child");
+    assert_eq!(child.surface.nodes(), vec![27]);
+    let (after, _) = cache.read_builtins("parent").expect("parent");
+    assert!(after.surface == before.surface);
+    assert_eq!(after.length, 36);
+}
