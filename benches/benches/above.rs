@@ -10,7 +10,9 @@ use dshdb::cache::{CacheOptions, ProjectionCache};
 use dshdb::commit::Durability;
 use dshdb::compaction::{compact, CompactionOwner, SummaryInput};
 use dshdb::db::{Options, Store};
+use dshdb::exchange::session_events;
 use dshdb::projection::synthetic::{turn_events, OwnedEvent, EVENTS_PER_TURN};
+use dshdb::projection::{fold_from_scratch, SurfaceUnit};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,6 +20,8 @@ use std::time::Duration;
 const TURNS_PER_COMPACTION: u64 = 50;
 /// Surface nodes kept after each compaction (the last five turns).
 const RETAINED_NODES: usize = 20;
+/// Longest session also folded from scratch (the slow baseline), in events.
+const FROM_SCRATCH_MAX_EVENTS: u64 = 200_000;
 /// Bytes of each generated message text.
 const TEXT_BYTES: usize = 200;
 
@@ -82,11 +86,22 @@ fn generate(events: u64) -> Generated {
     }
 }
 
+/// Session lengths to generate: `DSHDB_BENCH_ABOVE_EVENTS` (comma-separated) or 130k and 1.3M.
+fn session_lengths() -> Vec<u64> {
+    match std::env::var("DSHDB_BENCH_ABOVE_EVENTS") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|item| item.trim().parse().ok())
+            .collect(),
+        Err(_) => vec![130_000, 1_300_000],
+    }
+}
+
 fn above(c: &mut Criterion) {
     let mut group = c.benchmark_group("resume_from_checkpoint");
-    group.sample_size(20);
+    group.sample_size(10);
     group.measurement_time(Duration::from_secs(5));
-    for events in [130_000_u64, 1_300_000] {
+    for events in session_lengths() {
         let generated = generate(events);
         let store = &generated.store;
         let length = store.session("long").expect("session").events;
@@ -113,6 +128,23 @@ fn above(c: &mut Criterion) {
             &cache,
             |b, cache| b.iter(|| cache.read_builtins("long").expect("resume")),
         );
+        if length <= FROM_SCRATCH_MAX_EVENTS {
+            // The baseline a checkpoint saves: read, parse and fold the whole log.
+            let surface_unit = SurfaceUnit;
+            let tokens_unit = &cache.units().tokens;
+            group.bench_with_input(
+                BenchmarkId::new("from-scratch", length),
+                store,
+                |b, store| {
+                    b.iter(|| {
+                        let events = session_events(store, "long").expect("events");
+                        let surface = fold_from_scratch(&surface_unit, &events).expect("surface");
+                        let tokens = fold_from_scratch(tokens_unit, &events).expect("tokens");
+                        (surface.nodes().len(), tokens.total)
+                    })
+                },
+            );
+        }
         drop(cache);
         generated.store.close().expect("close");
         let _ = std::fs::remove_dir_all(&generated.dir);

@@ -2,11 +2,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use dshdb::cache::{CacheOptions, ProjectionCache};
+use dshdb::cache::{BuiltinUnits, CacheOptions, ProjectionCache};
 use dshdb::compaction::{
     collect_spill, compact, prune_session, CompactionOwner, PrunerConfig, SummaryInput,
 };
 use dshdb::db::{Options, Store};
+use dshdb::projection::{TokenEncoding, TokenMeterUnit};
 use dshdb::spill::{BlobHash, SpillStore};
 use serde_json::json;
 use std::io::Write;
@@ -47,7 +48,13 @@ pub enum AboveCommand {
         no_spill: bool,
     },
     /// Print SESSION's projections from the cache (surface size, tokens, stats, turns).
-    Project { store: PathBuf, session: String },
+    Project {
+        store: PathBuf,
+        session: String,
+        /// Token encoding of the meter: o200k_base (default) or cl100k_base.
+        #[arg(long, default_value = "o200k_base")]
+        encoding: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -138,9 +145,20 @@ pub fn run(command: AboveCommand, out: &mut impl Write) -> Result<()> {
             writeln!(out, "{}", json!({"charsRemoved": report.chars_removed}))?;
             Ok(())
         }
-        AboveCommand::Project { store, session } => {
+        AboveCommand::Project {
+            store,
+            session,
+            encoding,
+        } => {
+            let Some(encoding) = TokenEncoding::from_name(&encoding) else {
+                bail!("unknown token encoding {encoding:?} (o200k_base or cl100k_base)");
+            };
             let store = open_existing(&store, false)?;
-            let cache = ProjectionCache::new(&store, CacheOptions::default());
+            let units = BuiltinUnits {
+                tokens: TokenMeterUnit::new(encoding),
+                ..BuiltinUnits::default()
+            };
+            let cache = ProjectionCache::with_units(&store, CacheOptions::default(), units);
             let (builtins, report) = cache.read_builtins(&session)?;
             store.close()?;
             let turns = &builtins.turns;
@@ -174,7 +192,7 @@ fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
                 bail!("not a spill locator or hash: {locator:?}");
             };
             let store = open_existing(&store, true)?;
-            let spill = SpillStore::new(store.storage());
+            let spill = SpillStore::new_read_only(store.storage());
             let bytes = match length {
                 None if offset == 0 => spill.get(&hash)?,
                 length => spill.get_range(&hash, offset, length.unwrap_or(u64::MAX))?,
@@ -188,7 +206,7 @@ fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
         }
         SpillCommand::Ls { store } => {
             let store = open_existing(&store, true)?;
-            for blob in SpillStore::new(store.storage()).list()? {
+            for blob in SpillStore::new_read_only(store.storage()).list()? {
                 let locator = blob.hash.locator();
                 writeln!(out, "{locator}\t{}\t{}", blob.raw_bytes, blob.stored_bytes)?;
             }

@@ -113,6 +113,12 @@ fn prune_spill_compact_and_project_from_the_command_line() {
     let after = &json_lines(&dshdb(&["project", store, "s"], b""))[0];
     assert_eq!(after["surfaceNodes"], 5);
     assert!(after["tokens"]["total"].as_u64() < before["tokens"]["total"].as_u64());
+    let cl100k = &json_lines(&dshdb(
+        &["project", store, "s", "--encoding", "cl100k_base"],
+        b"",
+    ))[0];
+    assert_eq!(cl100k["tokens"]["encoding"], "cl100k_base");
+    assert_eq!(cl100k["surfaceNodes"], after["surfaceNodes"]);
     let gc = &json_lines(&dshdb(&["spill", "gc", store], b""))[0];
     assert_eq!(gc["kept"], 1, "the pruned replacement cites the blob");
     // The canonical export carries the blob; the import stores it with the session.

@@ -4,6 +4,7 @@
 //! exact cut, and DSH-valid logs that round-trip through export.
 
 mod common;
+mod dsh_fixtures;
 
 use common::*;
 use dshdb::cache::{CacheOptions, ProjectionCache};
@@ -336,6 +337,21 @@ fn crash_at_every_point_leaves_all_four_events_or_none() {
                 !acknowledged || length == 40,
                 "cut {cut}: acknowledged compaction lost"
             );
+            // The log leads: no checkpoint that survived covers more than the durable log.
+            let dir = dshdb::cache::session_cache_dir("s");
+            for name in store.storage().list(&dir).expect("list cache") {
+                let file = store
+                    .storage()
+                    .open_read(&format!("{dir}/{name}"))
+                    .expect("open");
+                let bytes = file.read_all().expect("read");
+                if let Ok(checkpoint) = dshdb::cache::decode_checkpoint(&bytes) {
+                    assert!(
+                        checkpoint.seq <= length,
+                        "cut {cut}: checkpoint ahead of the log"
+                    );
+                }
+            }
             let events = session_events(&store, "s").expect("events");
             let cache = ProjectionCache::new(&store, CacheOptions { every_events: 1 });
             let (cached, _) = cache.read_builtins("s").expect("cache read after crash");
@@ -463,4 +479,316 @@ fn pruner_spills_and_round_trips_through_export() {
         .expect("read copy");
     assert!(original.surface == copy.surface);
     assert_eq!(original.tokens, copy.tokens);
+}
+
+/// Model §5.4 on a real DSH log: the fixture's trailing unmatched `compaction/start` is a
+/// live orphan after import, and blocks compaction with DSH's text.
+#[test]
+fn imported_dsh_orphan_bracket_is_detected() {
+    let store = sim_store(&SimStorage::new());
+    let bytes = std::fs::read(dsh_fixtures::fixture_path(
+        "syn-closed-dangling-tool-call",
+        "input.jsonl",
+    ))
+    .expect("fixture");
+    let report = import_dsh_jsonl(&store, &bytes).expect("import");
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let (builtins, _) = cache.read_builtins(&report.session_id).expect("read");
+    assert_eq!(builtins.turns.live_compaction_start(), Some(15));
+    assert_eq!(builtins.turns.open_turn(), None);
+    let nodes = builtins.surface.nodes();
+    let mut writer = store.writer(&report.session_id).expect("writer");
+    let last = *nodes.last().expect("nodes");
+    let refused = compact(
+        &cache,
+        &mut writer,
+        nodes[0],
+        last,
+        CompactionOwner::Manual,
+        &summary(),
+    );
+    assert_eq!(code_of(&refused), Some(CompactionErrorCode::Busy));
+}
+
+/// One pruning pass with spill on a session with two oversized results; true when acknowledged.
+fn prune_workload(disk: &SimStorage) -> bool {
+    let Ok(store) = open_sim(disk, sim_options(Durability::Sync)) else {
+        return false;
+    };
+    let cache = ProjectionCache::new(&store, CacheOptions { every_events: 1 });
+    let spill = SpillStore::new(store.storage());
+    let Ok(mut writer) = store.writer("s") else {
+        return false;
+    };
+    prune_session(&cache, &mut writer, Some(&spill), &PrunerConfig::default()).is_ok()
+}
+
+/// F-07-17, F-07-11: a power cut at every write/sync/rename of a pruning pass (blob puts,
+/// the batch, cache checkpoints) leaves both pairs or none, and every surviving
+/// replacement's locator reads back the whole text.
+#[test]
+fn crash_at_every_point_of_a_pruning_pass() {
+    let base = SimStorage::new();
+    {
+        let store = sim_store(&base);
+        drop(store.create_session_with_id("s").expect("create"));
+        append_owned(&store, "s", &big_tool_turn(1, 20_000));
+        append_owned(&store, "s", &big_tool_turn(2, 30_000));
+        store.close().expect("close");
+    }
+    let image = base.durable_image();
+    let reference = SimStorage::from_image(&image);
+    assert!(prune_workload(&reference));
+    let operations = reference.operation_count();
+    let mut lengths = std::collections::BTreeSet::new();
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::from_image(&image);
+        disk.crash_at(disk.operation_count() + cut);
+        let acknowledged = prune_workload(&disk);
+        let mut images = disk.take_images();
+        if images.is_empty() {
+            images.push(disk.durable_image());
+        }
+        for crashed in &images {
+            let recovered = SimStorage::from_image(crashed);
+            let store = sim_store(&recovered);
+            let length = store.session("s").expect("session").events;
+            assert!(length == 24 || length == 28, "cut {cut}: length {length}");
+            assert!(
+                !acknowledged || length == 28,
+                "cut {cut}: acknowledged pass lost"
+            );
+            lengths.insert(length);
+            let spill = SpillStore::new(store.storage());
+            for event in store.read("s", 24, length).expect("read") {
+                for hash in dshdb::spill::locators_in(&event.data) {
+                    assert!(spill.get(&hash).is_ok(), "cut {cut}: cited blob readable");
+                }
+            }
+        }
+    }
+    assert_eq!(lengths.len(), 2, "both outcomes occur: {lengths:?}");
+}
+
+/// Every DSH fixture that folds with no open turn and no live bracket: prune, compact by
+/// token budget, export, and DSH's cold-load validation accepts the result on import, with
+/// the same projections.
+#[test]
+fn fixtures_with_compaction_and_pruning_round_trip_through_export() {
+    let store = sim_store(&SimStorage::new());
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let spill = SpillStore::new(store.storage());
+    let small = PrunerConfig {
+        threshold_chars: 200,
+        head_chars: 100,
+        tail_chars: 50,
+    };
+    let mut compacted = 0;
+    let mut pruned = 0;
+    for name in dsh_fixtures::case_names() {
+        let bytes = std::fs::read(dsh_fixtures::fixture_path(&name, "input.jsonl")).expect("read");
+        let Ok(report) = import_dsh_jsonl(&store, &bytes) else {
+            continue;
+        };
+        let id = report.session_id;
+        let Ok((builtins, _)) = cache.read_builtins(&id) else {
+            continue;
+        };
+        if builtins.turns.open_turn().is_some() || builtins.turns.live_compaction_start().is_some()
+        {
+            continue;
+        }
+        let mut writer = store.writer(&id).expect("writer");
+        let pruning = prune_session(&cache, &mut writer, Some(&spill), &small).expect("prune");
+        pruned += pruning.pruned.len();
+        let (builtins, _) = cache.read_builtins(&id).expect("read");
+        let nodes = builtins.surface.nodes();
+        let deltas = dshdb::compaction::pairing_deltas(&store, &id, &nodes).expect("deltas");
+        let range = select_compactable_range(&nodes, &builtins.tokens.nodes, &deltas, 0);
+        if let Ok(Some((start, end))) = range {
+            let summary = SummaryInput::text("Done so far.", "p", "m");
+            if compact(
+                &cache,
+                &mut writer,
+                start,
+                end,
+                CompactionOwner::Manual,
+                &summary,
+            )
+            .is_ok()
+            {
+                compacted += 1;
+            }
+        }
+        drop(writer);
+        let exported = export_dsh_jsonl(&store, &id).expect("export");
+        let other = sim_store(&SimStorage::new());
+        let imported = import_dsh_jsonl(&other, &exported)
+            .unwrap_or_else(|error| panic!("{name}: DSH refuses the compacted log: {error}"));
+        assert_eq!(
+            export_dsh_jsonl(&other, &id).expect("re-export"),
+            exported,
+            "{name}"
+        );
+        let (original, _) = cache.read_builtins(&id).expect("read");
+        let copy_cache = ProjectionCache::new(&other, CacheOptions::default());
+        let (copy, _) = copy_cache
+            .read_builtins(&imported.session_id)
+            .expect("read copy");
+        assert!(original.surface == copy.surface, "{name}");
+        assert_eq!(original.tokens, copy.tokens, "{name}");
+    }
+    assert!(compacted >= 5, "compacted {compacted} fixtures");
+    assert!(pruned >= 3, "pruned {pruned} tool results");
+}
+
+/// `LiveSession`: oversized tool results are spilled on append (DSH policy), checkpoints
+/// follow `turn/end`, and compaction by token budget hands the span to the summarizer.
+#[test]
+fn live_session_spills_checkpoints_and_compacts_to_budget() {
+    use dshdb::cache::session_cache_dir;
+    use dshdb::compaction::LiveSession;
+    let store = sim_store(&SimStorage::new());
+    let writer = store.create_session_with_id("s").expect("create");
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let mut live = LiveSession::new(writer, cache);
+    let owned = big_tool_turn(1, 120_000);
+    let events: Vec<_> = owned.iter().map(OwnedEvent::as_new_event).collect();
+    let (receipt, blobs) = live.append_batch(&events).expect("append");
+    assert_eq!(receipt.end_seq, 12);
+    let hash = blobs[6].expect("the big result was spilled");
+    assert!(blobs
+        .iter()
+        .enumerate()
+        .all(|(index, blob)| blob.is_none() || index == 6));
+    let stored = store.get("s", 6).expect("get");
+    assert!(
+        stored.data.len() < 52_000,
+        "preview only: {}",
+        stored.data.len()
+    );
+    assert!(stored.data.contains(&hash.locator()));
+    assert_eq!(live.spill().get(&hash).expect("blob").len(), 120_000);
+    let checkpoints = store.storage().list(&session_cache_dir("s")).expect("list");
+    assert_eq!(checkpoints.len(), 5, "checkpoints at turn/end");
+    for turn in 2..=6 {
+        let owned = turn_events(turn, TEXT_BYTES);
+        let events: Vec<_> = owned.iter().map(OwnedEvent::as_new_event).collect();
+        live.append_batch(&events).expect("append");
+    }
+    let before = live.projections().expect("projections");
+    let mut span_messages = 0;
+    let result = live
+        .compact_to_budget(0, CompactionOwner::Manual, |span| {
+            span_messages = span.len();
+            SummaryInput::text("Six turns of tool use.", "p", "m")
+        })
+        .expect("compact")
+        .expect("something to compact");
+    assert_eq!(span_messages, result.shadowed_seqs.len());
+    let after = live.projections().expect("projections");
+    assert!(after.surface.nodes().len() < before.surface.nodes().len());
+    assert!(after.tokens.total < before.tokens.total);
+}
+
+/// Model §5.8: DSH's heuristic token surface. A compaction's and a prune's claims price the
+/// replacements, so the total stays the sum of the node prices; a replace whose adjacent
+/// claim covers another range is refused with DSH's text; the fixture folds.
+#[test]
+fn heuristic_meter_follows_shadow_prices() {
+    use dshdb::projection::{HeuristicMeterUnit, ProjectionUnit};
+    let store = sim_store(&SimStorage::new());
+    drop(store.create_session_with_id("s").expect("create"));
+    append_owned(&store, "s", &big_tool_turn(1, 20_000));
+    for turn in 2..=4 {
+        append_owned(&store, "s", &turn_events(turn, TEXT_BYTES));
+    }
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let mut writer = store.writer("s").expect("writer");
+    prune_session(&cache, &mut writer, None, &PrunerConfig::default()).expect("prune");
+    let nodes = cache.read_builtins("s").expect("read").0.surface.nodes();
+    compact(
+        &cache,
+        &mut writer,
+        nodes[0],
+        nodes[7],
+        CompactionOwner::Manual,
+        &summary(),
+    )
+    .expect("compact");
+    let (meter, _) = cache.read("s", &HeuristicMeterUnit).expect("meter");
+    let sum: u64 = meter.nodes.iter().map(|(_, price)| price).sum();
+    assert_eq!(meter.total, sum, "claims equal the shadowed prices");
+    assert_eq!(meter.nodes.len(), 9);
+    // A replace right after a claim for another range.
+    let events = session_events(&store, "s").expect("events");
+    let mut state = fold_from_scratch(&HeuristicMeterUnit, &events).expect("fold");
+    let next = events.len() as u64;
+    let claim = dshdb::session::parse_event_line(&format!(
+        r#"{{"type":"compaction/prune","seq":{next},"time":0,"data":{{"shadowedRange":{{"start":1,"end":1}},"shadowedSeqs":[1],"shadowedTokenCount":3}}}}"#
+    ))
+    .expect("line");
+    HeuristicMeterUnit.apply(&mut state, &claim).expect("arms");
+    let last = *meter.nodes.last().expect("node");
+    let replace = dshdb::session::parse_event_line(&format!(
+        r#"{{"type":"user/message","seq":{},"time":0,"data":{{"role":"user","content":[],"source":{{"kind":"user"}},"id":"x"}},"sourceEventSeqs":[{}],"surfaceOp":{{"op":"replace","start":{},"end":{}}}}}"#,
+        next + 1, last.0, last.0, last.0
+    ))
+    .expect("line");
+    let refused = HeuristicMeterUnit.apply(&mut state, &replace);
+    let text = format!(
+        "token surface: replace at seq {} over range {}-{} has no adjacent shadow price (armed claim covers 1-1)",
+        next + 1, last.0, last.0
+    );
+    assert!(refused.is_err_and(|error| error.to_string().contains(&text)));
+    // DSH's own fixture with a prune and a compaction folds.
+    let fixture = sim_store(&SimStorage::new());
+    let bytes = std::fs::read(dsh_fixtures::fixture_path(
+        "syn-compaction-replace",
+        "input.jsonl",
+    ))
+    .expect("fixture");
+    let report = import_dsh_jsonl(&fixture, &bytes).expect("import");
+    let events = session_events(&fixture, &report.session_id).expect("events");
+    let folded = fold_from_scratch(&HeuristicMeterUnit, &events).expect("fixture folds");
+    let nodes: Vec<u64> = folded.nodes.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(nodes, [16, 9, 19, 21]);
+}
+
+/// A fork reads its parent's prefix: compacting the child shadows inherited nodes, appends
+/// only to the child, and leaves the parent as it was.
+#[test]
+fn compacting_a_fork_leaves_the_parent_alone() {
+    let store = sim_store(&SimStorage::new());
+    session_with_turns(&store, "parent", 3);
+    drop(
+        store
+            .fork("parent", 23, "child")
+            .expect("fork after turn 2"),
+    );
+    let cache = ProjectionCache::new(&store, CacheOptions::default());
+    let (before, _) = cache.read_builtins("parent").expect("parent");
+    let nodes = cache
+        .read_builtins("child")
+        .expect("child")
+        .0
+        .surface
+        .nodes();
+    assert_eq!(nodes.len(), 8);
+    let mut writer = store.writer("child").expect("writer");
+    let result = compact(
+        &cache,
+        &mut writer,
+        nodes[0],
+        nodes[7],
+        CompactionOwner::Manual,
+        &summary(),
+    )
+    .expect("compact the fork");
+    assert_eq!(result.start_seq, 25, "after the child's end-seed");
+    let (child, _) = cache.read_builtins("child").expect("child");
+    assert_eq!(child.surface.nodes(), vec![27]);
+    let (after, _) = cache.read_builtins("parent").expect("parent");
+    assert!(after.surface == before.surface);
+    assert_eq!(after.length, 36);
 }

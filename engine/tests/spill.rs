@@ -176,7 +176,17 @@ fn gc_keeps_cited_blobs_and_removes_the_rest() {
     drop(store.fork("parent", 0, "child").expect("fork"));
     let temp = format!("{SPILL_DIR}/{}.tmp", orphan.to_hex());
     store.storage().open(&temp, true).expect("temp");
-    // Blobs put by this process are pending until seen referenced: a fresh handle sees none.
+    // Blobs put in this process are pending until cited: a collection keeps them.
+    let report = collect_spill(&store, &SpillStore::new(store.storage())).expect("gc");
+    assert!(report.removed.is_empty(), "pending puts survive");
+    assert_eq!(report.temp_removed, 1);
+    store.storage().open(&temp, true).expect("temp again");
+    // Another process (a reopened store on the same disk) collects the orphan.
+    drop(spill);
+    store.close().expect("close");
+    drop(store);
+    let store = store_on(&disk);
+    let spill = SpillStore::new(store.storage());
     let collector = SpillStore::new(store.storage());
     let report = collect_spill(&store, &collector).expect("gc");
     assert_eq!(report.removed, vec![orphan]);
@@ -310,4 +320,85 @@ fn canonical_export_carries_cited_blobs() {
         .list()
         .expect("list")
         .is_empty());
+}
+
+/// F-07-14: a power cut at every step of a collection never removes a cited blob; a later
+/// collection finishes the job.
+#[test]
+fn crash_at_every_point_of_a_collection_keeps_cited_blobs() {
+    let base = SimStorage::new();
+    let cited = {
+        let store = store_on(&base);
+        let spill = SpillStore::new(store.storage());
+        let cited = spill.put(b"cited").expect("put");
+        spill.put(b"orphan one").expect("put");
+        spill.put(b"orphan two").expect("put");
+        store
+            .storage()
+            .open(&format!("{SPILL_DIR}/leftover.tmp"), true)
+            .expect("temp");
+        let mut writer = store.create_session_with_id("s").expect("create");
+        let data = json!({"locator": cited.locator()}).to_string();
+        writer
+            .append(NewEvent::new("plugin/note", &data))
+            .expect("append");
+        drop(writer);
+        store.close().expect("close");
+        cited
+    };
+    let image = base.durable_image();
+    let collect = |disk: &SimStorage| {
+        let Ok(store) = open_sim(disk, sim_options(Durability::Sync)) else {
+            return;
+        };
+        let _ = collect_spill(&store, &SpillStore::new(store.storage()));
+    };
+    let reference = SimStorage::from_image(&image);
+    collect(&reference);
+    let operations = reference.operation_count();
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::from_image(&image);
+        disk.crash_at(disk.operation_count() + cut);
+        collect(&disk);
+        let mut images = disk.take_images();
+        if images.is_empty() {
+            images.push(disk.durable_image());
+        }
+        for crashed in &images {
+            let recovered = SimStorage::from_image(crashed);
+            let store = store_on(&recovered);
+            let spill = SpillStore::new(store.storage());
+            assert!(spill.get(&cited).is_ok(), "cut {cut}: cited blob kept");
+            collect_spill(&store, &spill).expect("finish collection");
+            assert_eq!(spill.list().expect("list").len(), 1, "cut {cut}");
+        }
+    }
+}
+
+/// F-01-3: a read-only handle reads blobs and refuses every write.
+#[test]
+fn read_only_handles_refuse_writes() {
+    let disk = SimStorage::new();
+    let store = store_on(&disk);
+    let hash = SpillStore::new(store.storage()).put(b"kept").expect("put");
+    store.close().expect("close");
+    drop(store);
+    let options = dshdb::db::Options {
+        read_only: true,
+        ..dshdb::db::Options::default()
+    };
+    let reader = open_sim(&disk, options).expect("read-only open");
+    let spill = SpillStore::new_read_only(reader.storage());
+    assert_eq!(spill.get(&hash).expect("get"), b"kept");
+    assert!(matches!(spill.put(b"new"), Err(Error::ReadOnly)));
+    assert!(matches!(
+        spill.gc(&Default::default()),
+        Err(Error::ReadOnly)
+    ));
+    let writable_handle = SpillStore::new(reader.storage());
+    assert!(matches!(
+        collect_spill(&reader, &writable_handle),
+        Err(Error::ReadOnly)
+    ));
+    assert_eq!(spill.list().expect("list").len(), 1);
 }

@@ -27,6 +27,9 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Events read from the log per step of a cold read's fold.
+const TAIL_EVENTS_PER_READ: u64 = 4096;
+
 /// Default number of folded events after which a new checkpoint is written (DSH's
 /// web app uses 200).
 pub const DEFAULT_CHECKPOINT_EVERY_EVENTS: u64 = 200;
@@ -159,6 +162,8 @@ pub struct ProjectionCache {
     /// Live write policy per session: seq covered by the last checkpoint written here and
     /// whether a `turn/end` was appended since.
     live: Arc<Mutex<HashMap<String, LiveMark>>>,
+    /// Serializes checkpoint writes of this cache (they share temp file names).
+    write_lock: Arc<Mutex<()>>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -182,6 +187,7 @@ impl ProjectionCache {
             options,
             units,
             live: Arc::default(),
+            write_lock: Arc::default(),
         }
     }
 
@@ -293,20 +299,25 @@ impl ProjectionCache {
         for cell in cells.iter_mut() {
             self.load_newest(session, &identity, length, &mut **cell, &mut report)?;
         }
-        let mut events = self.read_tail(session, cells, length)?;
-        if self.check_anchors(cells, &events, &mut report) {
-            // A discarded checkpoint moved the floor below what was read.
-            events = self.read_tail(session, cells, length)?;
-        }
+        self.check_anchors(session, cells, &mut report)?;
         report.started_from = cells
             .iter()
             .map(|cell| (cell.name(), Some(cell.next_seq()).filter(|seq| *seq > 0)))
             .collect();
         let floor = floor_of(cells);
         report.folded_events = length - floor;
-        fold_tail(session, cells, &events)?;
+        let mut last = None;
+        let mut from = floor;
+        while from < length {
+            // Bounded chunks: a long tail is never held in memory at once.
+            let to = length.min(from + TAIL_EVENTS_PER_READ);
+            let events = self.store.read(session, from, to)?;
+            fold_tail(session, cells, &events)?;
+            last = events.last().cloned().or(last);
+            from = to;
+        }
         if self.should_write(force, report.folded_events, report.discarded) {
-            report.written = self.write_all(session, &identity, cells, events.last())?;
+            report.written = self.write_all(session, &identity, cells, last.as_ref())?;
         }
         Ok(report)
     }
@@ -395,38 +406,33 @@ impl ProjectionCache {
         }
     }
 
-    /// Reads the events from one below the lowest cell watermark (its anchor) to `length`.
-    fn read_tail(&self, session: &str, cells: &[&mut dyn Cell], length: u64) -> Result<Vec<Event>> {
-        let floor = floor_of(cells);
-        self.store.read(session, floor.saturating_sub(1), length)
-    }
-
     /// Resets every cell whose checkpoint is not anchored on the log's event before its
-    /// seq. Returns whether the floor moved below the events read.
+    /// seq (F-07-4).
     fn check_anchors(
         &self,
+        session: &str,
         cells: &mut [&mut dyn Cell],
-        events: &[Event],
         report: &mut ReadReport,
-    ) -> bool {
-        let first = events.first().map(|event| event.seq).unwrap_or(0);
-        let mut moved = false;
+    ) -> Result<()> {
+        let mut anchors: HashMap<u64, [u8; 32]> = HashMap::new();
         for cell in cells.iter_mut() {
-            let seq = cell.next_seq();
-            if seq == 0 {
+            let Some(anchor_seq) = cell.next_seq().checked_sub(1) else {
                 continue;
-            }
-            let anchored = seq
-                .checked_sub(1 + first)
-                .and_then(|index| events.get(usize::try_from(index).ok()?))
-                .is_some_and(|event| Some(anchor_of(event)) == cell.anchor_hint());
-            if !anchored {
+            };
+            let anchor = match anchors.get(&anchor_seq) {
+                Some(anchor) => *anchor,
+                None => {
+                    let anchor = anchor_of(&self.store.get(session, anchor_seq)?);
+                    anchors.insert(anchor_seq, anchor);
+                    anchor
+                }
+            };
+            if cell.anchor_hint() != Some(anchor) {
                 cell.reset();
                 report.discarded += 1;
-                moved = moved || first > 0;
             }
         }
-        moved
+        Ok(())
     }
 
     fn write_all(
@@ -439,6 +445,7 @@ impl ProjectionCache {
         let Some(last) = last else {
             return Ok(false);
         };
+        let _writing = self.write_lock.lock();
         // The log leads: only durable events may be covered by a checkpoint.
         if self.store.flush().is_err() {
             return Ok(false);

@@ -6,18 +6,18 @@
 //! `compaction/end` as ONE atomic batch: after a crash the log holds all four or none, so an
 //! interrupted bracket can only come from an imported DSH log (detected by the turn index).
 
+mod live;
 mod pruner;
 mod region;
 mod retention;
 
+pub use crate::projection::{estimate_message, estimate_message_text, HEURISTIC_OVERHEAD_TOKENS};
+pub use live::LiveSession;
 pub use pruner::{
     measure_content, prune_content, prune_session, PruneReport, PrunedResult, PrunerConfig,
     PRUNE_MARKER,
 };
-pub use region::{
-    estimate_message, estimate_message_text, pairing_deltas, select_compactable_range,
-    validate_region, HEURISTIC_OVERHEAD_TOKENS,
-};
+pub use region::{pairing_deltas, select_compactable_range, validate_region};
 pub use retention::{collect_spill, spill_references};
 
 use crate::cache::ProjectionCache;

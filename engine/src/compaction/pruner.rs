@@ -2,11 +2,11 @@
 //! head and tail of oversized tool-result text, spills the full text, and commits every
 //! `compaction/prune` + replacing `tool/result` pair of one pass as one atomic batch.
 
-use super::region::estimate_message;
 use super::{parsed_event, HEURISTIC_OVERHEAD_TOKENS};
 use crate::cache::ProjectionCache;
 use crate::db::{NewEvent, SessionWriter};
 use crate::error::{Error, Result};
+use crate::projection::estimate_message;
 use crate::projection::session_event;
 use crate::session::event::TOOL_RESULT;
 use crate::session::SurfaceOp;

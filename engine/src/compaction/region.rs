@@ -1,58 +1,11 @@
-//! Region checks over the current surface: DSH's token heuristic (model §5.8), tool-pairing
-//! balance and `validateSurfaceRegion` (§5.6), `selectCompactableRange` (§5.7).
+//! Region checks over the current surface: tool-pairing balance and `validateSurfaceRegion` (§5.6), `selectCompactableRange` (§5.7).
 
 use super::{compaction_error, CompactionErrorCode};
 use crate::db::Store;
 use crate::error::Result;
 use crate::projection::session_event;
 use crate::session::event::{ASSISTANT_MESSAGE, TOOL_RESULT};
-use crate::session::json::value_lossy;
 use serde_json::Value;
-
-/// DSH's heuristic price added per message and per block, in tokens.
-pub const HEURISTIC_OVERHEAD_TOKENS: u64 = 4;
-
-/// `ceil(UTF-16 code units / 4)`, DSH's price of a string.
-fn quarter_units(text: &str) -> u64 {
-    (text.encode_utf16().count() as u64).div_ceil(4)
-}
-
-/// DSH's `estimate.ts` price of one content block.
-fn estimate_block(block: &Value) -> u64 {
-    let text = |key: &str| block.get(key).and_then(Value::as_str).unwrap_or("");
-    match block.get("type").and_then(Value::as_str) {
-        Some("text") | Some("reasoning") => quarter_units(text("text")) + HEURISTIC_OVERHEAD_TOKENS,
-        Some("tool-call") => {
-            let arguments = match block.get("arguments") {
-                Some(Value::String(arguments)) => arguments.clone(),
-                Some(other) => other.to_string(),
-                None => String::new(),
-            };
-            quarter_units(text("name")) + quarter_units(&arguments) + HEURISTIC_OVERHEAD_TOKENS
-        }
-        Some("tool-result") => {
-            let inner = block.get("content").and_then(Value::as_array);
-            let inner: u64 = inner.into_iter().flatten().map(estimate_block).sum();
-            inner + HEURISTIC_OVERHEAD_TOKENS
-        }
-        _ => HEURISTIC_OVERHEAD_TOKENS + quarter_units(&block.to_string()),
-    }
-}
-
-/// DSH's `estimateMessage`: the content blocks plus the message overhead.
-pub fn estimate_message(message: &Value) -> u64 {
-    let blocks = message.get("content").and_then(Value::as_array);
-    let content: u64 = blocks.into_iter().flatten().map(estimate_block).sum();
-    content + HEURISTIC_OVERHEAD_TOKENS
-}
-
-/// [`estimate_message`] over a message's JSON text (`None`: a node without a message).
-pub fn estimate_message_text(message: Option<&str>) -> u64 {
-    match message {
-        Some(text) => estimate_message(&value_lossy(text).unwrap_or(Value::Null)),
-        None => HEURISTIC_OVERHEAD_TOKENS,
-    }
-}
 
 /// Tool-pairing deltas of the surface nodes (§5.6): an assistant message adds its tool-call
 /// blocks, a tool result subtracts one, anything else adds nothing.

@@ -28,6 +28,9 @@ pub fn spill_references(store: &Store) -> Result<HashSet<BlobHash>> {
 
 /// Collects the blobs no session cites (F-07-14).
 pub fn collect_spill(store: &Store, spill: &SpillStore) -> Result<GcReport> {
+    if store.is_read_only() {
+        return Err(crate::Error::ReadOnly);
+    }
     let referenced = spill_references(store)?;
     spill.gc(&referenced)
 }

@@ -36,7 +36,7 @@ pub fn write_spill_lines(
     id: &str,
     out: &mut dyn Write,
 ) -> Result<u64, CanonicalError> {
-    let spill = SpillStore::new(store.storage());
+    let spill = SpillStore::new_read_only(store.storage());
     let mut written = 0;
     for hash in cited_blobs(store, id)? {
         let payload = spill.get(&hash)?;

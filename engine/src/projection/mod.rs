@@ -9,11 +9,16 @@
 //! [`TokenMeterUnit`] (tiktoken counts per surface node and in total), [`StatsUnit`] (counts
 //! by type, usage totals) and [`TurnIndexUnit`] (turns, steps, compaction brackets).
 
+mod heuristic;
 #[doc(hidden)]
 pub mod synthetic;
 mod tokens;
 mod units;
 
+pub use heuristic::{
+    estimate_message, estimate_message_text, HeuristicMeterState, HeuristicMeterUnit, ShadowClaim,
+    HEURISTIC_OVERHEAD_TOKENS,
+};
 pub use tokens::{TokenEncoding, TokenMeterState, TokenMeterUnit, MESSAGE_OVERHEAD_TOKENS};
 pub use units::{
     MessagesState, MessagesUnit, SessionStats, StatsUnit, StepEntry, SurfaceUnit, TurnEntry,

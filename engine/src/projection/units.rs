@@ -209,28 +209,31 @@ fn add_usage(state: &mut SessionStats, data: &Value) {
 
 // ---- turn / step index ---------------------------------------------------------------------
 
-/// One step of a turn: `step/start` and `step/end` seqs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One step: its turn's position in [`TurnIndex::turns`], `step/start` and `step/end` seqs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepEntry {
+    pub turn_position: u64,
     pub step: u64,
     pub start_seq: u64,
     pub end_seq: Option<u64>,
 }
 
-/// One turn: `turn/start` and `turn/end` seqs and its steps.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One turn: `turn/start` and `turn/end` seqs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TurnEntry {
     pub turn: u64,
     pub start_seq: u64,
     pub end_seq: Option<u64>,
-    pub steps: Vec<StepEntry>,
 }
 
-/// Turns and steps by seq, plus the lifecycle markers compaction needs (model §5.2, §5.4).
+/// Turns and steps by seq (two flat lists, so a long session's index decodes fast), plus
+/// the lifecycle markers compaction needs (model §5.2, §5.4).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TurnIndex {
     pub next_seq: u64,
     pub turns: Vec<TurnEntry>,
+    /// Every step, in log order (so grouped by turn).
+    pub steps: Vec<StepEntry>,
     /// The seq of the latest `session/end-seed`.
     pub last_end_seed: Option<u64>,
     /// The latest `compaction/start` or `compaction/end`: its seq and whether it is a start.
@@ -240,6 +243,18 @@ pub struct TurnIndex {
 }
 
 impl TurnIndex {
+    /// The steps of the turn at `position` in [`Self::turns`].
+    pub fn steps_of(&self, position: usize) -> &[StepEntry] {
+        let position = position as u64;
+        let first = self
+            .steps
+            .partition_point(|step| step.turn_position < position);
+        let end = self
+            .steps
+            .partition_point(|step| step.turn_position <= position);
+        &self.steps[first..end]
+    }
+
     /// The open turn (DSH: the latest turn marker is a `turn/start`).
     pub fn open_turn(&self) -> Option<u64> {
         match self.last_turn_marker {
@@ -279,7 +294,7 @@ impl ProjectionUnit for TurnIndexUnit {
         "turns".to_owned()
     }
     fn state_version(&self) -> u32 {
-        1
+        2
     }
     fn init(&self) -> TurnIndex {
         TurnIndex::default()
@@ -294,7 +309,6 @@ impl ProjectionUnit for TurnIndexUnit {
                     turn: number("turn").unwrap_or(0),
                     start_seq: seq,
                     end_seq: None,
-                    steps: Vec::new(),
                 });
                 state.last_turn_marker = Some((seq, true));
             }
@@ -305,8 +319,9 @@ impl ProjectionUnit for TurnIndexUnit {
                 state.last_turn_marker = Some((seq, false));
             }
             "step/start" => {
-                if let Some(turn) = state.turns.last_mut() {
-                    turn.steps.push(StepEntry {
+                if let Some(last) = state.turns.len().checked_sub(1) {
+                    state.steps.push(StepEntry {
+                        turn_position: last as u64,
                         step: number("step").unwrap_or(0),
                         start_seq: seq,
                         end_seq: None,
@@ -314,11 +329,7 @@ impl ProjectionUnit for TurnIndexUnit {
                 }
             }
             "step/end" => {
-                let step = state
-                    .turns
-                    .last_mut()
-                    .and_then(|turn| turn.steps.last_mut());
-                if let Some(step) = step {
+                if let Some(step) = state.steps.last_mut() {
                     step.end_seq.get_or_insert(seq);
                 }
             }

@@ -14,9 +14,9 @@ pub use policy::{
 use crate::error::{Error, Result};
 use crate::io::{Storage, StorageFile};
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// The spill directory inside the store.
 pub const SPILL_DIR: &str = "spill";
@@ -111,9 +111,32 @@ pub struct GcReport {
 #[derive(Clone)]
 pub struct SpillStore {
     storage: Arc<dyn Storage>,
-    /// Blobs put by this process and not yet seen referenced: a collection running in this
-    /// process keeps them (a put precedes the append that cites it).
+    /// Blobs put by this process into this storage and not yet seen referenced: a
+    /// collection running in this process keeps them (a put precedes the append that cites
+    /// it). Shared by every handle on the same storage.
     pending: Arc<Mutex<HashSet<BlobHash>>>,
+    /// Refuse every write (a read-only store).
+    read_only: bool,
+}
+
+/// One storage's pending set; the weak handle keeps the storage's allocation (so its
+/// address) from being reused while the entry exists.
+type PendingEntry = (Weak<dyn Storage>, Arc<Mutex<HashSet<BlobHash>>>);
+
+/// The pending set of each live storage in this process, by the storage's address.
+type PendingRegistry = Mutex<HashMap<usize, PendingEntry>>;
+
+fn pending_for(storage: &Arc<dyn Storage>) -> Arc<Mutex<HashSet<BlobHash>>> {
+    static REGISTRY: std::sync::OnceLock<PendingRegistry> = std::sync::OnceLock::new();
+    let registry = REGISTRY.get_or_init(PendingRegistry::default);
+    let mut entries = registry.lock();
+    // Storages no handle uses any more take their pending sets with them.
+    entries.retain(|_, (weak, _)| weak.strong_count() > 0);
+    let key = Arc::as_ptr(storage) as *const () as usize;
+    let entry = entries
+        .entry(key)
+        .or_insert_with(|| (Arc::downgrade(storage), Arc::default()));
+    entry.1.clone()
 }
 
 fn io_error(operation: &'static str) -> impl FnOnce(std::io::Error) -> Error {
@@ -129,15 +152,33 @@ fn blob_error(hash: &BlobHash, reason: impl Into<String>) -> Error {
 
 impl SpillStore {
     pub fn new(storage: Arc<dyn Storage>) -> Self {
+        let pending = pending_for(&storage);
         Self {
             storage,
-            pending: Arc::default(),
+            pending,
+            read_only: false,
         }
+    }
+
+    /// A handle that reads blobs and refuses to write ([`Error::ReadOnly`]).
+    pub fn new_read_only(storage: Arc<dyn Storage>) -> Self {
+        Self {
+            read_only: true,
+            ..Self::new(storage)
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
     }
 
     /// Stores `bytes` (F-07-11): returns once the blob is durable (temp file, fsync, rename,
     /// directory fsync). An existing valid blob with the same hash is reused.
     pub fn put(&self, bytes: &[u8]) -> Result<BlobHash> {
+        self.check_writable()?;
         let hash = BlobHash::of(bytes);
         let size = bytes.len() as u64;
         if size > MAX_BLOB_BYTES {
@@ -260,6 +301,9 @@ impl SpillStore {
 
     /// Removes blobs the caller knows nothing cites (best effort, e.g. a refused import).
     pub fn remove_uncited(&self, hashes: &[BlobHash]) {
+        if self.read_only {
+            return;
+        }
         for hash in hashes {
             let _ = self.storage.remove(&hash.path());
         }
@@ -272,6 +316,7 @@ impl SpillStore {
     /// collection) and every leftover temp file (F-07-14). Removal is idempotent, so a crash
     /// mid-way leaves only blobs a later collection removes.
     pub fn gc(&self, referenced: &HashSet<BlobHash>) -> Result<GcReport> {
+        self.check_writable()?;
         let mut report = GcReport::default();
         let mut pending = self.pending.lock();
         pending.retain(|hash| !referenced.contains(hash));
