@@ -1,10 +1,11 @@
 //! `dshdb prune | spill get|ls|gc | compact | project` against a real store directory.
 
+mod common;
+
 use dshdb::projection::synthetic::turn_events;
 use serde_json::Value;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 fn temp_dir(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -15,17 +16,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn dshdb(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dshdb"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dshdb");
-    let mut input = child.stdin.take().expect("stdin");
-    input.write_all(stdin).expect("write stdin");
-    drop(input);
-    let output = child.wait_with_output().expect("wait");
+    let output = common::run_dshdb(args, stdin);
     assert!(
         output.status.success(),
         "dshdb {args:?}: {}",

@@ -1,8 +1,9 @@
 //! Runs the built `dshdb` binary against stores in temporary directories.
 
-use std::io::Write;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A directory under the target's test scratch space, removed on drop.
@@ -31,24 +32,7 @@ impl Drop for TempDir {
 }
 
 fn dshdb(args: &[&str], stdin: impl AsRef<[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dshdb"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dshdb");
-    let mut input = child.stdin.take().expect("stdin");
-    // A command that fails before reading its input closes the pipe early.
-    if let Err(error) = input.write_all(stdin.as_ref()) {
-        assert_eq!(
-            error.kind(),
-            std::io::ErrorKind::BrokenPipe,
-            "write stdin: {error}"
-        );
-    }
-    drop(input);
-    child.wait_with_output().expect("wait for dshdb")
+    common::run_dshdb(args, stdin.as_ref())
 }
 
 fn stdout(output: &Output) -> String {
