@@ -4,8 +4,7 @@ use super::{compaction_error, CompactionErrorCode};
 use crate::db::Store;
 use crate::error::Result;
 use crate::projection::session_event;
-use crate::session::event::{ASSISTANT_MESSAGE, TOOL_RESULT};
-use serde_json::Value;
+use crate::session::relational::node_delta;
 
 /// Tool-pairing deltas of the surface nodes (§5.6): an assistant message adds its tool-call
 /// blocks, a tool result subtracts one, anything else adds nothing.
@@ -13,19 +12,7 @@ pub fn pairing_deltas(store: &Store, session: &str, nodes: &[u64]) -> Result<Vec
     let mut deltas = Vec::with_capacity(nodes.len());
     for &seq in nodes {
         let event = session_event(session, &store.get(session, seq)?)?;
-        let delta = match event.event_type.as_str() {
-            ASSISTANT_MESSAGE => {
-                let data = event.data_value();
-                let blocks = data.pointer("/message/content").and_then(Value::as_array);
-                let calls = blocks
-                    .into_iter()
-                    .flatten()
-                    .filter(|block| block.get("type").and_then(Value::as_str) == Some("tool-call"));
-                calls.count() as i64
-            }
-            TOOL_RESULT => -1,
-            _ => 0,
-        };
+        let delta = node_delta(&event);
         deltas.push(delta);
     }
     Ok(deltas)

@@ -267,7 +267,9 @@ impl ToolPairing {
     }
 }
 
-fn node_delta(event: &SessionEvent) -> i64 {
+/// Tool-pairing delta of a surface node (§5.6): an assistant message adds its tool-call blocks,
+/// a tool result subtracts one, anything else adds nothing.
+pub fn node_delta(event: &SessionEvent) -> i64 {
     match event.event_type.as_str() {
         ASSISTANT_MESSAGE => {
             let data = event.data_value();
