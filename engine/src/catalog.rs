@@ -309,3 +309,76 @@ impl Catalog {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+
+    fn header(id: &str) -> Vec<u8> {
+        format!(r#"{{"version":0,"id":"{id}","createdAt":1}}"#).into_bytes()
+    }
+
+    fn position(offset: u64) -> Position {
+        Position {
+            segment: 1,
+            offset,
+            frame_bytes: 10,
+        }
+    }
+
+    fn with_events(catalog: &mut Catalog, number: u32, seed: Option<Seed>, count: u64) {
+        let id = format!("s{number}");
+        catalog
+            .define_session(number, seed, &header(&id), 1, false)
+            .expect("define");
+        let first = seed.map_or(0, |seed| seed.length);
+        for seq in first..first + count {
+            catalog
+                .push_event(number, seq, position(seq))
+                .expect("push");
+        }
+    }
+
+    #[test]
+    fn a_seq_gap_is_corruption_unless_the_session_is_deleted() {
+        let mut catalog = Catalog::default();
+        with_events(&mut catalog, 0, None, 3);
+        catalog.push_event(0, 7, position(70)).expect("gap held");
+        assert_eq!(catalog.sessions[&0].length(), 3);
+        assert!(catalog.push_event(0, 1, position(10)).is_err());
+        let outcome = catalog.check_gaps();
+        assert!(matches!(outcome, Err((position, _)) if position.offset == 70));
+        catalog.delete_session(0).expect("delete");
+        assert!(catalog.check_gaps().is_ok());
+        assert!(!catalog.by_id.contains_key("s0"));
+    }
+
+    #[test]
+    fn retained_prefixes_follow_live_forks_through_deleted_ones() {
+        let mut catalog = Catalog::default();
+        with_events(&mut catalog, 0, None, 40);
+        let child_seed = Seed {
+            parent: 0,
+            length: 20,
+        };
+        with_events(&mut catalog, 1, Some(child_seed), 11);
+        let grandchild_seed = Seed {
+            parent: 1,
+            length: 25,
+        };
+        with_events(&mut catalog, 2, Some(grandchild_seed), 1);
+        with_events(&mut catalog, 3, None, 5);
+        catalog.delete_session(0).expect("delete");
+        catalog.delete_session(1).expect("delete");
+        catalog.delete_session(3).expect("delete");
+        let retained = catalog.retained_prefixes();
+        assert_eq!(retained.get(&0), Some(&20));
+        assert_eq!(retained.get(&1), Some(&25));
+        assert_eq!(retained.get(&3), Some(&0));
+        assert_eq!(retained.get(&2), None);
+        catalog.delete_session(2).expect("delete");
+        let retained = catalog.retained_prefixes();
+        assert_eq!(retained.get(&0), Some(&0));
+        assert_eq!(retained.get(&1), Some(&0));
+    }
+}

@@ -5,8 +5,10 @@ mod common;
 
 use common::*;
 use dshdb::commit::Durability;
-use dshdb::db::{Options, Store};
+use dshdb::compaction::collect_spill;
+use dshdb::db::{NewEvent, Options, Store};
 use dshdb::io::sim::{CrashImage, SimStorage};
+use dshdb::spill::SpillStore;
 use dshdb::Error;
 use std::collections::BTreeMap;
 
@@ -175,6 +177,49 @@ fn stats_show_the_bytes_reclaimed_by_sealing() {
     assert_eq!(dropped.events_dropped, 400);
     assert!(dropped.run_bytes < kept.run_bytes);
     assert!(after < kept_after);
+}
+
+#[test]
+fn spill_gc_collects_blobs_cited_only_by_deleted_sessions_but_keeps_a_forks_seed() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let spill = SpillStore::new(store.storage());
+    let in_seed = spill
+        .put(b"read by the fork through its seed")
+        .expect("put");
+    let after_seed = spill.put(b"cited after the fork point").expect("put");
+    let doomed_only = spill
+        .put(b"cited by the deleted session only")
+        .expect("put");
+    let mut parent = store.create_session_with_id("parent").expect("create");
+    for blob in [&in_seed, &after_seed] {
+        let data = format!("{{\"note\":\"{}\"}}", blob.locator());
+        parent
+            .append(NewEvent::new("plugin/note", &data))
+            .expect("append");
+    }
+    drop(parent);
+    drop(store.fork("parent", 0, "child").expect("fork"));
+    let mut doomed = store.create_session_with_id("doomed").expect("create");
+    let data = format!("{{\"note\":\"{}\"}}", doomed_only.locator());
+    doomed
+        .append(NewEvent::new("plugin/note", &data))
+        .expect("append");
+    drop(doomed);
+    store.delete_session("parent").expect("delete parent");
+    store.delete_session("doomed").expect("delete doomed");
+    store.close().expect("close");
+    // Another handle collects: blobs put by this one are protected while it lives.
+    drop(spill);
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+    let spill = SpillStore::new(store.storage());
+    let mut report = collect_spill(&store, &spill).expect("gc");
+    report.removed.sort();
+    let mut expected = vec![after_seed, doomed_only];
+    expected.sort();
+    assert_eq!(report.removed, expected);
+    assert!(spill.get(&in_seed).is_ok());
+    assert!(matches!(spill.get(&doomed_only), Err(Error::Spill { .. })));
 }
 
 // ---- crash-point enumeration -----------------------------------------------------------
