@@ -7,7 +7,9 @@ use common::*;
 use dshdb::commit::Durability;
 use dshdb::compaction::collect_spill;
 use dshdb::db::{NewEvent, Options, Store};
+use dshdb::index::{CHECKPOINT_FILE, CHECKPOINT_VERSION_DELETIONS};
 use dshdb::io::sim::{CrashImage, SimStorage};
+use dshdb::io::Storage;
 use dshdb::spill::SpillStore;
 use dshdb::Error;
 use std::collections::BTreeMap;
@@ -77,8 +79,19 @@ fn a_deleted_session_is_gone_after_reopen_and_its_id_can_be_reused() {
     reused.append(chunk("{\"new\":1}")).expect("append");
     drop(reused);
     store.close().expect("close");
+    let checkpoint = disk
+        .open_read(CHECKPOINT_FILE)
+        .and_then(|file| file.read_all())
+        .expect("checkpoint");
+    assert_eq!(
+        checkpoint[8..12],
+        CHECKPOINT_VERSION_DELETIONS.to_le_bytes()
+    );
     for options in [sim_options(Durability::Sync), no_checkpoint()] {
+        let use_checkpoint = options.use_checkpoint;
         let store = open_sim(&disk, options).expect("reopen");
+        // The closing checkpoint lists the deleted session (version 2, F-06-25).
+        assert_eq!(store.recovery_report().checkpoint_used, use_checkpoint);
         assert_eq!(datas(&store, "a"), vec!["{\"new\":1}".to_string()]);
         assert_eq!(datas(&store, "b").len(), 10);
         store.close().expect("close");
