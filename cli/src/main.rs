@@ -127,6 +127,10 @@ enum Command {
     /// Rewrite every sealed write-ahead segment into compressed run files and checkpoint
     /// the seq index (what the background maintenance does).
     Maintain { store: PathBuf },
+    /// Delete a session (durable tombstone). Its space is reclaimed by the next `maintain`,
+    /// except the prefix a live fork still reads.
+    #[command(alias = "delete")]
+    Rm { store: PathBuf, session: String },
     /// Print events, bytes on disk, compression ratio, runs and segments of the store or of
     /// one session.
     Stats {
@@ -227,6 +231,7 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
         } => exchange::fork(&store, &parent, &child, at, out)?,
         Command::Info { store, session } => exchange::info(&store, &session, out)?,
         Command::Maintain { store } => maintain(&store, out)?,
+        Command::Rm { store, session } => remove_session(&store, &session, out)?,
         Command::Stats {
             store,
             session,
@@ -257,6 +262,33 @@ fn maintain(path: &Path, out: &mut impl Write) -> Result<()> {
         out,
         "sealed {} segments into runs: {} events, {} bytes -> {} bytes (ratio {ratio:.2})",
         report.segments_sealed, report.events, report.raw_bytes, report.run_bytes
+    )?;
+    if report.events_dropped > 0 {
+        writeln!(
+            out,
+            "reclaimed {} bytes: {} events of deleted sessions dropped",
+            report.bytes_reclaimed, report.events_dropped
+        )?;
+    }
+    Ok(())
+}
+
+fn remove_session(path: &Path, session: &str, out: &mut impl Write) -> Result<()> {
+    let store = Store::open(
+        path,
+        Options {
+            create_if_missing: false,
+            ..Options::default()
+        },
+    )
+    .with_context(|| format!("cannot open store {}", path.display()))?;
+    store
+        .delete_session(session)
+        .with_context(|| format!("cannot delete session {session}"))?;
+    store.close().context("closing the store")?;
+    writeln!(
+        out,
+        "deleted {session}; its space is reclaimed by the next maintain"
     )?;
     Ok(())
 }

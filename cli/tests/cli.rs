@@ -507,3 +507,31 @@ fn maintain_seals_segments_into_runs_and_stats_reports_them() {
     assert!(verified.contains("runs decoded: 2"), "{verified}");
     assert!(verified.contains("events: 5"), "{verified}");
 }
+
+#[test]
+fn rm_deletes_a_session_and_maintain_reclaims_its_events() {
+    let dir = TempDir::new("rm");
+    let store_path = dir.join("store");
+    let store = path_str(&store_path);
+    let lines: String = (0..50)
+        .map(|n| format!("{{\"type\":\"assistant/chunk\",\"data\":{{\"n\":{n}}}}}\n"))
+        .collect();
+    ok(&["append", store, "doomed", "--create"], &lines);
+    ok(&["append", store, "kept", "--create"], &lines);
+    let out = ok(&["rm", store, "doomed"], "");
+    assert!(out.contains("deleted doomed"), "{out}");
+    let listing = ok(&["ls", store], "");
+    assert!(!listing.contains("doomed"), "{listing}");
+    assert!(listing.contains("kept"), "{listing}");
+    let again = dshdb(&["rm", store, "doomed"], "");
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("doomed"), "{}", stderr(&again));
+    let out = ok(&["maintain", store], "");
+    assert!(
+        out.contains("50 events of deleted sessions dropped"),
+        "{out}"
+    );
+    assert_eq!(ok(&["events", store, "kept"], "").lines().count(), 50);
+    let alias = dshdb(&["delete", store, "kept"], "");
+    assert!(alias.status.success(), "{}", stderr(&alias));
+}

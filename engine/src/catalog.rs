@@ -36,6 +36,9 @@ pub struct SessionEntry {
     /// The file (segment or run id) whose records first defined the session; `None` while
     /// its header is not yet queued. The seq-index checkpoint keeps sessions by it.
     pub defined_in: Option<u64>,
+    /// A durable tombstone deleted the session (F-02-18): it is no longer listed nor found
+    /// by id; it stays in the catalog while a live fork still reads its prefix.
+    pub deleted: bool,
 }
 
 /// A fork's shared prefix: the first `length` events are the parent's.
@@ -65,6 +68,10 @@ pub struct Catalog {
     /// Shared with readers, who decode events without holding the catalog lock.
     pub type_names: Arc<HashMap<u32, String>>,
     pub type_by_name: HashMap<String, u32>,
+    /// Sessions whose replayed events skipped seqs, with the first event past the gap and
+    /// why: legitimate only for a session a tombstone deletes later in the log, whose
+    /// events sealing dropped from earlier files (F-06-24); see [`Catalog::check_gaps`].
+    pub gaps: HashMap<u32, (Position, String)>,
     next_session: u32,
     next_type: u32,
 }
@@ -124,7 +131,8 @@ impl Catalog {
     /// Checks that every fork's seed is no longer than its parent (after a load that
     /// deferred the check).
     pub fn check_seeds(&self) -> Result<(), String> {
-        for entry in self.sessions.values() {
+        // A deleted fork's parent may have lost events it no longer needs (F-06-24).
+        for entry in self.sessions.values().filter(|entry| !entry.deleted) {
             if let Some(seed) = entry.seed {
                 let parent_length = self.sessions.get(&seed.parent).map(SessionEntry::length);
                 if parent_length.is_none_or(|length| seed.length > length) {
@@ -169,6 +177,7 @@ impl Catalog {
                 positions: Vec::new(),
                 has_writer: false,
                 defined_in: None,
+                deleted: false,
             },
         );
         self.next_session = self.next_session.max(number.saturating_add(1));
@@ -185,6 +194,60 @@ impl Catalog {
     pub fn unreserve_session(&mut self, number: u32) {
         if let Some(entry) = self.sessions.remove(&number) {
             self.by_id.remove(&entry.id);
+        }
+    }
+
+    /// Applies a tombstone (F-02-18): the session leaves the listing and its id may be
+    /// reused. Applying it twice is harmless (a checkpoint and the log may both carry it).
+    pub fn delete_session(&mut self, number: u32) -> Result<(), String> {
+        let entry = self
+            .sessions
+            .get_mut(&number)
+            .ok_or_else(|| format!("tombstone of undefined session {number}"))?;
+        entry.deleted = true;
+        if self.by_id.get(&entry.id) == Some(&number) {
+            self.by_id.remove(&entry.id);
+        }
+        Ok(())
+    }
+
+    /// For every deleted session, how many of its first events sealing must keep (F-06-24):
+    /// the longest seed a live fork reads from it, directly or through deleted forks.
+    pub fn retained_prefixes(&self) -> HashMap<u32, u64> {
+        let mut retained: HashMap<u32, u64> = self
+            .sessions
+            .values()
+            .filter(|entry| entry.deleted)
+            .map(|entry| (entry.number, 0))
+            .collect();
+        for live in self.sessions.values().filter(|entry| !entry.deleted) {
+            let mut needed = u64::MAX;
+            let mut seed = live.seed;
+            // Walk up the fork chain: each ancestor must keep what the descendant reads.
+            while let Some(link) = seed {
+                needed = needed.min(link.length);
+                if let Some(kept) = retained.get_mut(&link.parent) {
+                    *kept = (*kept).max(needed);
+                }
+                seed = self
+                    .sessions
+                    .get(&link.parent)
+                    .and_then(|parent| parent.seed);
+            }
+        }
+        retained
+    }
+
+    /// After a replay: a seq gap in a session that is not deleted is corruption, reported
+    /// at the first event past the gap.
+    pub fn check_gaps(&self) -> Result<(), (Position, String)> {
+        let live_gap = self
+            .gaps
+            .iter()
+            .find(|(number, _)| self.sessions.get(number).is_none_or(|entry| !entry.deleted));
+        match live_gap {
+            Some((_, (position, reason))) => Err((*position, reason.clone())),
+            None => Ok(()),
         }
     }
 
@@ -218,12 +281,23 @@ impl Catalog {
         number
     }
 
-    /// Indexes a committed event; its seq must be the session's next.
+    /// Indexes a replayed event; its seq must be the session's next. An event past the next
+    /// seq is left out and the gap remembered: it is corruption unless a tombstone deletes
+    /// the session later in the log ([`Catalog::check_gaps`]).
     pub fn push_event(&mut self, session: u32, seq: u64, position: Position) -> Result<(), String> {
         let entry = self
             .sessions
             .get_mut(&session)
             .ok_or_else(|| format!("event for undefined session {session}"))?;
+        if seq > entry.length() {
+            let reason = format!(
+                "session {:?} seq {seq} is not contiguous; expected {}",
+                entry.id,
+                entry.length()
+            );
+            self.gaps.entry(session).or_insert((position, reason));
+            return Ok(());
+        }
         if seq != entry.length() {
             return Err(format!(
                 "session {:?} seq {seq} is not contiguous; expected {}",
@@ -233,5 +307,78 @@ impl Catalog {
         }
         entry.positions.push(position);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+
+    fn header(id: &str) -> Vec<u8> {
+        format!(r#"{{"version":0,"id":"{id}","createdAt":1}}"#).into_bytes()
+    }
+
+    fn position(offset: u64) -> Position {
+        Position {
+            segment: 1,
+            offset,
+            frame_bytes: 10,
+        }
+    }
+
+    fn with_events(catalog: &mut Catalog, number: u32, seed: Option<Seed>, count: u64) {
+        let id = format!("s{number}");
+        catalog
+            .define_session(number, seed, &header(&id), 1, false)
+            .expect("define");
+        let first = seed.map_or(0, |seed| seed.length);
+        for seq in first..first + count {
+            catalog
+                .push_event(number, seq, position(seq))
+                .expect("push");
+        }
+    }
+
+    #[test]
+    fn a_seq_gap_is_corruption_unless_the_session_is_deleted() {
+        let mut catalog = Catalog::default();
+        with_events(&mut catalog, 0, None, 3);
+        catalog.push_event(0, 7, position(70)).expect("gap held");
+        assert_eq!(catalog.sessions[&0].length(), 3);
+        assert!(catalog.push_event(0, 1, position(10)).is_err());
+        let outcome = catalog.check_gaps();
+        assert!(matches!(outcome, Err((position, _)) if position.offset == 70));
+        catalog.delete_session(0).expect("delete");
+        assert!(catalog.check_gaps().is_ok());
+        assert!(!catalog.by_id.contains_key("s0"));
+    }
+
+    #[test]
+    fn retained_prefixes_follow_live_forks_through_deleted_ones() {
+        let mut catalog = Catalog::default();
+        with_events(&mut catalog, 0, None, 40);
+        let child_seed = Seed {
+            parent: 0,
+            length: 20,
+        };
+        with_events(&mut catalog, 1, Some(child_seed), 11);
+        let grandchild_seed = Seed {
+            parent: 1,
+            length: 25,
+        };
+        with_events(&mut catalog, 2, Some(grandchild_seed), 1);
+        with_events(&mut catalog, 3, None, 5);
+        catalog.delete_session(0).expect("delete");
+        catalog.delete_session(1).expect("delete");
+        catalog.delete_session(3).expect("delete");
+        let retained = catalog.retained_prefixes();
+        assert_eq!(retained.get(&0), Some(&20));
+        assert_eq!(retained.get(&1), Some(&25));
+        assert_eq!(retained.get(&3), Some(&0));
+        assert_eq!(retained.get(&2), None);
+        catalog.delete_session(2).expect("delete");
+        let retained = catalog.retained_prefixes();
+        assert_eq!(retained.get(&0), Some(&0));
+        assert_eq!(retained.get(&1), Some(&0));
     }
 }

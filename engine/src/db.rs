@@ -17,7 +17,7 @@ use crate::io::fs::FsStorage;
 use crate::io::{LockGuard, Storage, StorageFile};
 use crate::manifest::{Manifest, RunEntry, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
 use crate::recovery::{recover, LogTail, RecoveryReport, TornSegment};
-use crate::run::{build_run, parse_run_name, run_path, BlockCache, RunReader, RUNS_DIR};
+use crate::run::{build_run, parse_run_name, run_path, BlockCache, Retained, RunReader, RUNS_DIR};
 use crate::segment::{
     check_header, create_segment, parse_segment_name, read_segment, segment_path,
     SEGMENT_HEADER_BYTES, WAL_DIR,
@@ -262,6 +262,10 @@ pub struct MaintenanceReport {
     pub raw_bytes: u64,
     /// Bytes of the run files written.
     pub run_bytes: u64,
+    /// Events of deleted sessions left out of the runs (F-06-24), and their frame bytes:
+    /// the space reclaimed from the write-ahead log.
+    pub events_dropped: u64,
+    pub bytes_reclaimed: u64,
 }
 
 /// Figures of [`Store::stats`], for the whole store or one session.
@@ -469,7 +473,15 @@ impl Store {
         let bytes = read_segment(storage, segment.id)?;
         check_header(&bytes, segment.id, segment.salt)?;
         let run_id = log.allocate_file_id()?;
-        let built = build_run(&bytes, segment.id, segment.salt, run_id, new_salt())?;
+        let retained = self.inner.catalog.read().retained_prefixes();
+        let built = build_run(
+            &bytes,
+            segment.id,
+            segment.salt,
+            run_id,
+            new_salt(),
+            &retained,
+        )?;
         self.check_moves(segment.id, &built.moved)?;
         // A segment without any record (a clean reopen's fresh segment, closed unused)
         // needs no run: it is dropped from the manifest (F-06-14).
@@ -484,7 +496,7 @@ impl Store {
             }
             return Err(error);
         }
-        self.move_positions(segment.id, run, &built.moved);
+        self.move_positions(segment.id, run, &built.moved, &retained);
         storage
             .remove(&segment_path(segment.id))
             .map_err(io_error("segment remove"))?;
@@ -495,6 +507,8 @@ impl Store {
         report.events += built.events;
         report.raw_bytes += built.raw_bytes;
         report.run_bytes += run.map_or(0, |run| run.file_bytes);
+        report.events_dropped += built.dropped_events;
+        report.bytes_reclaimed += built.dropped_bytes;
         Ok(())
     }
 
@@ -519,10 +533,26 @@ impl Store {
 
     /// Points the catalog at the run instead of the segment (under the read gate, so no
     /// reader holds positions of the segment any more when it is removed).
-    fn move_positions(&self, segment: u64, run: Option<RunEntry>, moved: &[(u32, u64, Position)]) {
+    /// Deleted sessions lose the positions past what they retain: those events were left
+    /// out of the run (F-06-24) and nothing reads them any more.
+    fn move_positions(
+        &self,
+        segment: u64,
+        run: Option<RunEntry>,
+        moved: &[(u32, u64, Position)],
+        retained: &Retained,
+    ) {
         let inner = &self.inner;
         let _no_readers = inner.read_gate.write();
         let mut catalog = inner.catalog.write();
+        for (number, kept) in retained {
+            if let Some(entry) = catalog.sessions.get_mut(number) {
+                let own_kept = kept.saturating_sub(entry.seed_length());
+                entry
+                    .positions
+                    .truncate(usize::try_from(own_kept).unwrap_or(usize::MAX));
+            }
+        }
         for (session, seq, position) in moved {
             if let Some(entry) = catalog.sessions.get_mut(session) {
                 let index = (seq - entry.seed_length()) as usize;
@@ -795,6 +825,58 @@ impl Store {
         })
     }
 
+    /// Deletes session `id` (F-02-18): logs a tombstone and returns once it is durable.
+    /// Afterwards the session is gone from [`Store::sessions`], reads and [`Store::writer`]
+    /// (`UnknownSession`) and its id may name a new session. Its events are dropped at the
+    /// next sealing, except the prefix a live fork reads as its seed (F-06-24).
+    /// A session whose writer handle is alive is refused (`SessionBusy`), changing nothing.
+    pub fn delete_session(&self, id: &str) -> Result<()> {
+        let log = self.log()?;
+        let (number, header_json, seed, length) = {
+            let mut catalog = self.inner.catalog.write();
+            let number = *catalog
+                .by_id
+                .get(id)
+                .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+            let entry = catalog
+                .sessions
+                .get_mut(&number)
+                .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+            if entry.has_writer {
+                return Err(Error::SessionBusy { id: id.to_string() });
+            }
+            // Holds off writers and a second delete while the tombstone is on its way.
+            entry.has_writer = true;
+            (
+                number,
+                entry.header_json.clone(),
+                entry.seed,
+                entry.length(),
+            )
+        };
+        let durable = log
+            .submit(Durability::Sync, |context, out| {
+                // A batch's commit must name a session its segment defines (F-05-1).
+                encode_header_if_new(context, out, number, seed, &header_json);
+                Record::Tombstone { session: number }.encode(out, context.salt);
+                encode_commit(context, out, number, length, 0);
+                Ok(())
+            })
+            .and_then(|(submitted, ())| log.wait(submitted.ticket, true));
+        let mut catalog = self.inner.catalog.write();
+        match durable {
+            Ok(()) => catalog.delete_session(number).map_err(Error::invalid),
+            Err(error) => {
+                // Not acknowledged: the session stays (the next open decides if the
+                // tombstone made it to disk).
+                if let Some(entry) = catalog.sessions.get_mut(&number) {
+                    entry.has_writer = false;
+                }
+                Err(error)
+            }
+        }
+    }
+
     /// Takes the writer handle of an existing session.
     pub fn writer(&self, id: &str) -> Result<SessionWriter> {
         self.log()?;
@@ -825,6 +907,7 @@ impl Store {
         let mut list: Vec<SessionSummary> = catalog
             .sessions
             .values()
+            .filter(|entry| !entry.deleted)
             .map(|entry| SessionSummary {
                 id: entry.id.clone(),
                 header_json: entry.header_json.to_string(),
@@ -1096,7 +1179,7 @@ impl Store {
             let Some(entry) = catalog.sessions.get(number) else {
                 continue;
             };
-            stats.sessions += 1;
+            stats.sessions += u64::from(!entry.deleted);
             for position in &entry.positions {
                 stats.raw_bytes += u64::from(position.frame_bytes);
                 if readers.contains_key(&position.segment) {

@@ -35,6 +35,8 @@ pub const KNOWN_EVENT_FLAGS: u8 = EVENT_FLAG_VERBATIM_LINE
     | EVENT_FLAG_ROW_VERBATIM;
 /// Session header field: no seed parent.
 pub const NO_SEED_PARENT: u32 = u32::MAX;
+/// Bytes of a tombstone payload: the session number (F-02-18).
+pub const TOMBSTONE_PAYLOAD_BYTES: usize = 4;
 /// Fixed bytes of a session header payload before its JSON text.
 pub const SESSION_HEADER_FIXED_BYTES: usize = 4 + 4 + 8;
 
@@ -47,6 +49,7 @@ pub enum Kind {
     Event = 3,
     Commit = 4,
     Seal = 5,
+    Tombstone = 6,
 }
 
 impl Kind {
@@ -57,6 +60,7 @@ impl Kind {
             3 => Some(Kind::Event),
             4 => Some(Kind::Commit),
             5 => Some(Kind::Seal),
+            6 => Some(Kind::Tombstone),
             _ => None,
         }
     }
@@ -112,6 +116,11 @@ pub enum Record<'a> {
     Seal {
         used_bytes: u64,
         durable_offset: u64,
+    },
+    /// The session is deleted (F-02-18): it is gone from listings and reads; its events
+    /// are dropped at the next sealing except the prefix a live fork still reads.
+    Tombstone {
+        session: u32,
     },
 }
 
@@ -284,6 +293,12 @@ impl<'a> Record<'a> {
                     durable_offset: read_u64(payload, 8),
                 }
             }
+            Kind::Tombstone => {
+                exact(TOMBSTONE_PAYLOAD_BYTES, "tombstone payload is not 4 bytes")?;
+                Record::Tombstone {
+                    session: read_u32(payload, 0),
+                }
+            }
         };
         Ok(Some(record))
     }
@@ -342,6 +357,13 @@ impl<'a> Record<'a> {
                 Kind::Seal as u8,
                 0,
                 &[&used_bytes.to_le_bytes(), &durable_offset.to_le_bytes()],
+            ),
+            Record::Tombstone { session } => encode_frame(
+                out,
+                salt,
+                Kind::Tombstone as u8,
+                0,
+                &[&session.to_le_bytes()],
             ),
         }
     }
@@ -440,6 +462,7 @@ mod tests {
                 used_bytes: 100,
                 durable_offset: 100,
             },
+            Record::Tombstone { session: 12 },
         ];
         for record in records {
             let mut bytes = Vec::new();

@@ -17,8 +17,13 @@ pub const CHECKPOINT_FILE: &str = "index/checkpoint";
 /// The checkpoint being written (never read).
 pub const CHECKPOINT_TEMP_FILE: &str = "index/checkpoint.tmp";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"DSHDBIDX";
-/// The checkpoint format version this build reads and writes (F-06-21).
+/// The checkpoint format version this build writes when no covered session is deleted
+/// (F-06-21); readers of this build read it and [`CHECKPOINT_VERSION_DELETIONS`].
 pub const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint version that adds the list of deleted sessions (F-06-25); written only
+/// when the list is not empty, so that stores without deletions stay readable by builds
+/// that know version 1 only.
+pub const CHECKPOINT_VERSION_DELETIONS: u32 = 2;
 /// Largest checkpoint this build loads, in bytes (bounds memory on a damaged length).
 pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 34;
 
@@ -52,9 +57,25 @@ pub fn encode_checkpoint(
         .map(|run| run.id)
         .chain(segments.iter().map(|segment| segment.id))
         .collect();
+    let mut sessions: Vec<_> = catalog
+        .sessions
+        .values()
+        .filter(|entry| entry.defined_in.is_some_and(|file| covered.contains(&file)))
+        .collect();
+    sessions.sort_by_key(|entry| entry.number);
+    let deleted: Vec<u32> = sessions
+        .iter()
+        .filter(|entry| entry.deleted)
+        .map(|entry| entry.number)
+        .collect();
     let mut out = Vec::new();
     out.extend_from_slice(CHECKPOINT_MAGIC);
-    put_u32(&mut out, CHECKPOINT_VERSION);
+    let version = if deleted.is_empty() {
+        CHECKPOINT_VERSION
+    } else {
+        CHECKPOINT_VERSION_DELETIONS
+    };
+    put_u32(&mut out, version);
     put_u32(&mut out, 0);
     put_u32(&mut out, count_u32(runs.len()));
     for run in runs {
@@ -75,12 +96,12 @@ pub fn encode_checkpoint(
         put_u32(&mut out, count_u32(name.len()));
         out.extend_from_slice(name.as_bytes());
     }
-    let mut sessions: Vec<_> = catalog
-        .sessions
-        .values()
-        .filter(|entry| entry.defined_in.is_some_and(|file| covered.contains(&file)))
-        .collect();
-    sessions.sort_by_key(|entry| entry.number);
+    if !deleted.is_empty() {
+        put_u32(&mut out, count_u32(deleted.len()));
+        for number in &deleted {
+            put_u32(&mut out, *number);
+        }
+    }
     put_u32(&mut out, count_u32(sessions.len()));
     for entry in sessions {
         put_u32(&mut out, entry.number);
@@ -143,8 +164,9 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
     }
     let mut reader = Reader { bytes: body, at: 8 };
     let version = reader.u32()?;
-    if version != CHECKPOINT_VERSION || reader.u32()? != 0 {
-        return Err(format!("version {version} is not {CHECKPOINT_VERSION}"));
+    let known = [CHECKPOINT_VERSION, CHECKPOINT_VERSION_DELETIONS];
+    if !known.contains(&version) || reader.u32()? != 0 {
+        return Err(format!("version {version} is not one of {known:?}"));
     }
     let run_count = reader.count(16)?;
     let runs = (0..run_count)
@@ -166,8 +188,18 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
         let length = reader.count(1)?;
         catalog.define_type(number, reader.take(length)?)?;
     }
+    let mut deleted = HashSet::new();
+    if version == CHECKPOINT_VERSION_DELETIONS {
+        for _ in 0..reader.count(4)? {
+            deleted.insert(reader.u32()?);
+        }
+    }
     for _ in 0..reader.count(32)? {
-        decode_session(&mut reader, &mut catalog)?;
+        let number = decode_session(&mut reader, &mut catalog)?;
+        // Right after its own restore, before a later session reuses its id.
+        if deleted.contains(&number) {
+            catalog.delete_session(number)?;
+        }
     }
     if reader.at != body.len() {
         return Err("bytes after the last session".to_string());
@@ -180,10 +212,11 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
     })
 }
 
+/// Restores one session; returns its number.
 fn decode_session(
     reader: &mut Reader<'_>,
     catalog: &mut Catalog,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<u32, String> {
     let number = reader.u32()?;
     let seed_parent = reader.u32()?;
     let seed_length = reader.u64()?;
@@ -209,7 +242,8 @@ fn decode_session(
         parent: seed_parent,
         length: seed_length,
     });
-    catalog.restore_session(number, seed, header, defined_in, positions)
+    catalog.restore_session(number, seed, header, defined_in, positions)?;
+    Ok(number)
 }
 
 /// Reads the checkpoint and checks it against the manifest (F-06-21). `Err` carries the

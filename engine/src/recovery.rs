@@ -235,6 +235,10 @@ pub fn recover(
         break;
     }
     catalog
+        .check_gaps()
+        .map_err(|(position, reason)| corrupt(position.segment, position.offset, &reason))?;
+    catalog.gaps.clear();
+    catalog
         .check_seeds()
         .map_err(|reason| corrupt(0, 0, &reason))?;
     Ok(Recovered {
@@ -299,6 +303,9 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
                         .define_type(type_number, name)
                         .map_err(|reason| bad(&reason))
                 }
+                Record::Tombstone { session } if block.session == DEFINITIONS_SESSION => catalog
+                    .delete_session(session)
+                    .map_err(|reason| bad(&reason)),
                 Record::Event(event) if event.session == block.session => {
                     if event.seq != next_seq || !catalog.type_names.contains_key(&event.type_number)
                     {
@@ -418,10 +425,24 @@ impl<'a> SegmentReplay<'a> {
                         .map_err(|reason| corrupt(segment, offset, &reason))?;
                     next_seq += 1;
                 }
+                Record::Tombstone { session: number } => {
+                    if number != session {
+                        return Err(corrupt(segment, offset, "tombstone of another session"));
+                    }
+                    catalog
+                        .delete_session(number)
+                        .map_err(|reason| corrupt(segment, offset, &reason))?;
+                }
                 Record::Commit { .. } | Record::Seal { .. } => {}
             }
         }
-        if event_count == 0 {
+        // A deleted session's earlier events may have been dropped at sealing (F-06-24), so
+        // its length no longer says where its tombstone's commit stood.
+        let deleted = catalog
+            .sessions
+            .get(&session)
+            .is_some_and(|entry| entry.deleted);
+        if event_count == 0 && !deleted {
             let length = catalog.sessions.get(&session).map(|entry| entry.length());
             if length != Some(first_seq) {
                 return Err(corrupt(

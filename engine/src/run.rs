@@ -107,7 +107,15 @@ pub struct BuiltRun {
     pub events: u64,
     /// Raw (uncompressed) bytes of its blocks.
     pub raw_bytes: u64,
+    /// Events of deleted sessions left out (F-06-24), and their frame bytes in the segment.
+    pub dropped_events: u64,
+    pub dropped_bytes: u64,
 }
+
+/// What sealing keeps of deleted sessions (F-06-24): for each deleted session number, the
+/// events with a seq below the value are kept (the prefix live forks still read as their
+/// seed); its later events are dropped. Sessions not named are kept whole.
+pub type Retained = HashMap<u32, u64>;
 
 /// Events of one session gathered from the source segment, re-framed with the run's salt.
 struct SessionFrames {
@@ -126,7 +134,8 @@ fn corrupt(segment: u64, offset: u64, reason: &str) -> Error {
     }
 }
 
-/// Rewrites the records of a sealed segment as a run (F-06-1). The segment must end with a
+/// Rewrites the records of a sealed segment as a run (F-06-1), leaving out the events of
+/// deleted sessions that `retained` does not keep (F-06-24). The segment must end with a
 /// seal; records that no commit covers make it corrupt.
 pub fn build_run(
     segment_bytes: &[u8],
@@ -134,17 +143,33 @@ pub fn build_run(
     segment_salt: u64,
     run_id: u64,
     run_salt: u64,
+    retained: &Retained,
 ) -> Result<BuiltRun> {
     let mut definitions = Vec::new();
     let mut sessions: Vec<SessionFrames> = Vec::new();
     let mut slot_of: HashMap<u32, usize> = HashMap::new();
     let mut uncommitted = 0usize;
+    let mut dropped_events = 0u64;
+    let mut dropped_bytes = 0u64;
     let scan = scan_frames(segment_bytes, segment, segment_salt, |offset, record| {
         match &record {
-            Record::SessionHeader { .. } | Record::TypeDefinition { .. } => {
+            // Headers and tombstones stay (a few bytes each): older runs still hold the
+            // deleted session's header, and only its tombstone keeps it deleted.
+            Record::SessionHeader { .. }
+            | Record::TypeDefinition { .. }
+            | Record::Tombstone { .. } => {
                 let start = definitions.len();
                 record.encode(&mut definitions, run_salt);
                 clear_checksum(&mut definitions[start..]);
+                uncommitted += 1;
+            }
+            Record::Event(event)
+                if retained
+                    .get(&event.session)
+                    .is_some_and(|kept| event.seq >= *kept) =>
+            {
+                dropped_events += 1;
+                dropped_bytes += (FRAME_HEADER_BYTES + event.payload_bytes()) as u64;
                 uncommitted += 1;
             }
             Record::Event(event) => {
@@ -189,7 +214,10 @@ pub fn build_run(
             "records after the last commit",
         ));
     }
-    assemble(&definitions, &sessions, segment, run_id, run_salt)
+    let mut built = assemble(&definitions, &sessions, segment, run_id, run_salt)?;
+    built.dropped_events = dropped_events;
+    built.dropped_bytes = dropped_bytes;
+    Ok(built)
 }
 
 /// Frames in a run carry no checksum of their own (F-06-13): the block's stored checksum
@@ -278,6 +306,8 @@ fn assemble(
         moved,
         events,
         raw_bytes: raw_offset,
+        dropped_events: 0,
+        dropped_bytes: 0,
     })
 }
 
@@ -739,7 +769,7 @@ mod tests {
     #[test]
     fn a_segment_becomes_a_run_whose_index_and_blocks_decode() {
         let segment = sealed_segment(7, 30_000);
-        let built = build_run(&segment, 1, 7, 2, 9).expect("built");
+        let built = build_run(&segment, 1, 7, 2, 9, &Retained::new()).expect("built");
         assert_eq!(built.events, 60_000);
         let header = &built.bytes[..64];
         let index = RunIndex::decode(header, &built.bytes, 0, &built.entry).expect("index");
@@ -767,7 +797,7 @@ mod tests {
     #[test]
     fn any_flip_in_header_or_footer_is_refused() {
         let segment = sealed_segment(7, 20);
-        let built = build_run(&segment, 1, 7, 2, 9).expect("built");
+        let built = build_run(&segment, 1, 7, 2, 9, &Retained::new()).expect("built");
         let bytes = &built.bytes;
         let footer_offset = index_footer_offset(bytes);
         let checked: Vec<usize> = (0..64).chain(footer_offset..bytes.len()).collect();
@@ -782,7 +812,7 @@ mod tests {
     #[test]
     fn a_flip_inside_a_block_is_corruption_when_read() {
         let segment = sealed_segment(7, 20);
-        let built = build_run(&segment, 1, 7, 2, 9).expect("built");
+        let built = build_run(&segment, 1, 7, 2, 9, &Retained::new()).expect("built");
         let index =
             RunIndex::decode(&built.bytes[..64], &built.bytes, 0, &built.entry).expect("index");
         let block = index.blocks[1];

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Frame vectors that decode to one known record.
-const RECORD_FRAMES: [&str; 7] = [
+const RECORD_FRAMES: [&str; 8] = [
     "frame-session-header",
     "frame-type-definition",
     "frame-event",
@@ -28,10 +28,11 @@ const RECORD_FRAMES: [&str; 7] = [
     "frame-event-row",
     "frame-commit",
     "frame-seal",
+    "frame-tombstone",
 ];
 
 /// Every single-frame vector (the flip check runs over all of them).
-const ALL_FRAMES: [&str; 8] = [
+const ALL_FRAMES: [&str; 9] = [
     "frame-session-header",
     "frame-type-definition",
     "frame-event",
@@ -39,6 +40,7 @@ const ALL_FRAMES: [&str; 8] = [
     "frame-event-row",
     "frame-commit",
     "frame-seal",
+    "frame-tombstone",
     "frame-unknown-skippable",
 ];
 
@@ -113,6 +115,9 @@ fn record_from_json(json: &Value) -> Record<'_> {
         "seal" => Record::Seal {
             used_bytes: uint(&json["used_bytes"]),
             durable_offset: uint(&json["durable_offset"]),
+        },
+        "tombstone" => Record::Tombstone {
+            session: u32_of(&json["session"]),
         },
         other => panic!("unknown record kind {other:?} in a vector"),
     }

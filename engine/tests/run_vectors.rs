@@ -211,7 +211,15 @@ fn describe_checkpoint(bytes: &[u8]) -> Value {
 #[ignore = "rewrites the vectors; run by hand after a deliberate format change"]
 fn regenerate_run_vectors() {
     let segment = read_bin(SOURCE_SEGMENT);
-    let built = build_run(&segment, 1, SOURCE_SALT, RUN_ID, RUN_SALT).expect("run");
+    let built = build_run(
+        &segment,
+        1,
+        SOURCE_SALT,
+        RUN_ID,
+        RUN_SALT,
+        &Default::default(),
+    )
+    .expect("run");
     let dir = vectors_dir();
     let write = |name: &str, bytes: &[u8], value: &Value| {
         std::fs::write(dir.join(format!("{name}.bin")), bytes).expect("write bin");
@@ -257,7 +265,15 @@ fn the_run_vector_decodes_to_its_json_and_any_header_or_footer_flip_is_refused()
     }
     // The engine writes the same run from the source segment (same zstd build).
     let segment = read_bin(SOURCE_SEGMENT);
-    let built = build_run(&segment, 1, SOURCE_SALT, RUN_ID, RUN_SALT).expect("run");
+    let built = build_run(
+        &segment,
+        1,
+        SOURCE_SALT,
+        RUN_ID,
+        RUN_SALT,
+        &Default::default(),
+    )
+    .expect("run");
     let rebuilt = RunIndex::decode(&built.bytes[..64], &built.bytes, 0, &entry);
     assert!(matches!(rebuilt, Ok(ref index) if index.blocks.len() == 3));
 }

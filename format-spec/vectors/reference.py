@@ -21,7 +21,14 @@ FRAME_SALT = 0x0123456789ABCDEF
 SEGMENT_SALT = 0xFEEDFACECAFEBEEF
 NO_SEED_PARENT = 0xFFFFFFFF
 
-KIND = {"session_header": 1, "type_definition": 2, "event": 3, "commit": 4, "seal": 5}
+KIND = {
+    "session_header": 1,
+    "type_definition": 2,
+    "event": 3,
+    "commit": 4,
+    "seal": 5,
+    "tombstone": 6,
+}
 
 
 def crc32(data):
@@ -74,6 +81,8 @@ def payload(record):
         )
     if kind == "seal":
         return struct.pack("<QQ", record["used_bytes"], record["durable_offset"])
+    if kind == "tombstone":
+        return struct.pack("<I", record["session"])
     raise ValueError(kind)
 
 
@@ -249,6 +258,11 @@ def main():
         "frame-seal",
         "A seal at offset 1024 written at a clean close.",
         {"kind": "seal", "used_bytes": 1024, "durable_offset": 1024},
+    )
+    frame_vector(
+        "frame-tombstone",
+        "A tombstone deleting session 7 (F-02-18).",
+        {"kind": "tombstone", "session": 7},
     )
 
     # An unknown record kind (200) with the skippable flag: readers skip it (F-02-7).
