@@ -22,18 +22,22 @@ const RUN_TRAILER_MAGIC: &[u8; 8] = b"DSHDBRNF";
 /// The run file format version this build reads and writes (F-06-2).
 pub const RUN_VERSION: u32 = 1;
 /// Largest raw (decompressed) size of an event block, in bytes, unless one frame alone is
-/// larger (F-06-3): bounds what a point read decompresses.
-pub const RUN_BLOCK_RAW_BYTES: usize = 256 * 1024;
+/// larger (F-06-3): bounds what a point read decompresses (~0.5 ms for 512 KiB). Measured on
+/// the DSH mix with `run_sweep` (BENCHMARKS.md): at level 12, 512 KiB blocks store 31.1
+/// B/event against 31.3 for 256 KiB; 1 MiB gains only 0.2 more.
+pub const RUN_BLOCK_RAW_BYTES: usize = 512 * 1024;
 /// Bytes of one footer entry.
 pub const FOOTER_ENTRY_BYTES: usize = 48;
 /// Bytes of the trailer that ends a run file.
 pub const TRAILER_BYTES: usize = 24;
 /// The `session` of the definitions block (block 0).
 pub const DEFINITIONS_SESSION: u32 = u32::MAX;
-/// zstd level of run blocks. Measured on the DSH mix (BENCHMARKS.md, `runs` bench): level 9
-/// stores 22.8 B/event against 25.9 at level 3, sealing at ~34 MB/s instead of ~75 MB/s;
-/// sealing runs on the maintenance thread, off the append path, so the smaller disk wins.
-pub const RUN_ZSTD_LEVEL: i32 = 9;
+/// zstd level of run blocks. Measured on the DSH mix with 512 KiB blocks (BENCHMARKS.md,
+/// `run_sweep`): level 9 stores 32.6 B/event (0.81x DSH's per-turn jsonl.zstd), level 12
+/// 31.1 (0.77x) sealing at ~28 MB/s, level 15 29.7 at ~6 MB/s, level 19 27.3 at ~2 MB/s.
+/// Sealing runs on the maintenance thread, off the append path; 12 is the cheapest level
+/// that meets the 0.8x target with margin.
+pub const RUN_ZSTD_LEVEL: i32 = 12;
 /// Most blocks one run may have (bounds what a damaged count can make us allocate).
 pub const MAX_RUN_BLOCKS: usize = 1 << 24;
 
