@@ -834,19 +834,8 @@ impl Store {
         let log = self.log()?;
         let (number, header_json, seed, length) = {
             let mut catalog = self.inner.catalog.write();
-            let number = *catalog
-                .by_id
-                .get(id)
-                .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
-            let entry = catalog
-                .sessions
-                .get_mut(&number)
-                .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
-            if entry.has_writer {
-                return Err(Error::SessionBusy { id: id.to_string() });
-            }
             // Holds off writers and a second delete while the tombstone is on its way.
-            entry.has_writer = true;
+            let (number, entry) = claim_writer_slot(&mut catalog, id)?;
             (
                 number,
                 entry.header_json.clone(),
@@ -881,18 +870,7 @@ impl Store {
     pub fn writer(&self, id: &str) -> Result<SessionWriter> {
         self.log()?;
         let mut catalog = self.inner.catalog.write();
-        let number = *catalog
-            .by_id
-            .get(id)
-            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
-        let entry = catalog
-            .sessions
-            .get_mut(&number)
-            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
-        if entry.has_writer {
-            return Err(Error::SessionBusy { id: id.to_string() });
-        }
-        entry.has_writer = true;
+        let (number, _) = claim_writer_slot(&mut catalog, id)?;
         Ok(SessionWriter {
             store: self.clone(),
             number,
@@ -1390,6 +1368,22 @@ impl Drop for SessionWriter {
             entry.has_writer = false;
         }
     }
+}
+
+/// Looks up session `id` and takes its writer slot: one writer handle (or one delete in
+/// flight) per session; a taken slot is `SessionBusy`.
+fn claim_writer_slot<'catalog>(
+    catalog: &'catalog mut Catalog,
+    id: &str,
+) -> Result<(u32, &'catalog mut SessionEntry)> {
+    let unknown = || Error::UnknownSession { id: id.to_string() };
+    let number = *catalog.by_id.get(id).ok_or_else(unknown)?;
+    let entry = catalog.sessions.get_mut(&number).ok_or_else(unknown)?;
+    if entry.has_writer {
+        return Err(Error::SessionBusy { id: id.to_string() });
+    }
+    entry.has_writer = true;
+    Ok((number, entry))
 }
 
 /// Positions of seqs `from..to` of session `number`, following a fork's seed into its parent.
