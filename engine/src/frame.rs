@@ -164,28 +164,11 @@ pub fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameError> {
     if bytes[..FRAME_HEADER_BYTES].iter().all(|byte| *byte == 0) {
         return Err(FrameError::Zero);
     }
-    let length = read_u32(bytes, 4) as usize;
-    let flags = bytes[9];
-    if length > MAX_PAYLOAD_BYTES
-        || flags & !FLAG_SKIPPABLE != 0
-        || bytes[10] != 0
-        || bytes[11] != 0
-    {
-        return Err(FrameError::BadHeader);
-    }
-    let total_bytes = FRAME_HEADER_BYTES + length;
-    if bytes.len() < total_bytes {
-        return Err(FrameError::Incomplete);
-    }
-    if checksum(salt, &bytes[4..total_bytes]) != read_u32(bytes, 0) {
+    let frame = frame_after_checksum(bytes)?;
+    if checksum(salt, &bytes[4..frame.total_bytes]) != read_u32(bytes, 0) {
         return Err(FrameError::BadChecksum);
     }
-    Ok(Frame {
-        kind: bytes[8],
-        flags,
-        payload: &bytes[FRAME_HEADER_BYTES..total_bytes],
-        total_bytes,
-    })
+    Ok(frame)
 }
 
 /// Decodes a frame inside a run block (format-spec F-06-13): its checksum field must be
@@ -194,10 +177,18 @@ pub fn decode_run_frame(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
     if bytes.len() < FRAME_HEADER_BYTES {
         return Err(FrameError::Incomplete);
     }
+    if read_u32(bytes, 0) != 0 {
+        return Err(FrameError::BadHeader);
+    }
+    frame_after_checksum(bytes)
+}
+
+/// The header checks both frame forms share (length, flags, reserved bytes) and the frame
+/// they delimit; the caller has checked that `bytes` holds a whole header.
+fn frame_after_checksum(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
     let length = read_u32(bytes, 4) as usize;
     let flags = bytes[9];
-    if read_u32(bytes, 0) != 0
-        || length > MAX_PAYLOAD_BYTES
+    if length > MAX_PAYLOAD_BYTES
         || flags & !FLAG_SKIPPABLE != 0
         || bytes[10] != 0
         || bytes[11] != 0

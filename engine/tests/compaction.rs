@@ -323,10 +323,7 @@ fn crash_at_every_point_leaves_all_four_events_or_none() {
         let disk = SimStorage::from_image(&image);
         disk.crash_at(disk.operation_count() + cut);
         let acknowledged = compaction_workload(&disk);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for crashed in &images {
             let recovered = SimStorage::from_image(crashed);
             let store = sim_store(&recovered);
@@ -545,10 +542,7 @@ fn crash_at_every_point_of_a_pruning_pass() {
         let disk = SimStorage::from_image(&image);
         disk.crash_at(disk.operation_count() + cut);
         let acknowledged = prune_workload(&disk);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for crashed in &images {
             let recovered = SimStorage::from_image(crashed);
             let store = sim_store(&recovered);

@@ -304,10 +304,7 @@ fn enumerate(workload: Workload) -> u64 {
         let disk = SimStorage::new();
         disk.crash_at(cut);
         let ledger = run_workload(&disk, workload);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for image in &images {
             if let Err(violation) = check_image(image, workload, &ledger) {
                 panic!("{workload:?} cut at op {cut}: {violation}");

@@ -393,10 +393,7 @@ fn crash_at_every_point_never_leaves_a_checkpoint_ahead_of_the_log() {
         let disk = SimStorage::new();
         disk.crash_at(cut);
         buffered_workload(&disk);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for image in &images {
             let recovered = SimStorage::from_image(image);
             let store = open_sim(&recovered, sim_options(Durability::Sync)).expect("reopen");

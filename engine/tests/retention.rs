@@ -398,10 +398,7 @@ fn every_crash_point_of_delete_and_reclaiming_maintain_keeps_acknowledged_state(
         let disk = SimStorage::new();
         disk.crash_at(cut);
         let ledger = run_workload(&disk);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for image in &images {
             if let Err(violation) = check_image(image, &ledger) {
                 panic!("cut at op {cut}: {violation}");

@@ -421,10 +421,7 @@ fn a_power_cut_anywhere_in_appends_interleaved_with_sealing_loses_nothing_acknow
         disk.crash_at(cut);
         let mut acknowledged = [0u64; SESSIONS];
         script(&disk, &mut acknowledged);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for image in &images {
             let label = format!("cut {cut}, {}", image.label);
             let recovered = SimStorage::from_image(image);

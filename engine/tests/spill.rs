@@ -230,10 +230,7 @@ fn crash_at_every_point_never_leaves_a_dangling_locator() {
         let disk = SimStorage::new();
         disk.crash_at(cut);
         let acknowledged = spill_then_cite(&disk);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for image in &images {
             let recovered = SimStorage::from_image(image);
             let store = open_sim(&recovered, sim_options(Durability::Sync)).expect("reopen");
@@ -360,10 +357,7 @@ fn crash_at_every_point_of_a_collection_keeps_cited_blobs() {
         let disk = SimStorage::from_image(&image);
         disk.crash_at(disk.operation_count() + cut);
         collect(&disk);
-        let mut images = disk.take_images();
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
+        let images = disk.take_crash_images();
         for crashed in &images {
             let recovered = SimStorage::from_image(crashed);
             let store = store_on(&recovered);

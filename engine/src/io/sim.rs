@@ -403,6 +403,17 @@ impl SimStorage {
         std::mem::take(&mut self.state.lock().images)
     }
 
+    /// The images the armed power cut recorded or, when the workload finished before the
+    /// cut, the durable image as it stands: what a crash-point test reopens.
+    pub fn take_crash_images(&self) -> Vec<CrashImage> {
+        let images = self.take_images();
+        if images.is_empty() {
+            vec![self.durable_image()]
+        } else {
+            images
+        }
+    }
+
     /// Bytes the disk holds now (allocated or written, whichever is larger, over all files).
     pub fn used_bytes(&self) -> u64 {
         self.state.lock().used_bytes()
