@@ -16,10 +16,6 @@ pub const SESSION_EVENTS: usize = 1_300_000;
 pub const QUICK_SESSION_EVENTS: usize = 100_000;
 /// Timed repetitions of each measurement; the median is reported.
 const REPETITIONS: usize = 3;
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
 
 /// Runs `body` `REPETITIONS` times; returns the median rate in MB/s of `bytes`.
 fn rate(bytes: usize, mut body: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -29,7 +25,7 @@ fn rate(bytes: usize, mut body: impl FnMut() -> Result<()>) -> Result<f64> {
         body()?;
         rates.push(bytes as f64 / 1e6 / start.elapsed().as_secs_f64());
     }
-    Ok(median(rates))
+    Ok(crate::median(&rates))
 }
 
 fn parse_lines_value(bytes: &[u8]) -> Result<usize> {

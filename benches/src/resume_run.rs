@@ -138,10 +138,10 @@ pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
     exchange::import_dsh_jsonl(&store, &jsonl)?;
     store.close()?;
     drop(store);
-    let store_bytes = directory_bytes(&store_path)?;
+    let store_bytes = crate::disk_use(&store_path)?.apparent;
     let (mut dshdb_runs, mut zstd_runs) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
-        drop_caches_hint(&store_path, &zstd_path);
+        warm_zstd_file(&zstd_path);
         dshdb_runs.push(run_child(&["resume-dshdb", path_text(&store_path)?])?);
         zstd_runs.push(run_child(&["resume-zstd", path_text(&zstd_path)?])?);
     }
@@ -182,29 +182,14 @@ pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
     Ok(out)
 }
 
-/// The page cache is left warm for both (dropping it needs root); this only reads both once
-/// so neither pays the first cold read alone.
-fn drop_caches_hint(store: &Path, file: &Path) {
-    let _ = directory_bytes(store);
+/// The page cache is left warm for both (dropping it needs root): the store was just
+/// written by the import, and this reads the zstd file once so it is cached too.
+fn warm_zstd_file(file: &Path) {
     let _ = std::fs::read(file);
 }
 
 fn path_text(path: &Path) -> Result<&str> {
     path.to_str().context("a UTF-8 path")
-}
-
-fn directory_bytes(path: &Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(path)? {
-        let entry = entry?;
-        let metadata = entry.metadata()?;
-        total += if metadata.is_dir() {
-            directory_bytes(&entry.path())?
-        } else {
-            metadata.len()
-        };
-    }
-    Ok(total)
 }
 
 /// Child: writes `sessions` × `events` DSH-mix events to `system` at `dir`, then exits
@@ -333,7 +318,7 @@ pub fn crash_reopen(work: &Path, sessions: usize, events: usize) -> Result<Strin
                 ])
                 .status()?;
             anyhow::ensure!(writer.success(), "crash writer for {system} failed");
-            bytes = directory_bytes(&dir)?;
+            bytes = crate::disk_use(&dir)?.apparent;
             runs.push(run_child(&["reopen", system, dir_text])?);
             std::fs::remove_dir_all(&dir)?;
         }
