@@ -13,6 +13,7 @@
 //! decoding is unambiguous.
 
 pub mod canonical;
+pub mod cold;
 pub mod layout;
 mod scan;
 pub mod spill_lines;
@@ -400,47 +401,66 @@ type ExportLine = (Vec<u8>, bool);
 fn export_lines(store: &Store, id: &str) -> Result<(String, Vec<ExportLine>)> {
     let summary = store.session(id)?;
     let events = store.read(id, 0, summary.events)?;
-    let unexportable = |seq: u64, reason: &str| ExchangeError::Unexportable {
-        session: id.to_owned(),
-        seq,
-        reason: reason.to_owned(),
-    };
     let mut lines = Vec::with_capacity(events.len());
     let mut position = 0;
     while position < events.len() {
         let event = &events[position];
         let batch = event.flags & EVENT_FLAG_BATCH_START != 0;
         if event.flags & EVENT_FLAG_ROW_START != 0 {
-            let mut end = position + 1;
-            while end < events.len() && events[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
-                end += 1;
-            }
-            let line = if event.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
-                verbatim_bytes(&event.envelope)
-                    .ok_or_else(|| unexportable(event.seq, "damaged verbatim row"))?
-            } else {
-                let members: Vec<(u64, i64, &str)> = events[position..end]
-                    .iter()
-                    .map(|member| (member.seq, member.time, member.data.as_str()))
-                    .collect();
-                pack_row(&members)
-                    .ok_or_else(|| unexportable(event.seq, "row members do not pack"))?
-                    .into_bytes()
-            };
-            lines.push((line, batch));
+            let end = row_end(&events, position);
+            lines.push((row_line(id, &events[position..end])?, batch));
             position = end;
             continue;
         }
-        let line = if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
-            verbatim_bytes(&event.envelope)
-                .ok_or_else(|| unexportable(event.seq, "damaged verbatim line"))?
-        } else {
-            event.to_json_line().into_bytes()
-        };
-        lines.push((line, batch));
+        lines.push((event_line(id, event)?, batch));
         position += 1;
     }
     Ok((header_line(&summary.header_json), lines))
+}
+
+/// One past the last member of the packed row that starts at `events[start]`.
+fn row_end(events: &[Event], start: usize) -> usize {
+    let mut end = start + 1;
+    while end < events.len() && events[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
+        end += 1;
+    }
+    end
+}
+
+fn unexportable(session: &str, seq: u64, reason: &str) -> ExchangeError {
+    ExchangeError::Unexportable {
+        session: session.to_owned(),
+        seq,
+        reason: reason.to_owned(),
+    }
+}
+
+/// The DSH line of a packed row: its start event (flagged [`EVENT_FLAG_ROW_START`]) and the
+/// member events after it.
+fn row_line(session: &str, row: &[Event]) -> Result<Vec<u8>> {
+    let Some(start) = row.first() else {
+        return Ok(Vec::new());
+    };
+    if start.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
+        return verbatim_bytes(&start.envelope)
+            .ok_or_else(|| unexportable(session, start.seq, "damaged verbatim row"));
+    }
+    let members: Vec<(u64, i64, &str)> = row
+        .iter()
+        .map(|member| (member.seq, member.time, member.data.as_str()))
+        .collect();
+    Ok(pack_row(&members)
+        .ok_or_else(|| unexportable(session, start.seq, "row members do not pack"))?
+        .into_bytes())
+}
+
+/// The DSH line of a stored event that does not start a packed row.
+fn event_line(session: &str, event: &Event) -> Result<Vec<u8>> {
+    if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
+        return verbatim_bytes(&event.envelope)
+            .ok_or_else(|| unexportable(session, event.seq, "damaged verbatim line"));
+    }
+    Ok(event.to_json_line().into_bytes())
 }
 
 /// Exports a session as DSH `session.jsonl` bytes (byte-identical to an imported file).
@@ -482,8 +502,19 @@ pub fn restore(store: &Store, id: &str) -> Result<RestoredSession> {
     Ok(restore_session(id, &events, now_millis())?)
 }
 
-/// DSH's `deriveMessages()` after a cold load.
+/// DSH's `deriveMessages()` after a cold load. Streams the log ([`cold::stream_messages`]) and
+/// falls back to the full cold load ([`messages_full`]) when the log needs what only that
+/// does (legacy migration, a refusal to report); the result is identical either way.
 pub fn messages(store: &Store, id: &str) -> Result<Vec<Value>> {
+    match cold::stream_messages(store, id)? {
+        cold::Streamed::Messages(messages) => Ok(messages),
+        cold::Streamed::NeedsFullLoad(_) => messages_full(store, id),
+    }
+}
+
+/// DSH's `deriveMessages()` after the full cold load ([`restore`]): every event materialised
+/// and validated, then the surface derived. The reference [`messages`] is tested against.
+pub fn messages_full(store: &Store, id: &str) -> Result<Vec<Value>> {
     Ok(restore(store, id)?.surface.derive_messages())
 }
 

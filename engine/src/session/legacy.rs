@@ -39,6 +39,24 @@ pub fn migrate_legacy(
     Ok(log)
 }
 
+/// Whether [`migrate_legacy`] would refuse `event` (`Err`) or rewrite it (`Ok(true)`); a
+/// log none of whose events it refuses or rewrites migrates to itself.
+pub fn needs_migration(session_id: &str, event: &SessionEvent) -> Result<bool, SessionError> {
+    refuse_removed(session_id, event)?;
+    let migrated_type = matches!(
+        event.event_type.as_str(),
+        "turn/start"
+            | "turn/end"
+            | "steering/message"
+            | USER_MESSAGE
+            | ASSISTANT_MESSAGE
+            | TOOL_RESULT
+    );
+    // `migrate_event` rewrites only these types; the earlier events only supply the id a
+    // rewritten replacement inherits.
+    Ok(migrated_type && migrate_event(session_id, event, &[])?.is_some())
+}
+
 fn refuse_removed(session_id: &str, event: &SessionEvent) -> Result<(), SessionError> {
     let unsupported = |event_type: &str| SessionError::LegacyUnsupportedType {
         session_id: session_id.to_owned(),

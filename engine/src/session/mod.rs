@@ -25,12 +25,12 @@ pub use event::{
     is_known_event_type, is_surface_eligible_type, parse_event_line, parse_event_line_at, KeyOrder,
     SessionEvent, SurfaceOp, KNOWN_EVENT_TYPES,
 };
-pub use legacy::{migrate_legacy, MigratedLog};
+pub use legacy::{migrate_legacy, needs_migration, MigratedLog};
 pub use relational::{InvariantTracker, ToolPairing};
-pub use repair::interrupted_turn_closers;
+pub use repair::{interrupted_turn_closers, RepairScan};
 pub use seed::{
     check_known_types, end_seed_marker, fork_seed, restore_session, validate_fork_boundary,
-    validate_seed, validate_seed_event, RestoredSession, SeedMode,
+    validate_seed, validate_seed_event, validate_seed_event_parsed, RestoredSession, SeedMode,
 };
 pub use surface::{
     fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldParts, SurfaceFoldResult,

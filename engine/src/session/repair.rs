@@ -16,27 +16,47 @@ struct PendingCall {
     call_seq: Option<u64>,
 }
 
-/// The repair scan state after folding a log.
+/// The repair scan (`interruptedTurnClosers`) as a stream: observe the log's events in
+/// order, then ask for the closers. [`interrupted_turn_closers`] is this over a slice.
 #[derive(Default)]
-struct RepairScan {
+pub struct RepairScan {
     open_turn: Option<Value>,
     open_step: Option<Value>,
     pending: Vec<PendingCall>,
 }
 
+/// Whether the repair scan reads the payload of an event of this type (it reads no other
+/// event at all but `turn/end` and `step/end`, by type alone).
+pub fn repair_reads_payload(event_type: &str) -> bool {
+    matches!(
+        event_type,
+        "turn/start" | "step/start" | ASSISTANT_MESSAGE | "tool/call" | TOOL_RESULT
+    )
+}
+
+/// Whether the repair scan looks at an event of this type at all.
+pub fn repair_observes_type(event_type: &str) -> bool {
+    repair_reads_payload(event_type) || matches!(event_type, "turn/end" | "step/end")
+}
+
 impl RepairScan {
-    fn observe(&mut self, event: &SessionEvent) {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Observes the next event of the log.
+    pub fn observe(&mut self, event: &SessionEvent) {
         // Parse only the payloads this scan reads (chunks are most of a session).
-        let reads_payload = matches!(
-            event.event_type.as_str(),
-            "turn/start" | "step/start" | ASSISTANT_MESSAGE | "tool/call" | TOOL_RESULT
-        );
-        let data = if reads_payload {
-            event.data_value()
+        if repair_reads_payload(&event.event_type) {
+            self.observe_parsed(&event.event_type, event.seq, &event.data_value());
         } else {
-            Value::Null
-        };
-        match event.event_type.as_str() {
+            self.observe_parsed(&event.event_type, event.seq, &Value::Null);
+        }
+    }
+
+    /// [`Self::observe`] with the payload already parsed (`SessionEvent::data_value`).
+    pub fn observe_parsed(&mut self, event_type: &str, seq: u64, data: &Value) {
+        match event_type {
             "turn/start" => {
                 self.open_turn = Some(data.get("turn").cloned().unwrap_or(Value::Null));
                 self.open_step = None;
@@ -48,9 +68,9 @@ impl RepairScan {
                 self.pending.clear();
                 self.open_step = None;
             }
-            ASSISTANT_MESSAGE => self.register_calls(&data),
-            "tool/call" => self.record_start(&data, event.seq),
-            TOOL_RESULT => self.resolve(&data),
+            ASSISTANT_MESSAGE => self.register_calls(data),
+            "tool/call" => self.record_start(data, seq),
+            TOOL_RESULT => self.resolve(data),
             _ => {}
         }
     }
@@ -121,19 +141,39 @@ pub(crate) fn js_text(value: &Value) -> String {
 
 /// The events DSH appends to close a trailing open turn; empty when the log is balanced.
 pub fn interrupted_turn_closers(events: &[SessionEvent]) -> Vec<SessionEvent> {
-    let mut scan = RepairScan::default();
+    let mut scan = RepairScan::new();
     events.iter().for_each(|event| scan.observe(event));
-    let (Some(open_turn), Some(last)) = (scan.open_turn.as_ref(), events.last()) else {
-        return Vec::new();
-    };
+    match events.last() {
+        Some(last) => scan.closers(last.seq, last.time),
+        None => Vec::new(),
+    }
+}
+
+impl RepairScan {
+    /// The closers after observing a log whose last event has `last_seq` and `last_time`;
+    /// empty when the log is balanced.
+    pub fn closers(&self, last_seq: u64, last_time: i64) -> Vec<SessionEvent> {
+        let Some(open_turn) = self.open_turn.as_ref() else {
+            return Vec::new();
+        };
+        closers_of(self, open_turn, last_seq, last_time)
+    }
+}
+
+fn closers_of(
+    scan: &RepairScan,
+    open_turn: &Value,
+    last_seq: u64,
+    last_time: i64,
+) -> Vec<SessionEvent> {
     let turn = js_text(open_turn);
-    let mut seq = last.seq + 1;
+    let mut seq = last_seq + 1;
     let mut closers = Vec::new();
     for pending in &scan.pending {
         let mut result = closer(
             TOOL_RESULT,
             seq,
-            last.time,
+            last_time,
             tool_result_closer_data(&turn, pending, seq),
         );
         result.surface_op = Some(SurfaceOp::Append);
@@ -146,7 +186,7 @@ pub fn interrupted_turn_closers(events: &[SessionEvent]) -> Vec<SessionEvent> {
             .raw("turn", &turn)
             .raw("step", &js_text(step))
             .finish();
-        closers.push(closer("step/end", seq, last.time, data));
+        closers.push(closer("step/end", seq, last_time, data));
         seq += 1;
     }
     let reason = ObjectText::new().string("kind", "interrupted").finish();
@@ -154,7 +194,7 @@ pub fn interrupted_turn_closers(events: &[SessionEvent]) -> Vec<SessionEvent> {
         .raw("turn", &turn)
         .raw("reason", &reason)
         .finish();
-    closers.push(closer("turn/end", seq, last.time, data));
+    closers.push(closer("turn/end", seq, last_time, data));
     closers
 }
 

@@ -34,6 +34,17 @@ pub fn validate_seed_event(
     event: &SessionEvent,
     mode: SeedMode,
 ) -> Result<(), SessionError> {
+    validate_seed_event_parsed(index, event, mode, None)
+}
+
+/// [`validate_seed_event`] with the payload already parsed (`data` =
+/// [`SessionEvent::data_value`]) when the caller has it; parsed on demand otherwise.
+pub fn validate_seed_event_parsed(
+    index: usize,
+    event: &SessionEvent,
+    mode: SeedMode,
+    data: Option<&serde_json::Value>,
+) -> Result<(), SessionError> {
     if mode == SeedMode::Snapshot && !is_lossless(event.data.get()) {
         return Err(SessionError::NotLossless { index });
     }
@@ -44,16 +55,23 @@ pub fn validate_seed_event(
     // rest.
     let is_header = event.event_type == "request/header";
     if is_header || is_surface_eligible_type(&event.event_type) {
-        let data = event.data_value();
+        let parsed;
+        let data = match data {
+            Some(data) => data,
+            None => {
+                parsed = event.data_value();
+                &parsed
+            }
+        };
         if is_header {
-            check_request_header(&data, index)?;
+            check_request_header(data, index)?;
         }
         check_message_shape(
             &event.event_type,
-            &data,
+            data,
             &format!("seed {} at index {index}", event.event_type),
         )?;
-        if is_fallback_header(&event.event_type, &data) {
+        if is_fallback_header(&event.event_type, data) {
             return Err(SessionError::SeedHeaderFallback { index });
         }
     }

@@ -122,17 +122,60 @@ impl SurfaceFold {
 
     /// Validates `event` against every always-on surface rule and, if it passes, applies it.
     pub fn apply(&mut self, event: &SessionEvent) -> Result<SurfaceChange, SessionError> {
-        let change = self.plan(event)?;
-        self.commit(event, &change);
+        let change = self.plan(event, None)?;
+        self.commit(&change, || SurfaceNode {
+            seq: event.seq,
+            message: projected_message(event),
+            rewrite_key: (event.event_type == TOOL_RESULT)
+                .then(|| rewrite_key(&event.data_value())),
+        });
         Ok(change)
+    }
+
+    /// [`Self::apply`] for an event whose payload the caller has already parsed
+    /// (`data` = [`SessionEvent::data_value`]), for callers that keep the projected messages
+    /// themselves: the node's message text is not kept, so [`Self::derive_message_texts`],
+    /// [`Self::derive_messages`], [`Self::node_messages`] and [`Self::to_parts`] of this
+    /// fold no longer describe it. Every rule is checked exactly as by [`Self::apply`].
+    pub(crate) fn apply_keeping_no_message(
+        &mut self,
+        event: &SessionEvent,
+        data: &Value,
+    ) -> Result<SurfaceChange, SessionError> {
+        let change = self.plan(event, Some(data))?;
+        self.commit(&change, || SurfaceNode {
+            seq: event.seq,
+            message: None,
+            rewrite_key: (event.event_type == TOOL_RESULT).then(|| rewrite_key(data)),
+        });
+        Ok(change)
+    }
+
+    /// Applies a log-only event known only by its seq: the caller guarantees that its type
+    /// is not one of the three surface types and that it carries neither `surfaceOp` nor
+    /// `sourceEventSeqs`, so the one rule left to check is seq contiguity.
+    pub fn apply_log_only(&mut self, seq: u64) -> Result<(), SessionError> {
+        if seq != self.next_seq {
+            return Err(SessionError::SeqNotContiguous {
+                seq,
+                expected: self.next_seq,
+            });
+        }
+        self.next_seq += 1;
+        Ok(())
     }
 
     /// Validates `event` without changing anything (DSH `validateNext`).
     pub fn validate_next(&self, event: &SessionEvent) -> Result<(), SessionError> {
-        self.plan(event).map(|_| ())
+        self.plan(event, None).map(|_| ())
     }
 
-    fn plan(&self, event: &SessionEvent) -> Result<SurfaceChange, SessionError> {
+    /// `data`: the event's payload if the caller parsed it already (else parsed on demand).
+    fn plan(
+        &self,
+        event: &SessionEvent,
+        data: Option<&Value>,
+    ) -> Result<SurfaceChange, SessionError> {
         if event.seq != self.next_seq {
             return Err(SessionError::SeqNotContiguous {
                 seq: event.seq,
@@ -145,7 +188,7 @@ impl SurfaceFold {
                 check_provenance(event, &[])?;
                 Ok(SurfaceChange::Appended)
             }
-            Some(SurfaceOp::Replace { start, end }) => self.plan_replace(event, start, end),
+            Some(SurfaceOp::Replace { start, end }) => self.plan_replace(event, start, end, data),
         }
     }
 
@@ -154,6 +197,7 @@ impl SurfaceFold {
         event: &SessionEvent,
         start: u64,
         end: u64,
+        data: Option<&Value>,
     ) -> Result<SurfaceChange, SessionError> {
         let (start_index, end_index) = self.replacement_range(start, end)?;
         let shadowed_seqs: Vec<u64> = self.nodes[start_index..=end_index]
@@ -162,7 +206,7 @@ impl SurfaceFold {
             .collect();
         check_provenance(event, &shadowed_seqs)?;
         if event.event_type == TOOL_RESULT {
-            self.check_tool_result_rewrite(event, start_index, end_index)?;
+            self.check_tool_result_rewrite(event, start_index, end_index, data)?;
         }
         Ok(SurfaceChange::Replaced(SurfaceReplacement {
             seq: event.seq,
@@ -192,6 +236,7 @@ impl SurfaceFold {
         event: &SessionEvent,
         start_index: usize,
         end_index: usize,
+        data: Option<&Value>,
     ) -> Result<(), SessionError> {
         if start_index != end_index {
             return Err(SessionError::ToolResultRewriteNotSingle);
@@ -199,20 +244,19 @@ impl SurfaceFold {
         let Some(original) = &self.nodes[start_index].rewrite_key else {
             return Err(SessionError::ToolResultRewriteWrongTarget);
         };
-        if !json_equal(original, &rewrite_key(&event.data_value())) {
+        let candidate = match data {
+            Some(data) => rewrite_key(data),
+            None => rewrite_key(&event.data_value()),
+        };
+        if !json_equal(original, &candidate) {
             return Err(SessionError::ToolResultRewriteChangedMore);
         }
         Ok(())
     }
 
-    fn commit(&mut self, event: &SessionEvent, change: &SurfaceChange) {
+    /// Commits a planned change; `node` builds the event's node (called only if it joins).
+    fn commit(&mut self, change: &SurfaceChange, node: impl FnOnce() -> SurfaceNode) {
         self.next_seq += 1;
-        let node = || SurfaceNode {
-            seq: event.seq,
-            message: projected_message(event),
-            rewrite_key: (event.event_type == TOOL_RESULT)
-                .then(|| rewrite_key(&event.data_value())),
-        };
         match change {
             SurfaceChange::Unchanged => {}
             SurfaceChange::Appended => self.nodes.push(node()),
@@ -385,19 +429,47 @@ pub(crate) fn projected_message(event: &SessionEvent) -> Option<Box<RawValue>> {
 }
 
 /// The tool-result payload with `message.content` reduced to its first block whose inner
-/// `content` is nulled: everything else must survive a rewrite unchanged (§3.4).
+/// `content` is nulled: everything else must survive a rewrite unchanged (§3.4). Built
+/// member by member so that the (possibly large) result content is never copied.
 fn rewrite_key(data: &Value) -> Value {
-    let mut key = data.clone();
-    let content = key
-        .get_mut("message")
-        .and_then(|message| message.get_mut("content"));
-    if let Some(content) = content {
-        if let Some(mut block) = content.get(0).cloned() {
-            if let Some(block_map) = block.as_object_mut() {
-                block_map.insert("content".to_owned(), Value::Null);
-            }
-            *content = block;
+    let Value::Object(members) = data else {
+        return data.clone();
+    };
+    let Some(Value::Object(message)) = members.get("message") else {
+        return data.clone();
+    };
+    let Some(block) = message.get("content").and_then(|content| content.get(0)) else {
+        return data.clone();
+    };
+    let reduced_block = match block {
+        Value::Object(block_members) => {
+            Value::Object(with_member(block_members, "content", || Value::Null))
         }
+        other => other.clone(),
+    };
+    let message = with_member(message, "content", || reduced_block);
+    Value::Object(with_member(members, "message", || Value::Object(message)))
+}
+
+/// A copy of `members` whose member `key` is `value()` instead (in its place, or appended
+/// when absent, as `Map::insert` does); the replaced member's value is not copied.
+fn with_member(
+    members: &serde_json::Map<String, Value>,
+    key: &str,
+    value: impl FnOnce() -> Value,
+) -> serde_json::Map<String, Value> {
+    let mut value = Some(value);
+    let mut out = serde_json::Map::with_capacity(members.len() + 1);
+    for (name, member) in members {
+        let replaced = if name == key {
+            value.take().map(|make| make())
+        } else {
+            None
+        };
+        out.insert(name.clone(), replaced.unwrap_or_else(|| member.clone()));
     }
-    key
+    if let Some(make) = value {
+        out.insert(key.to_owned(), make());
+    }
+    out
 }

@@ -1,0 +1,465 @@
+//! Cold resume to DSH's derived messages without materialising the log (issue #4).
+//!
+//! The full cold load ([`super::restore`]) renders every stored event to its DSH line,
+//! parses each line into a [`SessionEvent`], keeps them all, and then runs DSH's cold-load
+//! passes over the slice. [`stream_messages`] reads the session in chunks of
+//! [`READ_CHUNK_EVENTS`] stored events and runs the same checks event by event as it goes,
+//! keeping only the surface fold, the repair scan and the projected messages:
+//!
+//! - every event: known type (or `ignorable`), seq equal to its index, the surface rules of
+//!   the fold (`surfaceOp` / `sourceEventSeqs`, replacements, tool-result rewrites);
+//! - message-bearing events (`user/message`, `assistant/message`, `tool/result`): payload
+//!   parsed once, then DSH's message-shape check, the repair scan and the fold all read that
+//!   one parse, and the projected message is taken out of it (no second parse at the end);
+//! - other events whose payload a check reads (`turn/*`, `step/*`, `tool/call`,
+//!   `request/header`, …): exactly the full load's per-event checks, legacy migration
+//!   included;
+//! - verbatim lines and packed chunk rows: rendered and decoded exactly as the full load does;
+//! - then DSH's interrupted-turn closers and the in-memory `session/end-seed`, as in
+//!   [`crate::session::restore_session`].
+//!
+//! What it skips, and why the result is still the full load's:
+//! - the payload of a *log-only* event ([`is_log_only_type`]: a known type none of the
+//!   cold-load checks reads, in DSH logs almost all `assistant/chunk`) is neither parsed nor
+//!   re-rendered. The full load's line parse could not fail on it: the store refuses an
+//!   append whose data is not JSON and checksums every frame it reads back.
+//! - a plain stored event (not verbatim, not a row) is taken from its stored fields, with
+//!   the envelope rules (`seq`/`time` safe integers, envelope members) checked on the stored
+//!   values instead of on a rendered line.
+//!
+//! Whenever the log needs what only the full load does — a legacy shape to migrate or
+//! refuse, any check that fails (whose DSH error text must be reported) — it stops and
+//! returns [`Streamed::NeedsFullLoad`], and [`super::messages`] runs the full load, which
+//! gives the exact result or error. `engine/tests/cold_resume.rs` checks the two agree.
+
+use super::scan::{decode_record, Record, RowTag};
+use super::{event_line, row_line, Result};
+use crate::db::{Event, Store};
+use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE};
+use crate::session::event::END_SEED;
+use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
+use crate::session::repair::repair_observes_type;
+use crate::session::{
+    is_known_event_type, is_surface_eligible_type, needs_migration, parse_event_line,
+    validate_seed_event, validate_seed_event_parsed, RepairScan, SeedMode, SessionEvent,
+    SurfaceChange, SurfaceFold,
+};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::collections::HashMap;
+
+/// Stored events read from the store per [`Store::read`] call: bounds the memory the stream
+/// holds besides the messages (about 15 MB at the DSH mix's ~225 bytes an event).
+pub const READ_CHUNK_EVENTS: u64 = 4_096;
+
+/// What [`stream_messages`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Streamed {
+    /// `deriveMessages()` after the cold load, equal to [`super::messages_full`].
+    Messages(Vec<Value>),
+    /// The log needs the full cold load (see the module doc): the event where streaming
+    /// stopped and why.
+    NeedsFullLoad(Fallback),
+}
+
+/// Where and why [`stream_messages`] handed over to the full cold load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fallback {
+    /// Seq of the event being checked (the next index when the log itself ended).
+    pub seq: u64,
+    pub reason: &'static str,
+}
+
+/// Whether the payload of an event of this (known) type is read by no cold-load check:
+/// not a message-bearing type, not seen by the repair scan, not a legacy-migrated or
+/// refused type, not a request header and not the end-seed marker.
+pub fn is_log_only_type(event_type: &str) -> bool {
+    // Most of a DSH log: answer it without the lookups.
+    if event_type == "assistant/chunk" {
+        return true;
+    }
+    is_known_event_type(event_type)
+        && !is_surface_eligible_type(event_type)
+        && !repair_observes_type(event_type)
+        && !matches!(
+            event_type,
+            "request/header" | "request/header-delta" | "mode/set" | "steering/message" | END_SEED
+        )
+}
+
+/// Derives DSH's messages of session `id` by streaming its log (module doc). Store errors
+/// are returned as such; anything else the full load would have to report or rewrite gives
+/// [`Streamed::NeedsFullLoad`].
+pub fn stream_messages(store: &Store, id: &str) -> Result<Streamed> {
+    let length = store.session(id)?.events;
+    let mut load = StreamLoad::new(id);
+    let mut row: Vec<Event> = Vec::new();
+    let mut from = 0;
+    while from < length {
+        let to = length.min(from.saturating_add(READ_CHUNK_EVENTS));
+        for event in store.read(id, from, to)? {
+            if let Err(fallback) = load.stored(event, &mut row) {
+                return Ok(Streamed::NeedsFullLoad(fallback));
+            }
+        }
+        from = to;
+    }
+    let finished = load.flush_row(&mut row).and_then(|()| load.finish());
+    Ok(match finished {
+        Ok(messages) => Streamed::Messages(messages),
+        Err(fallback) => Streamed::NeedsFullLoad(fallback),
+    })
+}
+
+/// The last event admitted so far (for the closers and the end-seed marker).
+#[derive(Debug, Clone, Copy)]
+struct Last {
+    seq: u64,
+    time: i64,
+    is_end_seed: bool,
+}
+
+/// The cold load's state while the log streams by.
+struct StreamLoad<'a> {
+    session_id: &'a str,
+    /// Index in the log of the next event (the seq it must carry).
+    next_index: u64,
+    fold: SurfaceFold,
+    repair: RepairScan,
+    /// Projected message of every node the fold holds that projects one, by seq.
+    messages: HashMap<u64, Value>,
+    last: Option<Last>,
+}
+
+type Step = std::result::Result<(), Fallback>;
+
+fn fallback(seq: u64, reason: &'static str) -> Fallback {
+    Fallback { seq, reason }
+}
+
+impl<'a> StreamLoad<'a> {
+    fn new(session_id: &'a str) -> Self {
+        Self {
+            session_id,
+            next_index: 0,
+            fold: SurfaceFold::new(),
+            repair: RepairScan::new(),
+            messages: HashMap::new(),
+            last: None,
+        }
+    }
+
+    /// Takes the next stored event, grouping packed rows as the export does.
+    fn stored(&mut self, event: Event, row: &mut Vec<Event>) -> Step {
+        if !row.is_empty() {
+            if event.flags & EVENT_FLAG_ROW_MEMBER != 0 {
+                row.push(event);
+                return Ok(());
+            }
+            self.flush_row(row)?;
+        }
+        if event.flags & EVENT_FLAG_ROW_START != 0 {
+            row.push(event);
+            return Ok(());
+        }
+        self.single(event)
+    }
+
+    /// Admits the members of a collected packed row, decoded from its DSH line.
+    fn flush_row(&mut self, row: &mut Vec<Event>) -> Step {
+        if row.is_empty() {
+            return Ok(());
+        }
+        let seq = row[0].seq;
+        let line = row_line(self.session_id, row).map_err(|_| fallback(seq, "row"))?;
+        row.clear();
+        self.decoded_line(&line, seq)
+    }
+
+    /// Decodes a rendered DSH line as the full load does and admits its events.
+    fn decoded_line(&mut self, line: &[u8], seq: u64) -> Step {
+        match decode_record(line) {
+            Ok(Record::Event(event)) => self.admit(&event, None, false),
+            Ok(Record::Row { members, .. }) => members
+                .iter()
+                .try_for_each(|member| self.admit(member, None, false)),
+            Err(()) => Err(fallback(seq, "unparsable line")),
+        }
+    }
+
+    /// A stored event outside any packed row.
+    fn single(&mut self, event: Event) -> Step {
+        let seq = event.seq;
+        // A verbatim line, or a type the line decoder reads as a packed row: decode the line.
+        if event.flags & EVENT_FLAG_VERBATIM_LINE != 0
+            || RowTag::from_tag(&event.event_type).is_some()
+        {
+            let line = event_line(self.session_id, &event).map_err(|_| fallback(seq, "line"))?;
+            return self.decoded_line(&line, seq);
+        }
+        // The envelope rules of the line parser on the stored values.
+        let safe_time = event.time.unsigned_abs() <= MAX_SAFE_INTEGER;
+        if seq > MAX_SAFE_INTEGER || !safe_time || event.event_type == "request/header-delta" {
+            return Err(fallback(seq, "envelope"));
+        }
+        if event.envelope.is_empty() && is_log_only_type(&event.event_type) {
+            return self.log_only(seq, event.time, event.event_type == END_SEED);
+        }
+        let (head, data) = plain_parts(event)?;
+        if is_surface_eligible_type(&head.event_type) {
+            // The store validated the payload as JSON when it was appended (as a `RawValue`,
+            // like the line parser), so its one parse here is the only one needed.
+            let parsed = value_lossy(&data).map_err(|_| fallback(seq, "payload"))?;
+            return self.admit(&head, Some(parsed), false);
+        }
+        let event = SessionEvent {
+            data: RawValue::from_string(data).map_err(|_| fallback(seq, "payload"))?,
+            ..head
+        };
+        self.admit(&event, None, false)
+    }
+
+    /// A log-only event: nothing reads its payload; only its seq and type matter.
+    fn log_only(&mut self, seq: u64, time: i64, is_end_seed: bool) -> Step {
+        if seq != self.next_index {
+            return Err(fallback(seq, "seq"));
+        }
+        self.fold
+            .apply_log_only(seq)
+            .map_err(|_| fallback(seq, "surface"))?;
+        self.advance(seq, time, is_end_seed);
+        Ok(())
+    }
+
+    fn advance(&mut self, seq: u64, time: i64, is_end_seed: bool) {
+        self.next_index += 1;
+        self.last = Some(Last {
+            seq,
+            time,
+            is_end_seed,
+        });
+    }
+
+    /// Runs the cold load's per-event checks on `event` and folds it. `parsed`: the payload
+    /// of a message-bearing event when the caller parsed it (then `event.data` is not read).
+    /// Closers (`closer`) are not observed by the repair scan, as in DSH.
+    fn admit(&mut self, event: &SessionEvent, parsed: Option<Value>, closer: bool) -> Step {
+        let seq = event.seq;
+        if !event.ignorable && !is_known_event_type(&event.event_type) {
+            return Err(fallback(seq, "unknown type"));
+        }
+        let index = usize::try_from(self.next_index).map_err(|_| fallback(seq, "seq"))?;
+        if is_surface_eligible_type(&event.event_type) {
+            let data = match parsed {
+                Some(data) => data,
+                None => value_lossy(event.data.get()).map_err(|_| fallback(seq, "payload"))?,
+            };
+            self.admit_message(event, data, index, closer)?;
+        } else {
+            // A legacy shape to rewrite or refuse: the full load does that.
+            if !matches!(needs_migration(self.session_id, event), Ok(false)) {
+                return Err(fallback(seq, "legacy"));
+            }
+            validate_seed_event(index, event, SeedMode::Restore)
+                .map_err(|_| fallback(seq, "seed rule"))?;
+            if !closer {
+                self.repair.observe(event);
+            }
+            self.fold
+                .apply(event)
+                .map_err(|_| fallback(seq, "surface"))?;
+        }
+        self.advance(seq, event.time, event.event_type == END_SEED);
+        Ok(())
+    }
+
+    /// A message-bearing event: one parse of its payload serves every check and the message.
+    /// (When its shape passes, legacy migration leaves it as it is.)
+    fn admit_message(
+        &mut self,
+        event: &SessionEvent,
+        data: Value,
+        index: usize,
+        closer: bool,
+    ) -> Step {
+        let seq = event.seq;
+        validate_seed_event_parsed(index, event, SeedMode::Restore, Some(&data))
+            .map_err(|_| fallback(seq, "seed rule"))?;
+        if !closer {
+            self.repair
+                .observe_parsed(&event.event_type, event.seq, &data);
+        }
+        let change = self
+            .fold
+            .apply_keeping_no_message(event, &data)
+            .map_err(|_| fallback(seq, "surface"))?;
+        match change {
+            SurfaceChange::Unchanged => {}
+            SurfaceChange::Appended => self.keep_message(event, data),
+            SurfaceChange::Replaced(replacement) => {
+                for shadowed in &replacement.shadowed_seqs {
+                    self.messages.remove(shadowed);
+                }
+                self.keep_message(event, data);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the message a new node projects (DSH `deriveEventMessage`).
+    fn keep_message(&mut self, event: &SessionEvent, data: Value) {
+        if let Some(message) = projected_message(&event.event_type, data) {
+            self.messages.insert(event.seq, message);
+        }
+    }
+
+    /// Closes a trailing open turn, adds the in-memory end-seed, and derives the messages.
+    fn finish(mut self) -> std::result::Result<Vec<Value>, Fallback> {
+        if let Some(last) = self.last {
+            for closer in self.repair.closers(last.seq, last.time) {
+                self.admit(&closer, None, true)?;
+            }
+        }
+        if !self.last.is_some_and(|last| last.is_end_seed) {
+            let seq = self.next_index;
+            self.fold
+                .apply_log_only(seq)
+                .map_err(|_| fallback(seq, "surface"))?;
+        }
+        let nodes = self.fold.nodes();
+        Ok(nodes
+            .iter()
+            .filter_map(|seq| self.messages.remove(seq))
+            .collect())
+    }
+}
+
+/// A plain stored event (not verbatim, not a packed row) as its line parser would see it:
+/// the event with a `null` placeholder payload, and the payload text. The envelope members
+/// are parsed from the line with `null` for the payload (the envelope is small, the payload
+/// may not be) unless they repeat a field of the line.
+fn plain_parts(event: Event) -> std::result::Result<(SessionEvent, String), Fallback> {
+    let Event {
+        seq,
+        time,
+        event_type,
+        data,
+        envelope,
+        ..
+    } = event;
+    if envelope.is_empty() {
+        let head = SessionEvent {
+            event_type,
+            seq,
+            time,
+            data: null_raw(),
+            ignorable: false,
+            surface_op: None,
+            source_event_seqs: None,
+        };
+        return Ok((head, data));
+    }
+    let repeats_field = ["\"type\"", "\"seq\"", "\"time\"", "\"data\""]
+        .iter()
+        .any(|key| envelope.contains(key));
+    if repeats_field {
+        return Err(fallback(seq, "envelope"));
+    }
+    let line = Event {
+        seq,
+        time,
+        event_type,
+        data: "null".to_owned(),
+        envelope,
+        flags: 0,
+    }
+    .to_json_line();
+    let head = parse_event_line(&line).map_err(|_| fallback(seq, "envelope"))?;
+    Ok((head, data))
+}
+
+/// `deriveEventMessage` over the parsed payload of an event whose message shape passed:
+/// `user/message` projects its payload, `tool/result` its `message`, `assistant/message` its
+/// `message` unless the content is empty.
+fn projected_message(event_type: &str, data: Value) -> Option<Value> {
+    match event_type {
+        crate::session::event::USER_MESSAGE => Some(data).filter(|data| !data.is_null()),
+        crate::session::event::TOOL_RESULT => take_member(data, "message"),
+        crate::session::event::ASSISTANT_MESSAGE => {
+            let message = take_member(data, "message")?;
+            let has_content = message
+                .get("content")
+                .and_then(Value::as_array)
+                .is_some_and(|content| !content.is_empty());
+            has_content.then_some(message)
+        }
+        _ => None,
+    }
+}
+
+fn take_member(data: Value, key: &str) -> Option<Value> {
+    match data {
+        Value::Object(mut members) => members.remove(key),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::interrupted_turn_closers;
+
+    /// A payload that every payload-reading check would notice if it read it.
+    const TRAP_DATA: &str =
+        r#"{"trigger":{"kind":"x"},"reason":"fallback","content":[],"callId":"c","turn":1}"#;
+
+    #[test]
+    fn log_only_types_are_read_by_no_cold_load_check() {
+        let log_only: Vec<&str> = crate::session::KNOWN_EVENT_TYPES
+            .iter()
+            .copied()
+            .filter(|event_type| is_log_only_type(event_type))
+            .collect();
+        assert!(log_only.contains(&"assistant/chunk"));
+        assert!(!log_only.contains(&"tool/call"));
+        assert!(!log_only.contains(&"request/header"));
+        for event_type in log_only {
+            let event = SessionEvent::new(event_type, 0, 0, TRAP_DATA).expect("JSON");
+            assert!(
+                matches!(needs_migration("s", &event), Ok(false)),
+                "{event_type}"
+            );
+            assert!(
+                validate_seed_event(0, &event, SeedMode::Restore).is_ok(),
+                "{event_type}"
+            );
+            let mut fold = SurfaceFold::new();
+            assert!(
+                matches!(fold.apply(&event), Ok(SurfaceChange::Unchanged)),
+                "{event_type}"
+            );
+            let open = SessionEvent::new("turn/start", 0, 0, r#"{"turn":1}"#).expect("JSON");
+            let mut log_only_last = event.clone();
+            log_only_last.seq = 1;
+            assert_eq!(
+                interrupted_turn_closers(&[open.clone(), log_only_last]).len(),
+                interrupted_turn_closers(&[open]).len(),
+                "{event_type}"
+            );
+        }
+    }
+
+    #[test]
+    fn projection_matches_the_fold() {
+        let message = r#"{"id":"a","role":"assistant","content":[],"source":{"kind":"model","provider":"p","model":"m"}}"#;
+        let data: Value =
+            serde_json::from_str(&format!(r#"{{"turn":1,"step":1,"message":{message}}}"#))
+                .expect("JSON");
+        assert_eq!(projected_message("assistant/message", data), None);
+        let user: Value = serde_json::from_str(
+            r#"{"id":"u","role":"user","content":[],"source":{"kind":"user"}}"#,
+        )
+        .expect("JSON");
+        assert_eq!(projected_message("user/message", user.clone()), Some(user));
+    }
+}
