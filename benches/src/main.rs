@@ -1,4 +1,4 @@
-//! `dshdb-benches compare [--quick] [--out DIR]`: dshdb against DSH JSONL, DSH SQLite and the
+//! `dshdb-benches compare [--quick] [--only cold-resume] [--out DIR]`: dshdb against DSH JSONL, DSH SQLite and the
 //! raw `pwrite`+`fdatasync` floor, on the same machine and the same event stream.
 //! See BENCHMARKS.md at the repository root for the method.
 
@@ -58,6 +58,8 @@ struct Config {
     single: Option<(System, usize)>,
     /// Only the DSH import/export throughput (the `exchange` command).
     exchange_only: bool,
+    /// Only the cold-resume section (`compare --only cold-resume`).
+    cold_resume_only: bool,
     reps: usize,
     /// Appends measured per interactive run (after a warm-up).
     interactive_appends: usize,
@@ -97,16 +99,21 @@ fn parse_args() -> Result<Config> {
             single = Some((system, sessions));
         }
         _ => bail!(
-            "usage: dshdb-benches compare [--quick] [--out DIR]\n       \
+            "usage: dshdb-benches compare [--quick] [--only cold-resume] [--out DIR]\n       \
              dshdb-benches fleet sync|batched|pipelined|jsonl|jsonl-zstd|sqlite|redb SESSIONS [--quick] [--out DIR]\n       \
              dshdb-benches exchange [--quick] [--out DIR]"
         ),
     }
     let mut quick = false;
+    let mut cold_resume_only = false;
     let mut out = PathBuf::from("bench-out");
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--only" => match args.next().as_deref() {
+                Some("cold-resume") => cold_resume_only = true,
+                other => bail!("--only takes cold-resume, not {other:?}"),
+            },
             "--out" => out = PathBuf::from(args.next().context("--out needs a directory")?),
             other => bail!("unknown argument {other:?}"),
         }
@@ -116,6 +123,7 @@ fn parse_args() -> Result<Config> {
             quick,
             single,
             exchange_only,
+            cold_resume_only,
             reps: 1,
             interactive_appends: 300,
             warmup: 20,
@@ -129,6 +137,7 @@ fn parse_args() -> Result<Config> {
             quick,
             single,
             exchange_only,
+            cold_resume_only,
             reps: 5,
             interactive_appends: 600,
             warmup: 50,
@@ -166,6 +175,8 @@ fn main() -> Result<()> {
     }
     let result = if config.exchange_only {
         exchange_run::run(&work, exchange_events(&config))
+    } else if config.cold_resume_only {
+        cold_resume_only(&work, exchange_events(&config))
     } else {
         run(&config, &work)
     };
@@ -175,17 +186,30 @@ fn main() -> Result<()> {
         "{report}\nTotal run time: {:.0} s.\n",
         started.elapsed().as_secs_f64()
     );
-    let name = match (config.exchange_only, config.quick) {
-        (true, true) => "exchange-quick.md",
-        (true, false) => "exchange.md",
-        (false, true) => "compare-quick.md",
-        (false, false) => "compare.md",
+    let name = match (config.exchange_only, config.cold_resume_only, config.quick) {
+        (true, _, true) => "exchange-quick.md",
+        (true, _, false) => "exchange.md",
+        (false, true, true) => "cold-resume-quick.md",
+        (false, true, false) => "cold-resume.md",
+        (false, false, true) => "compare-quick.md",
+        (false, false, false) => "compare.md",
     };
     let path = config.out.join(name);
     std::fs::write(&path, &report)?;
     println!("{report}");
     eprintln!("written to {}", path.display());
     Ok(())
+}
+
+/// `compare --only cold-resume`: the cold-resume section alone, with the machine's load.
+fn cold_resume_only(work: &Path, events: usize) -> Result<String> {
+    let load_before = load_average();
+    let section = resume_run::cold_resume(work, events)?;
+    Ok(format!(
+        "## dshdb compare --only cold-resume\n\nLoad average before the run {load_before}, \
+         after {}.\n\n{section}",
+        load_average()
+    ))
 }
 
 /// Sessions and events per session of the reopen-after-crash run.

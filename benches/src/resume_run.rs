@@ -15,7 +15,7 @@ use dshdb_benches::baselines::{dsh_frame, JsonlEncoding, JsonlSession, Redb, Sql
 use dshdb_benches::workload::{session_jsonl, GenEvent, SessionStream, Shape, SESSION_JSONL_ID};
 use std::fmt::Write as _;
 use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -60,6 +60,15 @@ pub fn child(args: &[String]) -> Result<()> {
             let messages = exchange::messages(&store, SESSION_JSONL_ID)?;
             anyhow::ensure!(!messages.is_empty(), "no messages derived");
         }
+        [kind, path] if kind == "resume-dshdb-full" => {
+            let options = Options {
+                read_only: true,
+                ..Options::default()
+            };
+            let store = Store::open(path, options)?;
+            let messages = exchange::messages_full(&store, SESSION_JSONL_ID)?;
+            anyhow::ensure!(!messages.is_empty(), "no messages derived");
+        }
         [kind, path] if kind == "resume-zstd" => {
             let file = std::fs::read(path)?;
             let plain = zstd::decode_all(file.as_slice())?;
@@ -85,11 +94,14 @@ pub fn child(args: &[String]) -> Result<()> {
 }
 
 fn run_child(args: &[&str]) -> Result<ChildReport> {
-    let output = Command::new(std::env::current_exe()?)
-        .arg("child")
-        .args(args)
-        .output()
-        .context("spawn child")?;
+    let mut command = Command::new(std::env::current_exe()?);
+    command.arg("child").args(args);
+    run_measured(command, args)
+}
+
+/// Runs a child that prints `millis peak_rss_mib` and reads its report.
+fn run_measured(mut command: Command, args: &[&str]) -> Result<ChildReport> {
+    let output = command.output().context("spawn child")?;
     if !output.status.success() {
         bail!(
             "child {args:?} failed: {}",
@@ -124,8 +136,36 @@ fn write_dsh_zstd(jsonl: &[u8], path: &Path) -> Result<u64> {
     Ok(out.len() as u64)
 }
 
+/// Manifest of the cold-resume baseline crate: its own workspace, so that its serde_json
+/// has the default features only (see its Cargo.toml and BENCHMARKS.md).
+const BASELINE_MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/resume-baseline/Cargo.toml");
+
+/// Builds the baseline crate (release) and returns its executable.
+fn build_baseline() -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["build", "--release", "--quiet", "--message-format=json"])
+        .args(["--manifest-path", BASELINE_MANIFEST])
+        .output()
+        .context("run cargo to build the baseline")?;
+    if !output.status.success() {
+        bail!(
+            "building {BASELINE_MANIFEST} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["reason"] == "compiler-artifact")
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .context("cargo reported no baseline executable")
+}
+
 /// Cold resume, as a markdown section.
 pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
+    let baseline_binary = build_baseline()?;
     eprintln!("cold resume: a {events}-event session");
     let dir = work.join("resume");
     let _ = std::fs::remove_dir_all(&dir);
@@ -139,13 +179,18 @@ pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
     store.close()?;
     drop(store);
     let store_bytes = crate::disk_use(&store_path)?.apparent;
-    let (mut dshdb_runs, mut zstd_runs) = (Vec::new(), Vec::new());
+    let (store_text, zstd_text) = (path_text(&store_path)?, path_text(&zstd_path)?);
+    let mut runs: [Vec<ChildReport>; 4] = Default::default();
     for _ in 0..RUNS {
         warm_zstd_file(&zstd_path);
-        dshdb_runs.push(run_child(&["resume-dshdb", path_text(&store_path)?])?);
-        zstd_runs.push(run_child(&["resume-zstd", path_text(&zstd_path)?])?);
+        runs[0].push(run_child(&["resume-dshdb", store_text])?);
+        runs[1].push(run_child(&["resume-dshdb-full", store_text])?);
+        let mut baseline = Command::new(&baseline_binary);
+        baseline.arg(zstd_text);
+        runs[2].push(run_measured(baseline, &["resume-baseline", zstd_text])?);
+        runs[3].push(run_child(&["resume-zstd", zstd_text])?);
     }
-    let (dshdb, baseline) = (median_report(dshdb_runs), median_report(zstd_runs));
+    let [dshdb, full, baseline, baseline_workspace] = runs.map(median_report);
     std::fs::remove_dir_all(&dir)?;
     let mut out = String::new();
     writeln!(
@@ -159,25 +204,29 @@ pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
         "| system | time (ms) | peak RSS (MiB) | on disk (MB) |"
     )?;
     writeln!(out, "|---|---:|---:|---:|")?;
+    let store_mb = store_bytes as f64 / 1e6;
+    let zstd_mb = zstd_bytes as f64 / 1e6;
+    let rows = [
+        ("dshdb: open + derive messages (`exchange::messages`, streamed)", &dshdb, store_mb),
+        ("dshdb: open + full cold load, then derive (`exchange::messages_full`; the path before streaming)", &full, store_mb),
+        ("DSH session.jsonl.zstd: zstd + serde_json Value per line, no derivation (baseline: separate crate, default serde_json features)", &baseline, zstd_mb),
+        ("same, built in the workspace (serde_json `preserve_order` + `arbitrary_precision`)", &baseline_workspace, zstd_mb),
+    ];
+    for (label, report, mb) in rows {
+        writeln!(
+            out,
+            "| {label} | {:.0} | {:.0} | {mb:.1} |",
+            report.millis, report.peak_rss_mib
+        )?;
+    }
     writeln!(
         out,
-        "| dshdb: open + derive messages | {:.0} | {:.0} | {:.1} |",
-        dshdb.millis,
-        dshdb.peak_rss_mib,
-        store_bytes as f64 / 1e6
-    )?;
-    writeln!(
-        out,
-        "| DSH session.jsonl.zstd: zstd + serde_json Value per line (no derivation) | {:.0} | {:.0} | {:.1} |",
-        baseline.millis,
-        baseline.peak_rss_mib,
-        zstd_bytes as f64 / 1e6
-    )?;
-    writeln!(
-        out,
-        "\ndshdb / JSONL-zstd: time {:.2}×, peak RSS {:.2}× (issue #4 targets: time ≤ 0.2×, RSS ≤ 0.5×).\n",
+        "\ndshdb / JSONL-zstd baseline: time {:.2}×, peak RSS {:.2}× (issue #4 targets: time ≤ 0.2×, \
+         RSS ≤ 0.5×); the full cold load: time {:.2}×, peak RSS {:.2}×.\n",
         dshdb.millis / baseline.millis,
-        dshdb.peak_rss_mib / baseline.peak_rss_mib
+        dshdb.peak_rss_mib / baseline.peak_rss_mib,
+        full.millis / baseline.millis,
+        full.peak_rss_mib / baseline.peak_rss_mib
     )?;
     Ok(out)
 }
