@@ -13,9 +13,10 @@ mod common;
 use common::*;
 use dshdb::commit::Durability;
 use dshdb::db::{NewEvent, Options, Store};
-use dshdb::exchange::cold::{stream_messages, Streamed, READ_CHUNK_EVENTS};
-use dshdb::exchange::{import_dsh_jsonl, messages, messages_full};
+use dshdb::exchange::cold::{stream_message_texts, stream_messages, Streamed, READ_CHUNK_EVENTS};
+use dshdb::exchange::{import_dsh_jsonl, message_texts, messages, messages_full, restore};
 use dshdb::io::sim::SimStorage;
+use serde_json::value::RawValue;
 use std::fmt::Write as _;
 use std::fs;
 
@@ -27,19 +28,53 @@ fn new_store() -> Store {
     open_sim(&SimStorage::new(), options).expect("open sim store")
 }
 
-/// Asserts that streaming agrees with the full load on session `id`; returns whether it
-/// streamed (rather than handing over to the full load).
+/// The full load's message texts (exact JSON text of each message).
+fn full_texts(store: &Store, id: &str) -> Result<Vec<String>, String> {
+    let restored = restore(store, id).map_err(|error| error.to_string())?;
+    let texts = restored.surface.derive_message_texts();
+    Ok(texts.iter().map(|text| text.get().to_owned()).collect())
+}
+
+fn texts_of(texts: Vec<Box<RawValue>>) -> Vec<String> {
+    texts.iter().map(|text| text.get().to_owned()).collect()
+}
+
+/// Asserts that streaming agrees with the full load on session `id`, as values and as
+/// exact texts; returns whether both streamed (rather than handing over to the full load).
 fn assert_stream_agrees(store: &Store, id: &str, context: &str) -> bool {
     let full = messages_full(store, id).map_err(|error| error.to_string());
     let public = messages(store, id).map_err(|error| error.to_string());
     assert_eq!(public, full, "{context}: messages() vs the full load");
-    match stream_messages(store, id).expect("no store error") {
+    let full_text = full_texts(store, id);
+    let public_texts = message_texts(store, id).map_err(|error| error.to_string());
+    assert_eq!(
+        public_texts.map(texts_of),
+        full_text,
+        "{context}: message_texts() vs the full load"
+    );
+    let values_streamed = match stream_messages(store, id).expect("no store error") {
         Streamed::Messages(streamed) => {
             assert_eq!(Ok(streamed), full, "{context}: streamed vs the full load");
             true
         }
         Streamed::NeedsFullLoad(_) => false,
-    }
+    };
+    let texts_streamed = match stream_message_texts(store, id).expect("no store error") {
+        Streamed::Messages(streamed) => {
+            assert_eq!(
+                Ok(texts_of(streamed)),
+                full_text,
+                "{context}: streamed texts vs the full load"
+            );
+            true
+        }
+        Streamed::NeedsFullLoad(_) => false,
+    };
+    assert_eq!(
+        values_streamed, texts_streamed,
+        "{context}: both forms stream"
+    );
+    values_streamed
 }
 
 #[test]

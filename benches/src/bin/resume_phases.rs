@@ -52,6 +52,32 @@ fn main() -> Result<()> {
         ..Options::default()
     };
     let store = Store::open(&store_path, read_only)?;
+    if std::env::var_os("READ_ONLY").is_some() {
+        let length = store.session(SESSION_JSONL_ID)?.events;
+        let mut from = 0;
+        let mut bytes = 0;
+        while from < length {
+            let to = length.min(from + exchange::cold::READ_CHUNK_EVENTS);
+            for event in store.read(SESSION_JSONL_ID, from, to)? {
+                bytes += event.data.len();
+            }
+            from = to;
+        }
+        println!(
+            "chunked Store::read {:?} ({bytes} data bytes)",
+            started.elapsed()
+        );
+        return Ok(());
+    }
+    if std::env::var_os("TEXTS_ONLY").is_some() {
+        let texts = exchange::message_texts(&store, SESSION_JSONL_ID)?;
+        println!(
+            "open + message_texts {:?} ({} messages)",
+            started.elapsed(),
+            texts.len()
+        );
+        return Ok(());
+    }
     let streamed = exchange::cold::stream_messages(&store, SESSION_JSONL_ID)?;
     let streamed_time = started.elapsed();
     let exchange::cold::Streamed::Messages(streamed) = streamed else {

@@ -33,16 +33,18 @@
 //! gives the exact result or error. `engine/tests/cold_resume.rs` checks the two agree.
 
 use super::scan::{decode_record, Record, RowTag};
+use super::skeleton::{self, Skeleton};
 use super::{event_line, row_line, Result};
 use crate::db::{Event, Store};
 use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE};
-use crate::session::event::END_SEED;
+use crate::session::event::{ASSISTANT_MESSAGE, END_SEED, TOOL_RESULT, USER_MESSAGE};
 use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
 use crate::session::repair::repair_observes_type;
+use crate::session::surface::projected_message;
 use crate::session::{
     is_known_event_type, is_surface_eligible_type, needs_migration, parse_event_line,
     validate_seed_event, validate_seed_event_parsed, RepairScan, SeedMode, SessionEvent,
-    SurfaceChange, SurfaceFold,
+    SurfaceChange, SurfaceFold, SurfaceOp,
 };
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -52,11 +54,11 @@ use std::collections::HashMap;
 /// holds besides the messages (about 15 MB at the DSH mix's ~225 bytes an event).
 pub const READ_CHUNK_EVENTS: u64 = 4_096;
 
-/// What [`stream_messages`] produced.
+/// What [`stream_messages`] or [`stream_message_texts`] produced.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Streamed {
-    /// `deriveMessages()` after the cold load, equal to [`super::messages_full`].
-    Messages(Vec<Value>),
+pub enum Streamed<T> {
+    /// `deriveMessages()` after the cold load, equal to the full load's.
+    Messages(Vec<T>),
     /// The log needs the full cold load (see the module doc): the event where streaming
     /// stopped and why.
     NeedsFullLoad(Fallback),
@@ -87,12 +89,44 @@ pub fn is_log_only_type(event_type: &str) -> bool {
         )
 }
 
-/// Derives DSH's messages of session `id` by streaming its log (module doc). Store errors
-/// are returned as such; anything else the full load would have to report or rewrite gives
-/// [`Streamed::NeedsFullLoad`].
-pub fn stream_messages(store: &Store, id: &str) -> Result<Streamed> {
+/// Derives DSH's messages of session `id` by streaming its log (module doc), as values
+/// (equal to [`super::messages_full`]). Store errors are returned as such; anything else the
+/// full load would have to report or rewrite gives [`Streamed::NeedsFullLoad`].
+pub fn stream_messages(store: &Store, id: &str) -> Result<Streamed<Value>> {
+    Ok(match stream(store, id, Form::Values)? {
+        Streamed::Messages(kept) => Streamed::Messages(
+            kept.into_iter()
+                .filter_map(|kept| match kept {
+                    Kept::Value(value) => Some(value),
+                    Kept::Text(_) => None,
+                })
+                .collect(),
+        ),
+        Streamed::NeedsFullLoad(fallback) => Streamed::NeedsFullLoad(fallback),
+    })
+}
+
+/// [`stream_messages`] as the messages' exact JSON texts (equal to the full load's
+/// `surface.derive_message_texts()`). Message payloads are read as skeletons
+/// ([`super::skeleton`]): the checks read what they need, the message text is sliced out,
+/// and no `Value` of the message is built.
+pub fn stream_message_texts(store: &Store, id: &str) -> Result<Streamed<Box<RawValue>>> {
+    Ok(match stream(store, id, Form::Texts)? {
+        Streamed::Messages(kept) => Streamed::Messages(
+            kept.into_iter()
+                .filter_map(|kept| match kept {
+                    Kept::Text(text) => Some(text),
+                    Kept::Value(_) => None,
+                })
+                .collect(),
+        ),
+        Streamed::NeedsFullLoad(fallback) => Streamed::NeedsFullLoad(fallback),
+    })
+}
+
+fn stream(store: &Store, id: &str, form: Form) -> Result<Streamed<Kept>> {
     let length = store.session(id)?.events;
-    let mut load = StreamLoad::new(id);
+    let mut load = StreamLoad::new(id, form);
     let mut row: Vec<Event> = Vec::new();
     let mut from = 0;
     while from < length {
@@ -111,6 +145,26 @@ pub fn stream_messages(store: &Store, id: &str) -> Result<Streamed> {
     })
 }
 
+/// The form the derived messages take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Values,
+    Texts,
+}
+
+/// A projected message in its form.
+enum Kept {
+    Value(Value),
+    Text(Box<RawValue>),
+}
+
+/// A message-bearing payload as the caller parsed it.
+enum Parsed {
+    /// The whole payload (`SessionEvent::data_value`).
+    Value(Value),
+    Skeleton(Skeleton),
+}
+
 /// The last event admitted so far (for the closers and the end-seed marker).
 #[derive(Debug, Clone, Copy)]
 struct Last {
@@ -122,12 +176,13 @@ struct Last {
 /// The cold load's state while the log streams by.
 struct StreamLoad<'a> {
     session_id: &'a str,
+    form: Form,
     /// Index in the log of the next event (the seq it must carry).
     next_index: u64,
     fold: SurfaceFold,
     repair: RepairScan,
     /// Projected message of every node the fold holds that projects one, by seq.
-    messages: HashMap<u64, Value>,
+    messages: HashMap<u64, Kept>,
     last: Option<Last>,
 }
 
@@ -138,9 +193,10 @@ fn fallback(seq: u64, reason: &'static str) -> Fallback {
 }
 
 impl<'a> StreamLoad<'a> {
-    fn new(session_id: &'a str) -> Self {
+    fn new(session_id: &'a str, form: Form) -> Self {
         Self {
             session_id,
+            form,
             next_index: 0,
             fold: SurfaceFold::new(),
             repair: RepairScan::new(),
@@ -208,9 +264,14 @@ impl<'a> StreamLoad<'a> {
         let (head, data) = plain_parts(event)?;
         if is_surface_eligible_type(&head.event_type) {
             // The store validated the payload as JSON when it was appended (as a `RawValue`,
-            // like the line parser), so its one parse here is the only one needed.
-            let parsed = value_lossy(&data).map_err(|_| fallback(seq, "payload"))?;
-            return self.admit(&head, Some(parsed), false);
+            // like the line parser), so one parse here serves every check.
+            let parsed = match self.form {
+                Form::Values => value_lossy(&data).ok().map(Parsed::Value),
+                Form::Texts => skeleton::parse(&head.event_type, &data).map(Parsed::Skeleton),
+            };
+            if parsed.is_some() {
+                return self.admit(&head, parsed, false);
+            }
         }
         let event = SessionEvent {
             data: RawValue::from_string(data).map_err(|_| fallback(seq, "payload"))?,
@@ -243,18 +304,14 @@ impl<'a> StreamLoad<'a> {
     /// Runs the cold load's per-event checks on `event` and folds it. `parsed`: the payload
     /// of a message-bearing event when the caller parsed it (then `event.data` is not read).
     /// Closers (`closer`) are not observed by the repair scan, as in DSH.
-    fn admit(&mut self, event: &SessionEvent, parsed: Option<Value>, closer: bool) -> Step {
+    fn admit(&mut self, event: &SessionEvent, parsed: Option<Parsed>, closer: bool) -> Step {
         let seq = event.seq;
         if !event.ignorable && !is_known_event_type(&event.event_type) {
             return Err(fallback(seq, "unknown type"));
         }
         let index = usize::try_from(self.next_index).map_err(|_| fallback(seq, "seq"))?;
         if is_surface_eligible_type(&event.event_type) {
-            let data = match parsed {
-                Some(data) => data,
-                None => value_lossy(event.data.get()).map_err(|_| fallback(seq, "payload"))?,
-            };
-            self.admit_message(event, data, index, closer)?;
+            self.admit_message(event, parsed, index, closer)?;
         } else {
             // A legacy shape to rewrite or refuse: the full load does that.
             if !matches!(needs_migration(self.session_id, event), Ok(false)) {
@@ -278,11 +335,19 @@ impl<'a> StreamLoad<'a> {
     fn admit_message(
         &mut self,
         event: &SessionEvent,
-        data: Value,
+        parsed: Option<Parsed>,
         index: usize,
         closer: bool,
     ) -> Step {
         let seq = event.seq;
+        let (data, message_text) = match parsed {
+            Some(Parsed::Value(data)) => (data, None),
+            Some(Parsed::Skeleton(skeleton)) => (skeleton.value, Some(skeleton.message)),
+            None => {
+                let data = value_lossy(event.data.get()).map_err(|_| fallback(seq, "payload"))?;
+                (data, None)
+            }
+        };
         validate_seed_event_parsed(index, event, SeedMode::Restore, Some(&data))
             .map_err(|_| fallback(seq, "seed rule"))?;
         if !closer {
@@ -293,28 +358,29 @@ impl<'a> StreamLoad<'a> {
             .fold
             .apply_keeping_no_message(event, &data)
             .map_err(|_| fallback(seq, "surface"))?;
-        match change {
-            SurfaceChange::Unchanged => {}
-            SurfaceChange::Appended => self.keep_message(event, data),
-            SurfaceChange::Replaced(replacement) => {
-                for shadowed in &replacement.shadowed_seqs {
-                    self.messages.remove(shadowed);
-                }
-                self.keep_message(event, data);
+        let shadowed: &[u64] = match &change {
+            SurfaceChange::Unchanged => return Ok(()),
+            SurfaceChange::Appended => &[],
+            SurfaceChange::Replaced(replacement) => &replacement.shadowed_seqs,
+        };
+        for seq in shadowed {
+            self.messages.remove(seq);
+        }
+        let kept = match (self.form, message_text) {
+            (Form::Values, _) => projected_value(&event.event_type, data).map(Kept::Value),
+            (Form::Texts, Some(text)) => {
+                projected_text(&event.event_type, &data, text).map(Kept::Text)
             }
+            (Form::Texts, None) => projected_message(event).map(Kept::Text),
+        };
+        if let Some(kept) = kept {
+            self.messages.insert(seq, kept);
         }
         Ok(())
     }
 
-    /// Keeps the message a new node projects (DSH `deriveEventMessage`).
-    fn keep_message(&mut self, event: &SessionEvent, data: Value) {
-        if let Some(message) = projected_message(&event.event_type, data) {
-            self.messages.insert(event.seq, message);
-        }
-    }
-
     /// Closes a trailing open turn, adds the in-memory end-seed, and derives the messages.
-    fn finish(mut self) -> std::result::Result<Vec<Value>, Fallback> {
+    fn finish(mut self) -> std::result::Result<Vec<Kept>, Fallback> {
         if let Some(last) = self.last {
             for closer in self.repair.closers(last.seq, last.time) {
                 self.admit(&closer, None, true)?;
@@ -359,6 +425,18 @@ fn plain_parts(event: Event) -> std::result::Result<(SessionEvent, String), Fall
         };
         return Ok((head, data));
     }
+    if let Some((surface_op, source_event_seqs)) = common_envelope(&envelope) {
+        let head = SessionEvent {
+            event_type,
+            seq,
+            time,
+            data: null_raw(),
+            ignorable: false,
+            surface_op: Some(surface_op),
+            source_event_seqs,
+        };
+        return Ok((head, data));
+    }
     let repeats_field = ["\"type\"", "\"seq\"", "\"time\"", "\"data\""]
         .iter()
         .any(|key| envelope.contains(key));
@@ -378,23 +456,88 @@ fn plain_parts(event: Event) -> std::result::Result<(SessionEvent, String), Fall
     Ok((head, data))
 }
 
+/// The envelope as DSH's live append writes it for a surface event, read without a JSON
+/// parser: `["sourceEventSeqs":[n,…],]"surfaceOp":"append"` or `…"surfaceOp":{"op":"replace",
+/// "start":n,"end":m}` with plain decimal numbers below 10^15 (safe integers). `None` for
+/// any other text, which the line parser then reads. Gives what that parser gives.
+fn common_envelope(envelope: &str) -> Option<(SurfaceOp, Option<Vec<u64>>)> {
+    let (sources, rest) = match envelope.strip_prefix("\"sourceEventSeqs\":[") {
+        Some(after) => {
+            let (list, rest) = after.split_once("],")?;
+            let seqs = if list.is_empty() {
+                Vec::new()
+            } else {
+                list.split(',').map(plain_number).collect::<Option<_>>()?
+            };
+            (Some(seqs), rest)
+        }
+        None => (None, envelope),
+    };
+    let marker = rest.strip_prefix("\"surfaceOp\":")?;
+    if marker == "\"append\"" {
+        return Some((SurfaceOp::Append, sources));
+    }
+    let bounds = marker
+        .strip_prefix("{\"op\":\"replace\",\"start\":")?
+        .strip_suffix('}')?;
+    let (start, end) = bounds.split_once(",\"end\":")?;
+    let replace = SurfaceOp::Replace {
+        start: plain_number(start)?,
+        end: plain_number(end)?,
+    };
+    Some((replace, sources))
+}
+
+/// Longest plain number [`common_envelope`] reads: 15 digits stay below 2^53.
+const PLAIN_NUMBER_MAX_DIGITS: usize = 15;
+
+/// A JSON non-negative integer written plainly (`0` or digits without a leading zero).
+fn plain_number(text: &str) -> Option<u64> {
+    let plain = !text.is_empty()
+        && text.len() <= PLAIN_NUMBER_MAX_DIGITS
+        && text.bytes().all(|byte| byte.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    plain.then(|| text.parse().ok()).flatten()
+}
+
 /// `deriveEventMessage` over the parsed payload of an event whose message shape passed:
 /// `user/message` projects its payload, `tool/result` its `message`, `assistant/message` its
 /// `message` unless the content is empty.
-fn projected_message(event_type: &str, data: Value) -> Option<Value> {
+fn projected_value(event_type: &str, data: Value) -> Option<Value> {
     match event_type {
-        crate::session::event::USER_MESSAGE => Some(data).filter(|data| !data.is_null()),
-        crate::session::event::TOOL_RESULT => take_member(data, "message"),
-        crate::session::event::ASSISTANT_MESSAGE => {
+        USER_MESSAGE => Some(data).filter(|data| !data.is_null()),
+        TOOL_RESULT => take_member(data, "message"),
+        ASSISTANT_MESSAGE => {
             let message = take_member(data, "message")?;
-            let has_content = message
-                .get("content")
-                .and_then(Value::as_array)
-                .is_some_and(|content| !content.is_empty());
-            has_content.then_some(message)
+            has_content(&message).then_some(message)
         }
         _ => None,
     }
+}
+
+/// [`projected_value`] as text: `message_text` is the skeleton's message text (the payload
+/// itself for `user/message`), `skeleton` the payload's skeleton.
+fn projected_text(
+    event_type: &str,
+    skeleton: &Value,
+    message_text: Option<Box<RawValue>>,
+) -> Option<Box<RawValue>> {
+    match event_type {
+        USER_MESSAGE => message_text.filter(|_| !skeleton.is_null()),
+        TOOL_RESULT => message_text,
+        ASSISTANT_MESSAGE => {
+            let has = skeleton.get("message").is_some_and(has_content);
+            message_text.filter(|_| has)
+        }
+        _ => None,
+    }
+}
+
+fn has_content(message: &Value) -> bool {
+    message
+        .get("content")
+        .and_then(Value::as_array)
+        .is_some_and(|content| !content.is_empty())
 }
 
 fn take_member(data: Value, key: &str) -> Option<Value> {
@@ -450,16 +593,50 @@ mod tests {
     }
 
     #[test]
+    fn common_envelopes_read_as_the_line_parser_reads_them() {
+        let envelopes = [
+            r#""surfaceOp":"append""#,
+            r#""sourceEventSeqs":[3],"surfaceOp":"append""#,
+            r#""sourceEventSeqs":[0,12,7],"surfaceOp":"append""#,
+            r#""sourceEventSeqs":[],"surfaceOp":"append""#,
+            r#""sourceEventSeqs":[1,2],"surfaceOp":{"op":"replace","start":1,"end":2}"#,
+            r#""surfaceOp":{"op":"replace","start":10,"end":4}"#,
+        ];
+        for envelope in envelopes {
+            let line =
+                format!(r#"{{"type":"tool/result","seq":20,"time":5,"data":null,{envelope}}}"#);
+            let parsed = parse_event_line(&line).expect("a valid line");
+            let fast = common_envelope(envelope).expect("a common envelope");
+            assert_eq!(
+                (parsed.surface_op, parsed.source_event_seqs),
+                (Some(fast.0), fast.1),
+                "{envelope}"
+            );
+        }
+        for other in [
+            r#""surfaceOp":"append","sourceEventSeqs":[1]"#,
+            r#""sourceEventSeqs":[01],"surfaceOp":"append""#,
+            r#""sourceEventSeqs":[1.0],"surfaceOp":"append""#,
+            r#""sourceEventSeqs":[9007199254740993],"surfaceOp":"append""#,
+            r#""surfaceOp":"append","ignorable":true"#,
+            r#""surfaceOp":{"start":1,"op":"replace","end":2}"#,
+            r#""surfaceOp": "append""#,
+        ] {
+            assert_eq!(common_envelope(other), None, "{other}");
+        }
+    }
+
+    #[test]
     fn projection_matches_the_fold() {
         let message = r#"{"id":"a","role":"assistant","content":[],"source":{"kind":"model","provider":"p","model":"m"}}"#;
         let data: Value =
             serde_json::from_str(&format!(r#"{{"turn":1,"step":1,"message":{message}}}"#))
                 .expect("JSON");
-        assert_eq!(projected_message("assistant/message", data), None);
+        assert_eq!(projected_value("assistant/message", data), None);
         let user: Value = serde_json::from_str(
             r#"{"id":"u","role":"user","content":[],"source":{"kind":"user"}}"#,
         )
         .expect("JSON");
-        assert_eq!(projected_message("user/message", user.clone()), Some(user));
+        assert_eq!(projected_value("user/message", user.clone()), Some(user));
     }
 }

@@ -16,6 +16,7 @@ pub mod canonical;
 pub mod cold;
 pub mod layout;
 mod scan;
+mod skeleton;
 pub mod spill_lines;
 pub mod sqlite;
 mod zstd_codec;
@@ -30,6 +31,7 @@ use crate::session::{
     fold_surface, restore_session, KeyOrder, RestoredSession, SessionError, SessionEvent,
 };
 use scan::{pack_row, Record, Scanned};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 pub use canonical::{
@@ -509,6 +511,22 @@ pub fn messages(store: &Store, id: &str) -> Result<Vec<Value>> {
     match cold::stream_messages(store, id)? {
         cold::Streamed::Messages(messages) => Ok(messages),
         cold::Streamed::NeedsFullLoad(_) => messages_full(store, id),
+    }
+}
+
+/// DSH's `deriveMessages()` after a cold load, as the messages' exact JSON texts (what
+/// [`SurfaceFold::derive_message_texts`](crate::session::SurfaceFold::derive_message_texts)
+/// gives after the full load). Streams the log like [`messages`], building no `Value` of
+/// any message; falls back to the full cold load like it.
+pub fn message_texts(store: &Store, id: &str) -> Result<Vec<Box<RawValue>>> {
+    match cold::stream_message_texts(store, id)? {
+        cold::Streamed::Messages(texts) => Ok(texts),
+        cold::Streamed::NeedsFullLoad(_) => Ok(restore(store, id)?
+            .surface
+            .derive_message_texts()
+            .into_iter()
+            .map(ToOwned::to_owned)
+            .collect()),
     }
 }
 

@@ -26,12 +26,21 @@ pub fn check_message_shape(
     data: &Value,
     subject: &str,
 ) -> Result<(), SessionError> {
+    check_message_shape_with(event_type, data, || subject.to_owned())
+}
+
+/// [`check_message_shape`] with the error subject built only when there is an error.
+pub fn check_message_shape_with(
+    event_type: &str,
+    data: &Value,
+    subject: impl FnOnce() -> String,
+) -> Result<(), SessionError> {
     if !super::event::is_surface_eligible_type(event_type) {
         return Ok(());
     }
     message_problem(event_type, data).map_or(Ok(()), |problem| {
         Err(SessionError::MessageShape {
-            subject: subject.to_owned(),
+            subject: subject(),
             problem,
         })
     })

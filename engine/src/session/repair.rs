@@ -46,12 +46,16 @@ impl RepairScan {
 
     /// Observes the next event of the log.
     pub fn observe(&mut self, event: &SessionEvent) {
-        // Parse only the payloads this scan reads (chunks are most of a session).
-        if repair_reads_payload(&event.event_type) {
-            self.observe_parsed(&event.event_type, event.seq, &event.data_value());
-        } else {
-            self.observe_parsed(&event.event_type, event.seq, &Value::Null);
-        }
+        // Parse only the payloads this scan reads (chunks are most of a session), and of
+        // `turn/start`, `step/start` and `tool/call` only the member it reads.
+        let data = match event.event_type.as_str() {
+            "turn/start" | "step/start" | "tool/call" => {
+                lone_members(event.data.get()).unwrap_or_else(|| event.data_value())
+            }
+            event_type if repair_reads_payload(event_type) => event.data_value(),
+            _ => Value::Null,
+        };
+        self.observe_parsed(&event.event_type, event.seq, &data);
     }
 
     /// [`Self::observe`] with the payload already parsed (`SessionEvent::data_value`).
@@ -115,6 +119,45 @@ impl RepairScan {
         let call_id = key_text(data.pointer("/message/source/callId"));
         self.pending.retain(|pending| pending.call_id != call_id);
     }
+}
+
+/// The members `turn`, `step` and `callId` of a payload object (all the scan reads of a
+/// `turn/start`, `step/start` or `tool/call`), as an object holding those present; `None`
+/// when the text is not an object this way reads (duplicate keys, lone surrogates): the
+/// caller then parses the whole payload.
+fn lone_members(data: &str) -> Option<Value> {
+    /// A member present with any value, `null` included (`Option` alone reads `null` as
+    /// absent).
+    fn present<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Value>, D::Error> {
+        serde::Deserialize::deserialize(deserializer).map(Some)
+    }
+    #[derive(serde::Deserialize)]
+    struct Read {
+        #[serde(default, deserialize_with = "present")]
+        turn: Option<Value>,
+        #[serde(default, deserialize_with = "present")]
+        step: Option<Value>,
+        #[serde(default, deserialize_with = "present", rename = "callId")]
+        call_id: Option<Value>,
+    }
+    // A derived struct also reads a JSON array (by position): only objects qualify.
+    if !data.trim_start().starts_with('{') {
+        return None;
+    }
+    let read: Read = serde_json::from_str(data).ok()?;
+    let mut members = serde_json::Map::new();
+    for (key, value) in [
+        ("turn", read.turn),
+        ("step", read.step),
+        ("callId", read.call_id),
+    ] {
+        if let Some(value) = value {
+            members.insert(key.to_owned(), value);
+        }
+    }
+    Some(Value::Object(members))
 }
 
 /// A call id as the JS template literal would print it (ids are strings in practice).
@@ -196,6 +239,32 @@ fn closers_of(
         .finish();
     closers.push(closer("turn/end", seq, last_time, data));
     closers
+}
+
+#[cfg(test)]
+mod lone_member_tests {
+    use super::*;
+
+    #[test]
+    fn lone_members_read_what_the_full_parse_reads() {
+        for data in [
+            r#"{"turn":1,"trigger":{"kind":"x"}}"#,
+            r#"{"turn":null,"step":2.50}"#,
+            r#"{"callId":"c","name":"bash","arguments":"{}"}"#,
+            r#"{"callId":null}"#,
+            r#"{"step":{"a":[1,2]},"x":"\ud800"}"#,
+            r#"{}"#,
+        ] {
+            let full: Value = crate::session::json::value_lossy(data).expect("JSON");
+            let lone = lone_members(data).expect("read");
+            for key in ["turn", "step", "callId"] {
+                assert_eq!(lone.get(key), full.get(key), "{data} {key}");
+            }
+        }
+        for other in [r#"[1,2,3]"#, r#"{"turn":1,"turn":2}"#, r#""text""#, "7"] {
+            assert_eq!(lone_members(other), None, "{other}");
+        }
+    }
 }
 
 fn closer(event_type: &str, seq: u64, time: i64, data: String) -> SessionEvent {

@@ -5,7 +5,7 @@ use super::error::SessionError;
 use super::event::{is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED};
 use super::json::{is_lossless, raw_from_built, MAX_SAFE_INTEGER};
 use super::legacy::migrate_legacy;
-use super::message::{check_message_shape, check_request_header, is_fallback_header};
+use super::message::{check_message_shape_with, check_request_header, is_fallback_header};
 use super::repair::interrupted_turn_closers;
 use super::surface::SurfaceFold;
 
@@ -66,11 +66,9 @@ pub fn validate_seed_event_parsed(
         if is_header {
             check_request_header(data, index)?;
         }
-        check_message_shape(
-            &event.event_type,
-            data,
-            &format!("seed {} at index {index}", event.event_type),
-        )?;
+        check_message_shape_with(&event.event_type, data, || {
+            format!("seed {} at index {index}", event.event_type)
+        })?;
         if is_fallback_header(&event.event_type, data) {
             return Err(SessionError::SeedHeaderFallback { index });
         }
@@ -155,8 +153,9 @@ fn check_import_shapes(events: &[SessionEvent]) -> Result<(), SessionError> {
         .iter()
         .filter(|event| is_surface_eligible_type(&event.event_type))
         .try_for_each(|event| {
-            let subject = format!("session event at seq {}", event.seq);
-            check_message_shape(&event.event_type, &event.data_value(), &subject)
+            check_message_shape_with(&event.event_type, &event.data_value(), || {
+                format!("session event at seq {}", event.seq)
+            })
         })
 }
 

@@ -1,0 +1,339 @@
+//! The *skeleton* of a message-bearing payload: the payload as a `serde_json::Value` with
+//! every part that no cold-load check reads left out, plus the exact text of the message it
+//! carries. One pass over the payload, in which the left-out parts (message text, tool-call
+//! arguments, tool-result content: almost all the bytes) are scanned but never built.
+//!
+//! What the cold-load checks read of a `user/message` (message = the payload),
+//! `assistant/message` or `tool/result` (message = `payload.message`) payload, and so what
+//! the skeleton keeps exactly:
+//! - message-shape check (model §1.7): message `id`, `role`, `source.kind` (and `provider`,
+//!   `model` for assistants, `callId` for tool results), whether `content` is an array, and
+//!   for a tool result its one block's `type`, `toolCallId` and whether its `content` is an
+//!   array;
+//! - repair scan: payload `step`, each assistant content block's `type` and `id`, a tool
+//!   result's `source.callId`;
+//! - surface fold: for a tool result, the rewrite key (the payload with the first block's
+//!   `content` nulled: so everything but that `content`), and for an assistant message
+//!   whether its content is empty.
+//!
+//! Left out: of an assistant payload every member but `step` and `message`; of a user or
+//! assistant message every member but `id`, `role`, `source` and `content`, every
+//! `source` member but `kind`, `provider`, `model`, `callId`, and every content-block member
+//! but `type` and `id`; of a tool result only the `content` of each content block (kept as
+//! `[]` when it is an array, so the shape check still sees an array, else `null`). The rest
+//! is kept as parsed.
+//!
+//! Duplicate keys resolve last-wins in first position, as a `Value` parse does.
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// A payload's skeleton and its message text.
+pub(crate) struct Skeleton {
+    pub value: Value,
+    /// The exact text of the carried message (`None` when the payload has no `message`).
+    pub message: Option<Box<RawValue>>,
+}
+
+/// Parses the skeleton of the payload `data` of an event of `event_type` (one of the three
+/// message-bearing types); `None` when the text does not parse this way (the caller then
+/// parses the whole payload).
+pub(crate) fn parse(event_type: &str, data: &str) -> Option<Skeleton> {
+    let tool_result = event_type == crate::session::event::TOOL_RESULT;
+    if event_type == crate::session::event::USER_MESSAGE {
+        let message: &RawValue = serde_json::from_str(data).ok()?;
+        let value = parse_message(message.get(), false)?;
+        return Some(Skeleton {
+            value,
+            message: Some(message.to_owned()),
+        });
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(data);
+    let skeleton = PayloadSeed { tool_result }
+        .deserialize(&mut deserializer)
+        .ok()?;
+    deserializer.end().ok()?;
+    Some(skeleton)
+}
+
+fn parse_message(text: &str, tool_result: bool) -> Option<Value> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = Part::Message { tool_result }
+        .deserialize(&mut deserializer)
+        .ok()?;
+    deserializer.end().ok()?;
+    Some(value)
+}
+
+/// The payload of an `assistant/message` or `tool/result`: `message` captured and parsed,
+/// every other member kept.
+struct PayloadSeed {
+    tool_result: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for PayloadSeed {
+    type Value = Skeleton;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Skeleton, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PayloadSeed {
+    type Value = Skeleton;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skeleton, A::Error> {
+        let mut members = Map::new();
+        let mut message = None;
+        while let Some(key) = map.next_key::<String>()? {
+            reject_number_token(&key)?;
+            if key == "message" {
+                let raw: &'de RawValue = map.next_value()?;
+                let parsed = parse_message(raw.get(), self.tool_result)
+                    .ok_or_else(|| serde::de::Error::custom("message skeleton"))?;
+                members.insert(key, parsed);
+                message = Some(raw.to_owned());
+            } else if self.tool_result || key == "step" {
+                members.insert(key, map.next_value()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(Skeleton {
+            value: Value::Object(members),
+            message,
+        })
+    }
+}
+
+/// With `arbitrary_precision`, serde_json hands a number to `deserialize_any` as a map with
+/// this one key; the skeleton does not rebuild numbers where it expects an object, so such a
+/// payload is parsed whole instead.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+fn reject_number_token<E: serde::de::Error>(key: &str) -> Result<(), E> {
+    if key == NUMBER_TOKEN {
+        return Err(E::custom("a number where the skeleton expects an object"));
+    }
+    Ok(())
+}
+
+/// Where in a message the parser is, which decides what it keeps.
+#[derive(Clone, Copy)]
+enum Part {
+    /// The message object.
+    Message { tool_result: bool },
+    /// `message.content`.
+    Content { tool_result: bool },
+    /// One content block.
+    Block { tool_result: bool },
+    /// `message.source` of a user or assistant message.
+    Source,
+    /// A tool-result block's `content`: `[]` if an array, else `null`.
+    ArrayKind,
+}
+
+impl Part {
+    /// What a member `key` of an object at this part becomes: `Some(part)` to descend,
+    /// `None` to keep it as parsed; `Err(())` to leave it out.
+    fn member(self, key: &str) -> Result<Option<Part>, ()> {
+        match self {
+            Part::Message { tool_result: true } => Ok(match key {
+                "content" => Some(Part::Content { tool_result: true }),
+                _ => None,
+            }),
+            Part::Message { tool_result: false } => match key {
+                "content" => Ok(Some(Part::Content { tool_result: false })),
+                "source" => Ok(Some(Part::Source)),
+                "id" | "role" => Ok(None),
+                _ => Err(()),
+            },
+            Part::Block { tool_result: true } => Ok((key == "content").then_some(Part::ArrayKind)),
+            Part::Block { tool_result: false } => match key {
+                "type" | "id" => Ok(None),
+                _ => Err(()),
+            },
+            Part::Source => match key {
+                "kind" | "provider" | "model" | "callId" => Ok(None),
+                _ => Err(()),
+            },
+            Part::Content { .. } | Part::ArrayKind => Ok(None),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Part {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        match self {
+            Part::Message { .. } | Part::Block { .. } | Part::Source => {
+                deserializer.deserialize_any(ObjectVisitor(self))
+            }
+            Part::Content { tool_result } => {
+                deserializer.deserialize_any(ContentVisitor { tool_result })
+            }
+            Part::ArrayKind => deserializer.deserialize_any(ArrayKindVisitor),
+        }
+    }
+}
+
+/// Parses a value as a plain `Value`, except an object, whose members follow its part.
+struct ObjectVisitor(Part);
+
+impl<'de> Visitor<'de> for ObjectVisitor {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut members = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            reject_number_token(&key)?;
+            let value = match self.0.member(&key) {
+                Ok(Some(part)) => map.next_value_seed(part)?,
+                Ok(None) => map.next_value::<Value>()?,
+                Err(()) => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            members.insert(key, value);
+        }
+        Ok(Value::Object(members))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
+        Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+}
+
+/// `message.content`: an array of blocks (anything else kept as parsed).
+struct ContentVisitor {
+    tool_result: bool,
+}
+
+impl<'de> Visitor<'de> for ContentVisitor {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut blocks = Vec::new();
+        let part = Part::Block {
+            tool_result: self.tool_result,
+        };
+        while let Some(block) = seq.next_element_seed(part)? {
+            blocks.push(block);
+        }
+        Ok(Value::Array(blocks))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Value, A::Error> {
+        Value::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+}
+
+/// `[]` for an array (its items scanned, not built), `null` for anything else.
+struct ArrayKindVisitor;
+
+impl<'de> Visitor<'de> for ArrayKindVisitor {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Value::Array(Vec::new()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
