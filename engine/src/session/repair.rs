@@ -241,32 +241,6 @@ fn closers_of(
     closers
 }
 
-#[cfg(test)]
-mod lone_member_tests {
-    use super::*;
-
-    #[test]
-    fn lone_members_read_what_the_full_parse_reads() {
-        for data in [
-            r#"{"turn":1,"trigger":{"kind":"x"}}"#,
-            r#"{"turn":null,"step":2.50}"#,
-            r#"{"callId":"c","name":"bash","arguments":"{}"}"#,
-            r#"{"callId":null}"#,
-            r#"{"step":{"a":[1,2]},"x":"\ud800"}"#,
-            r#"{}"#,
-        ] {
-            let full: Value = crate::session::json::value_lossy(data).expect("JSON");
-            let lone = lone_members(data).expect("read");
-            for key in ["turn", "step", "callId"] {
-                assert_eq!(lone.get(key), full.get(key), "{data} {key}");
-            }
-        }
-        for other in [r#"[1,2,3]"#, r#"{"turn":1,"turn":2}"#, r#""text""#, "7"] {
-            assert_eq!(lone_members(other), None, "{other}");
-        }
-    }
-}
-
 fn closer(event_type: &str, seq: u64, time: i64, data: String) -> SessionEvent {
     SessionEvent {
         event_type: event_type.to_owned(),
@@ -322,4 +296,30 @@ fn tool_result_closer_data(turn: &str, pending: &PendingCall, seq: u64) -> Strin
         .raw("message", &message)
         .raw("error", &error)
         .finish()
+}
+
+#[cfg(test)]
+mod lone_member_tests {
+    use super::*;
+
+    #[test]
+    fn lone_members_read_what_the_full_parse_reads() {
+        for data in [
+            r#"{"turn":1,"trigger":{"kind":"x"}}"#,
+            r#"{"turn":null,"step":2.50}"#,
+            r#"{"callId":"c","name":"bash","arguments":"{}"}"#,
+            r#"{"callId":null}"#,
+            r#"{"step":{"a":[1,2]},"x":"\ud800"}"#,
+            r#"{}"#,
+        ] {
+            let full: Value = crate::session::json::value_lossy(data).expect("JSON");
+            let lone = lone_members(data).expect("read");
+            for key in ["turn", "step", "callId"] {
+                assert_eq!(lone.get(key), full.get(key), "{data} {key}");
+            }
+        }
+        for other in [r#"[1,2,3]"#, r#"{"turn":1,"turn":2}"#, r#""text""#, "7"] {
+            assert_eq!(lone_members(other), None, "{other}");
+        }
+    }
 }
