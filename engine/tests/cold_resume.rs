@@ -16,7 +16,6 @@ use dshdb::db::{NewEvent, Options, Store};
 use dshdb::exchange::cold::{stream_message_texts, stream_messages, Streamed, READ_CHUNK_EVENTS};
 use dshdb::exchange::{import_dsh_jsonl, message_texts, messages, messages_full, restore};
 use dshdb::io::sim::SimStorage;
-use serde_json::value::RawValue;
 use std::fmt::Write as _;
 use std::fs;
 
@@ -35,10 +34,6 @@ fn full_texts(store: &Store, id: &str) -> Result<Vec<String>, String> {
     Ok(texts.iter().map(|text| text.get().to_owned()).collect())
 }
 
-fn texts_of(texts: Vec<Box<RawValue>>) -> Vec<String> {
-    texts.iter().map(|text| text.get().to_owned()).collect()
-}
-
 /// Asserts that streaming agrees with the full load on session `id`, as values and as
 /// exact texts; returns whether both streamed (rather than handing over to the full load).
 fn assert_stream_agrees(store: &Store, id: &str, context: &str) -> bool {
@@ -48,8 +43,7 @@ fn assert_stream_agrees(store: &Store, id: &str, context: &str) -> bool {
     let full_text = full_texts(store, id);
     let public_texts = message_texts(store, id).map_err(|error| error.to_string());
     assert_eq!(
-        public_texts.map(texts_of),
-        full_text,
+        public_texts, full_text,
         "{context}: message_texts() vs the full load"
     );
     let values_streamed = match stream_messages(store, id).expect("no store error") {
@@ -62,7 +56,7 @@ fn assert_stream_agrees(store: &Store, id: &str, context: &str) -> bool {
     let texts_streamed = match stream_message_texts(store, id).expect("no store error") {
         Streamed::Messages(streamed) => {
             assert_eq!(
-                Ok(texts_of(streamed)),
+                Ok(streamed),
                 full_text,
                 "{context}: streamed texts vs the full load"
             );

@@ -108,9 +108,9 @@ pub fn stream_messages(store: &Store, id: &str) -> Result<Streamed<Value>> {
 
 /// [`stream_messages`] as the messages' exact JSON texts (equal to the full load's
 /// `surface.derive_message_texts()`). Message payloads are read as skeletons
-/// ([`super::skeleton`]): the checks read what they need, the message text is sliced out,
-/// and no `Value` of the message is built.
-pub fn stream_message_texts(store: &Store, id: &str) -> Result<Streamed<Box<RawValue>>> {
+/// ([`super::skeleton`]: a structural scan, the checks read what they need, the message
+/// text is sliced out) and no `Value` of a message is built.
+pub fn stream_message_texts(store: &Store, id: &str) -> Result<Streamed<String>> {
     Ok(match stream(store, id, Form::Texts)? {
         Streamed::Messages(kept) => Streamed::Messages(
             kept.into_iter()
@@ -155,7 +155,7 @@ enum Form {
 /// A projected message in its form.
 enum Kept {
     Value(Value),
-    Text(Box<RawValue>),
+    Text(String),
 }
 
 /// A message-bearing payload as the caller parsed it.
@@ -267,7 +267,9 @@ impl<'a> StreamLoad<'a> {
             // like the line parser), so one parse here serves every check.
             let parsed = match self.form {
                 Form::Values => value_lossy(&data).ok().map(Parsed::Value),
-                Form::Texts => skeleton::parse(&head.event_type, &data).map(Parsed::Skeleton),
+                Form::Texts => skeleton::scan(&head.event_type, &data)
+                    .or_else(|| skeleton::parse(&head.event_type, &data))
+                    .map(Parsed::Skeleton),
             };
             if parsed.is_some() {
                 return self.admit(&head, parsed, false);
@@ -371,7 +373,9 @@ impl<'a> StreamLoad<'a> {
             (Form::Texts, Some(text)) => {
                 projected_text(&event.event_type, &data, text).map(Kept::Text)
             }
-            (Form::Texts, None) => projected_message(event).map(Kept::Text),
+            (Form::Texts, None) => {
+                projected_message(event).map(|text| Kept::Text(text.get().to_owned()))
+            }
         };
         if let Some(kept) = kept {
             self.messages.insert(seq, kept);
@@ -520,8 +524,8 @@ fn projected_value(event_type: &str, data: Value) -> Option<Value> {
 fn projected_text(
     event_type: &str,
     skeleton: &Value,
-    message_text: Option<Box<RawValue>>,
-) -> Option<Box<RawValue>> {
+    message_text: Option<String>,
+) -> Option<String> {
     match event_type {
         USER_MESSAGE => message_text.filter(|_| !skeleton.is_null()),
         TOOL_RESULT => message_text,

@@ -31,7 +31,6 @@ use crate::session::{
     fold_surface, restore_session, KeyOrder, RestoredSession, SessionError, SessionEvent,
 };
 use scan::{pack_row, Record, Scanned};
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 pub use canonical::{
@@ -518,14 +517,14 @@ pub fn messages(store: &Store, id: &str) -> Result<Vec<Value>> {
 /// [`SurfaceFold::derive_message_texts`](crate::session::SurfaceFold::derive_message_texts)
 /// gives after the full load). Streams the log like [`messages`], building no `Value` of
 /// any message; falls back to the full cold load like it.
-pub fn message_texts(store: &Store, id: &str) -> Result<Vec<Box<RawValue>>> {
+pub fn message_texts(store: &Store, id: &str) -> Result<Vec<String>> {
     match cold::stream_message_texts(store, id)? {
         cold::Streamed::Messages(texts) => Ok(texts),
         cold::Streamed::NeedsFullLoad(_) => Ok(restore(store, id)?
             .surface
             .derive_message_texts()
             .into_iter()
-            .map(ToOwned::to_owned)
+            .map(|text| text.get().to_owned())
             .collect()),
     }
 }

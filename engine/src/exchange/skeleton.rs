@@ -35,7 +35,7 @@ use std::fmt;
 pub(crate) struct Skeleton {
     pub value: Value,
     /// The exact text of the carried message (`None` when the payload has no `message`).
-    pub message: Option<Box<RawValue>>,
+    pub message: Option<String>,
 }
 
 /// Parses the skeleton of the payload `data` of an event of `event_type` (one of the three
@@ -48,7 +48,7 @@ pub(crate) fn parse(event_type: &str, data: &str) -> Option<Skeleton> {
         let value = parse_message(message.get(), false)?;
         return Some(Skeleton {
             value,
-            message: Some(message.to_owned()),
+            message: Some(message.get().to_owned()),
         });
     }
     let mut deserializer = serde_json::Deserializer::from_str(data);
@@ -99,7 +99,7 @@ impl<'de> Visitor<'de> for PayloadSeed {
                 let parsed = parse_message(raw.get(), self.tool_result)
                     .ok_or_else(|| serde::de::Error::custom("message skeleton"))?;
                 members.insert(key, parsed);
-                message = Some(raw.to_owned());
+                message = Some(raw.get().to_owned());
             } else if self.tool_result || key == "step" {
                 members.insert(key, map.next_value()?);
             } else {
@@ -335,5 +335,303 @@ impl<'de> Visitor<'de> for ArrayKindVisitor {
 
     fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
         Ok(Value::Null)
+    }
+}
+
+/// The skeleton read by a structural scan instead of a parser: one pass, in which strings
+/// are skipped by searching for their closing quote and containers by counting brackets;
+/// only the kept members are parsed (as `Value`s, from their own text). The payload is not
+/// validated as JSON here: the store refused it at append time if it was not (and
+/// checksums what it reads back), and on valid JSON this scan finds exactly the spans a
+/// parser finds. `None` when the text is laid out in a way this scan does not read (a key
+/// with an escape, a payload that is not an object, a kept member that does not parse):
+/// the caller then uses [`parse`].
+pub(crate) fn scan(event_type: &str, data: &str) -> Option<Skeleton> {
+    let tool_result = event_type == crate::session::event::TOOL_RESULT;
+    let mut cursor = Cursor { text: data, at: 0 };
+    cursor.space();
+    if event_type == crate::session::event::USER_MESSAGE {
+        let start = cursor.at;
+        let value = scan_message(&mut cursor, false)?;
+        let message = cursor.text.get(start..cursor.at)?.to_owned();
+        cursor.space();
+        return (cursor.at == data.len()).then_some(Skeleton {
+            value,
+            message: Some(message),
+        });
+    }
+    let mut members = Map::new();
+    let mut message = None;
+    cursor.object(|cursor, key| {
+        let value = if key == "message" {
+            let start = cursor.at;
+            let value = scan_message(cursor, tool_result)?;
+            message = Some(cursor.text.get(start..cursor.at)?);
+            value
+        } else if tool_result || key == "step" {
+            parse_value(cursor.skip_value()?)?
+        } else {
+            cursor.skip_value()?;
+            return Some(());
+        };
+        members.insert(key.to_owned(), value);
+        Some(())
+    })?;
+    cursor.space();
+    (cursor.at == data.len()).then(|| Skeleton {
+        value: Value::Object(members),
+        message: message.map(str::to_owned),
+    })
+}
+
+fn parse_value(text: &str) -> Option<Value> {
+    serde_json::from_str(text).ok()
+}
+
+/// [`Part::Message`] by scan, the cursor at the value.
+fn scan_message(cursor: &mut Cursor<'_>, tool_result: bool) -> Option<Value> {
+    scan_object(cursor, Part::Message { tool_result })
+}
+
+/// An object at `part` by scan (any other value is parsed whole), the cursor at the value.
+fn scan_object(cursor: &mut Cursor<'_>, part: Part) -> Option<Value> {
+    if cursor.peek() != Some(b'{') {
+        return parse_value(cursor.skip_value()?);
+    }
+    let mut kept = Map::new();
+    cursor.object(|cursor, key| {
+        let value = match part.member(key) {
+            Ok(Some(Part::Content { tool_result })) => scan_content(cursor, tool_result)?,
+            Ok(Some(Part::ArrayKind)) => {
+                let is_array = cursor.peek() == Some(b'[');
+                cursor.skip_value()?;
+                if is_array {
+                    Value::Array(Vec::new())
+                } else {
+                    Value::Null
+                }
+            }
+            Ok(Some(inner)) => scan_object(cursor, inner)?,
+            Ok(None) => parse_value(cursor.skip_value()?)?,
+            Err(()) => {
+                cursor.skip_value()?;
+                return Some(());
+            }
+        };
+        kept.insert(key.to_owned(), value);
+        Some(())
+    })?;
+    Some(Value::Object(kept))
+}
+
+/// [`Part::Content`] by scan, the cursor at the value.
+fn scan_content(cursor: &mut Cursor<'_>, tool_result: bool) -> Option<Value> {
+    if cursor.peek() != Some(b'[') {
+        return parse_value(cursor.skip_value()?);
+    }
+    let mut blocks = Vec::new();
+    cursor.array(|cursor| {
+        blocks.push(scan_object(cursor, Part::Block { tool_result })?);
+        Some(())
+    })?;
+    Some(Value::Array(blocks))
+}
+
+/// A position in JSON text known to be valid.
+struct Cursor<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        self.space();
+        (self.peek() == Some(byte)).then(|| self.at += 1)
+    }
+
+    /// Reads `{ "key": value, … }`: `member` is called with the cursor at each value (after
+    /// its whitespace) and must consume it. `None` on a key with an escape.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        self.space();
+        if self.peek() == Some(b'}') {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            self.space();
+            if self.peek() != Some(b'"') {
+                return None;
+            }
+            let start = self.at;
+            self.at = string_end(self.text, start)?;
+            let key = self.text.get(start + 1..self.at - 1)?;
+            if key.contains('\\') {
+                return None;
+            }
+            self.eat(b':')?;
+            self.space();
+            member(self, key)?;
+            self.space();
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Reads `[ value, … ]`: `item` is called with the cursor at each value.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        self.space();
+        if self.peek() == Some(b']') {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            self.space();
+            item(self)?;
+            self.space();
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Skips the value at the cursor; returns its text.
+    fn skip_value(&mut self) -> Option<&'a str> {
+        let start = self.at;
+        let bytes = self.text.as_bytes();
+        self.at = match bytes.get(start)? {
+            b'"' => string_end(self.text, start)?,
+            b'{' | b'[' => container_end(self.text, start)?,
+            _ => {
+                let length = bytes[start..]
+                    .iter()
+                    .position(|byte| {
+                        matches!(byte, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+                    })
+                    .unwrap_or(bytes.len() - start);
+                if length == 0 {
+                    return None;
+                }
+                start + length
+            }
+        };
+        self.text.get(start..self.at)
+    }
+}
+
+/// Index just past the string whose opening quote is at `at`: the first quote after it
+/// preceded by an even number of backslashes.
+fn string_end(text: &str, at: usize) -> Option<usize> {
+    let bytes = text.as_bytes();
+    // Every search starts just past an ASCII quote, so on a character boundary.
+    let mut from = at + 1;
+    loop {
+        let quote = from + text.get(from..)?.find('"')?;
+        let backslashes = bytes[from..quote]
+            .iter()
+            .rev()
+            .take_while(|byte| **byte == b'\\')
+            .count();
+        if backslashes % 2 == 0 {
+            return Some(quote + 1);
+        }
+        from = quote + 1;
+    }
+}
+
+/// Index just past the object or array opening at `at`.
+fn container_end(text: &str, at: usize) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut position = at;
+    while let Some(byte) = bytes.get(position) {
+        match byte {
+            b'"' => {
+                position = string_end(text, position)?;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(position + 1);
+                }
+            }
+            _ => {}
+        }
+        position += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn both(
+        event_type: &str,
+        data: &str,
+    ) -> (
+        Option<(Value, Option<String>)>,
+        Option<(Value, Option<String>)>,
+    ) {
+        let pair = |skeleton: Skeleton| (skeleton.value, skeleton.message);
+        (
+            scan(event_type, data).map(pair),
+            parse(event_type, data).map(pair),
+        )
+    }
+
+    #[test]
+    fn the_scan_reads_what_the_parser_reads() {
+        let message = r#"{"role":"assistant","content":[{"type":"text","text":"a \"quoted\" [brace} \\"},{"type":"tool-call","id":"c1","name":"x","arguments":"{\"a\":[1,{}]}"},7],"source":{"kind":"model","provider":"p","model":"m","replayState":{"x":"\\\""}},"id":"a1","extra":1.50}"#;
+        let cases = [
+            ("assistant/message", format!(r#"{{"turn":1,"step":2,"message":{message}}}"#)),
+            ("assistant/message", format!(" {{ \"step\" : 2 ,\n\"message\" :\t{message} , \"step\":3 }} ")),
+            ("user/message", r#" {"content":[{"type":"text","text":"\\\\"}],"source":{"kind":"user"},"role":"user","id":"u","id":"v"} "#.to_owned()),
+            ("user/message", r#"{"content":"not an array","source":null,"role":"user","id":"u"}"#.to_owned()),
+            ("tool/result", r#"{"turn":1,"step":1,"message":{"source":{"kind":"tool","callId":"c"},"content":[{"type":"tool-result","toolCallId":"c","content":[{"type":"text","text":"\"]}"}],"isError":false}],"role":"user","id":"r"},"error":{"n":[1e5,-0]},"meta":"é"}"#.to_owned()),
+            ("tool/result", r#"{"message":{"content":[{"type":"tool-result","content":"x"},{"content":[]}]},"message":{"id":"second"}}"#.to_owned()),
+            ("tool/result", r#"{"turn":1}"#.to_owned()),
+            ("assistant/message", r#"{"message":{"content":[],"id":"a","role":"assistant","source":{"kind":"model"}}}"#.to_owned()),
+        ];
+        for (event_type, data) in cases {
+            let (scanned, parsed) = both(event_type, &data);
+            assert!(scanned.is_some(), "{event_type} {data}");
+            assert_eq!(scanned, parsed, "{event_type} {data}");
+        }
+    }
+
+    #[test]
+    fn the_scan_declines_what_it_does_not_read() {
+        for (event_type, data) in [
+            ("assistant/message", r#"{"mess\u0061ge":{}}"#),
+            ("tool/result", r#"[1,2]"#),
+            ("assistant/message", r#"{"message":{"id":"\ud800"}}"#),
+        ] {
+            assert!(scan(event_type, data).is_none(), "{data}");
+        }
     }
 }
