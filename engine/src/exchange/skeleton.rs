@@ -590,13 +590,10 @@ fn container_end(text: &str, at: usize) -> Option<usize> {
 mod tests {
     use super::*;
 
-    fn both(
-        event_type: &str,
-        data: &str,
-    ) -> (
-        Option<(Value, Option<String>)>,
-        Option<(Value, Option<String>)>,
-    ) {
+    type Read = Option<(Value, Option<String>)>;
+
+    /// The skeleton by scan and by parser.
+    fn both(event_type: &str, data: &str) -> (Read, Read) {
         let pair = |skeleton: Skeleton| (skeleton.value, skeleton.message);
         (
             scan(event_type, data).map(pair),
