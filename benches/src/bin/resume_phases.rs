@@ -46,6 +46,12 @@ fn main() -> Result<()> {
         store.close()?;
         eprintln!("built {}", store_path.display());
     }
+    if std::env::var_os("MAINTAIN").is_some() {
+        let store = Store::open(&store_path, Options::default())?;
+        let report = store.maintain()?;
+        store.close()?;
+        eprintln!("maintain: {report:?}");
+    }
     let started = Instant::now();
     let read_only = Options {
         read_only: true,

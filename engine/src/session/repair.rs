@@ -48,33 +48,49 @@ impl RepairScan {
     pub fn observe(&mut self, event: &SessionEvent) {
         // Parse only the payloads this scan reads (chunks are most of a session), and of
         // `turn/start`, `step/start` and `tool/call` only the member it reads.
-        let data = match event.event_type.as_str() {
-            "turn/start" | "step/start" | "tool/call" => {
-                lone_members(event.data.get()).unwrap_or_else(|| event.data_value())
+        let event_type = event.event_type.as_str();
+        if matches!(event_type, "turn/start" | "step/start" | "tool/call") {
+            if let Some(member) = lone_member(event_type, event.data.get()) {
+                self.observe_member(event_type, event.seq, member.as_ref());
+                return;
             }
-            event_type if repair_reads_payload(event_type) => event.data_value(),
-            _ => Value::Null,
+        }
+        let data = if repair_reads_payload(event_type) {
+            event.data_value()
+        } else {
+            Value::Null
         };
-        self.observe_parsed(&event.event_type, event.seq, &data);
+        self.observe_parsed(event_type, event.seq, &data);
     }
 
     /// [`Self::observe`] with the payload already parsed (`SessionEvent::data_value`).
     pub fn observe_parsed(&mut self, event_type: &str, seq: u64, data: &Value) {
         match event_type {
-            "turn/start" => {
-                self.open_turn = Some(data.get("turn").cloned().unwrap_or(Value::Null));
-                self.open_step = None;
-                self.pending.clear();
-            }
+            "turn/start" => self.observe_member(event_type, seq, data.get("turn")),
+            "step/start" => self.observe_member(event_type, seq, data.get("step")),
+            "tool/call" => self.observe_member(event_type, seq, data.get("callId")),
             "turn/end" => *self = Self::default(),
-            "step/start" => self.open_step = Some(data.get("step").cloned().unwrap_or(Value::Null)),
             "step/end" => {
                 self.pending.clear();
                 self.open_step = None;
             }
             ASSISTANT_MESSAGE => self.register_calls(data),
-            "tool/call" => self.record_start(data, seq),
             TOOL_RESULT => self.resolve(data),
+            _ => {}
+        }
+    }
+
+    /// A `turn/start`, `step/start` or `tool/call` by the one member the scan reads of it
+    /// (`turn`, `step`, `callId`; `None` when absent).
+    fn observe_member(&mut self, event_type: &str, seq: u64, member: Option<&Value>) {
+        match event_type {
+            "turn/start" => {
+                self.open_turn = Some(member.cloned().unwrap_or(Value::Null));
+                self.open_step = None;
+                self.pending.clear();
+            }
+            "step/start" => self.open_step = Some(member.cloned().unwrap_or(Value::Null)),
+            "tool/call" => self.record_start(member, seq),
             _ => {}
         }
     }
@@ -104,8 +120,8 @@ impl RepairScan {
         }
     }
 
-    fn record_start(&mut self, data: &Value, seq: u64) {
-        let call_id = key_text(data.get("callId"));
+    fn record_start(&mut self, call_id: Option<&Value>, seq: u64) {
+        let call_id = key_text(call_id);
         if let Some(pending) = self
             .pending
             .iter_mut()
@@ -121,11 +137,11 @@ impl RepairScan {
     }
 }
 
-/// The members `turn`, `step` and `callId` of a payload object (all the scan reads of a
-/// `turn/start`, `step/start` or `tool/call`), as an object holding those present; `None`
-/// when the text is not an object this way reads (duplicate keys, lone surrogates): the
-/// caller then parses the whole payload.
-fn lone_members(data: &str) -> Option<Value> {
+/// The one member the repair scan reads of a `turn/start` (`turn`), `step/start` (`step`)
+/// or `tool/call` (`callId`) payload object: `Some(None)` when absent; `None` when the text
+/// is not an object this way reads (duplicate keys, lone surrogates): the caller then parses
+/// the whole payload.
+fn lone_member(event_type: &str, data: &str) -> Option<Option<Value>> {
     /// A member present with any value, `null` included (`Option` alone reads `null` as
     /// absent).
     fn present<'de, D: serde::Deserializer<'de>>(
@@ -134,11 +150,17 @@ fn lone_members(data: &str) -> Option<Value> {
         serde::Deserialize::deserialize(deserializer).map(Some)
     }
     #[derive(serde::Deserialize)]
-    struct Read {
+    struct Turn {
         #[serde(default, deserialize_with = "present")]
         turn: Option<Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Step {
         #[serde(default, deserialize_with = "present")]
         step: Option<Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Call {
         #[serde(default, deserialize_with = "present", rename = "callId")]
         call_id: Option<Value>,
     }
@@ -146,18 +168,18 @@ fn lone_members(data: &str) -> Option<Value> {
     if !data.trim_start().starts_with('{') {
         return None;
     }
-    let read: Read = serde_json::from_str(data).ok()?;
-    let mut members = serde_json::Map::new();
-    for (key, value) in [
-        ("turn", read.turn),
-        ("step", read.step),
-        ("callId", read.call_id),
-    ] {
-        if let Some(value) = value {
-            members.insert(key.to_owned(), value);
-        }
+    match event_type {
+        "turn/start" => serde_json::from_str::<Turn>(data)
+            .ok()
+            .map(|read| read.turn),
+        "step/start" => serde_json::from_str::<Step>(data)
+            .ok()
+            .map(|read| read.step),
+        "tool/call" => serde_json::from_str::<Call>(data)
+            .ok()
+            .map(|read| read.call_id),
+        _ => None,
     }
-    Some(Value::Object(members))
 }
 
 /// A call id as the JS template literal would print it (ids are strings in practice).
@@ -313,13 +335,17 @@ mod lone_member_tests {
             r#"{}"#,
         ] {
             let full: Value = crate::session::json::value_lossy(data).expect("JSON");
-            let lone = lone_members(data).expect("read");
-            for key in ["turn", "step", "callId"] {
-                assert_eq!(lone.get(key), full.get(key), "{data} {key}");
+            for (event_type, key) in [
+                ("turn/start", "turn"),
+                ("step/start", "step"),
+                ("tool/call", "callId"),
+            ] {
+                let lone = lone_member(event_type, data).expect("read");
+                assert_eq!(lone.as_ref(), full.get(key), "{data} {key}");
             }
         }
         for other in [r#"[1,2,3]"#, r#"{"turn":1,"turn":2}"#, r#""text""#, "7"] {
-            assert_eq!(lone_members(other), None, "{other}");
+            assert_eq!(lone_member("turn/start", other), None, "{other}");
         }
     }
 }
