@@ -40,7 +40,7 @@ use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBA
 use crate::session::event::{ASSISTANT_MESSAGE, END_SEED, TOOL_RESULT, USER_MESSAGE};
 use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
 use crate::session::repair::repair_observes_type;
-use crate::session::surface::projected_message;
+use crate::session::surface::{projected_message, rewrite_key, rewrite_key_from};
 use crate::session::{
     is_known_event_type, is_surface_eligible_type, needs_migration, parse_event_line,
     validate_seed_event, validate_seed_event_parsed, RepairScan, SeedMode, SessionEvent,
@@ -356,9 +356,15 @@ impl<'a> StreamLoad<'a> {
             self.repair
                 .observe_parsed(&event.event_type, event.seq, &data);
         }
+        // The rewrite key of a tool result; in text form its payload is not needed after it.
+        let (rewrite_key, data) = match (event.event_type.as_str(), self.form) {
+            (TOOL_RESULT, Form::Texts) => (Some(rewrite_key_from(data)), Value::Null),
+            (TOOL_RESULT, Form::Values) => (Some(rewrite_key(&data)), data),
+            _ => (None, data),
+        };
         let change = self
             .fold
-            .apply_keeping_no_message(event, &data)
+            .apply_keeping_no_message(event, rewrite_key)
             .map_err(|_| fallback(seq, "surface"))?;
         let shadowed: &[u64] = match &change {
             SurfaceChange::Unchanged => return Ok(()),
@@ -627,6 +633,26 @@ mod tests {
             r#""surfaceOp": "append""#,
         ] {
             assert_eq!(common_envelope(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn rewrite_key_in_place_equals_the_copy() {
+        for data in [
+            r#"{"turn":1,"message":{"content":[{"type":"tool-result","content":[1],"isError":true},{"x":1}],"id":"r"},"error":{}}"#,
+            r#"{"message":{"content":[{"type":"tool-result"}]}}"#,
+            r#"{"message":{"content":[7,8]}}"#,
+            r#"{"message":{"content":[]}}"#,
+            r#"{"message":{"content":{"0":1}}}"#,
+            r#"{"message":"text"}"#,
+            r#"[1]"#,
+        ] {
+            let value: Value = serde_json::from_str(data).expect("JSON");
+            assert_eq!(
+                rewrite_key_from(value.clone()),
+                rewrite_key(&value),
+                "{data}"
+            );
         }
     }
 

@@ -385,6 +385,16 @@ pub(crate) fn scan(event_type: &str, data: &str) -> Option<Skeleton> {
 }
 
 fn parse_value(text: &str) -> Option<Value> {
+    // Most kept members (ids, roles, kinds) are strings without escapes: their text is
+    // their value, no parser needed.
+    if let Some(inner) = text
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+    {
+        if !inner.contains(['\\', '"']) && !inner.bytes().any(|byte| byte < 0x20) {
+            return Some(Value::String(inner.to_owned()));
+        }
+    }
     serde_json::from_str(text).ok()
 }
 
@@ -613,6 +623,7 @@ mod tests {
             ("tool/result", r#"{"message":{"content":[{"type":"tool-result","content":"x"},{"content":[]}]},"message":{"id":"second"}}"#.to_owned()),
             ("tool/result", r#"{"turn":1}"#.to_owned()),
             ("assistant/message", r#"{"message":{"content":[],"id":"a","role":"assistant","source":{"kind":"model"}}}"#.to_owned()),
+            ("user/message", "{\"id\":\"tab\\there\",\"role\":\"us\u{e9}r\",\"source\":{\"kind\":\"\"},\"content\":[]}".to_owned()),
         ];
         for (event_type, data) in cases {
             let (scanned, parsed) = both(event_type, &data);

@@ -132,21 +132,22 @@ impl SurfaceFold {
         Ok(change)
     }
 
-    /// [`Self::apply`] for an event whose payload the caller has already parsed
-    /// (`data` = [`SessionEvent::data_value`]), for callers that keep the projected messages
-    /// themselves: the node's message text is not kept, so [`Self::derive_message_texts`],
-    /// [`Self::derive_messages`], [`Self::node_messages`] and [`Self::to_parts`] of this
-    /// fold no longer describe it. Every rule is checked exactly as by [`Self::apply`].
+    /// [`Self::apply`] for a caller that parsed the event's payload itself and keeps the
+    /// projected messages itself: `rewrite_key` is the event's rewrite key when it is a
+    /// `tool/result` ([`rewrite_key`] or [`rewrite_key_from`] of its parsed payload), and the
+    /// node's message text is not kept, so [`Self::derive_message_texts`],
+    /// [`Self::derive_messages`], [`Self::node_messages`] and [`Self::to_parts`] of this fold
+    /// no longer describe it. Every rule is checked exactly as by [`Self::apply`].
     pub(crate) fn apply_keeping_no_message(
         &mut self,
         event: &SessionEvent,
-        data: &Value,
+        rewrite_key: Option<Value>,
     ) -> Result<SurfaceChange, SessionError> {
-        let change = self.plan(event, Some(data))?;
+        let change = self.plan(event, rewrite_key.as_ref())?;
         self.commit(&change, || SurfaceNode {
             seq: event.seq,
             message: None,
-            rewrite_key: (event.event_type == TOOL_RESULT).then(|| rewrite_key(data)),
+            rewrite_key: rewrite_key.filter(|_| event.event_type == TOOL_RESULT),
         });
         Ok(change)
     }
@@ -170,11 +171,11 @@ impl SurfaceFold {
         self.plan(event, None).map(|_| ())
     }
 
-    /// `data`: the event's payload if the caller parsed it already (else parsed on demand).
+    /// `candidate_key`: the event's rewrite key if the caller has it (else computed on demand).
     fn plan(
         &self,
         event: &SessionEvent,
-        data: Option<&Value>,
+        candidate_key: Option<&Value>,
     ) -> Result<SurfaceChange, SessionError> {
         if event.seq != self.next_seq {
             return Err(SessionError::SeqNotContiguous {
@@ -188,7 +189,9 @@ impl SurfaceFold {
                 check_provenance(event, &[])?;
                 Ok(SurfaceChange::Appended)
             }
-            Some(SurfaceOp::Replace { start, end }) => self.plan_replace(event, start, end, data),
+            Some(SurfaceOp::Replace { start, end }) => {
+                self.plan_replace(event, start, end, candidate_key)
+            }
         }
     }
 
@@ -197,7 +200,7 @@ impl SurfaceFold {
         event: &SessionEvent,
         start: u64,
         end: u64,
-        data: Option<&Value>,
+        candidate_key: Option<&Value>,
     ) -> Result<SurfaceChange, SessionError> {
         let (start_index, end_index) = self.replacement_range(start, end)?;
         let shadowed_seqs: Vec<u64> = self.nodes[start_index..=end_index]
@@ -206,7 +209,7 @@ impl SurfaceFold {
             .collect();
         check_provenance(event, &shadowed_seqs)?;
         if event.event_type == TOOL_RESULT {
-            self.check_tool_result_rewrite(event, start_index, end_index, data)?;
+            self.check_tool_result_rewrite(event, start_index, end_index, candidate_key)?;
         }
         Ok(SurfaceChange::Replaced(SurfaceReplacement {
             seq: event.seq,
@@ -236,7 +239,7 @@ impl SurfaceFold {
         event: &SessionEvent,
         start_index: usize,
         end_index: usize,
-        data: Option<&Value>,
+        candidate_key: Option<&Value>,
     ) -> Result<(), SessionError> {
         if start_index != end_index {
             return Err(SessionError::ToolResultRewriteNotSingle);
@@ -244,11 +247,15 @@ impl SurfaceFold {
         let Some(original) = &self.nodes[start_index].rewrite_key else {
             return Err(SessionError::ToolResultRewriteWrongTarget);
         };
-        let candidate = match data {
-            Some(data) => rewrite_key(data),
-            None => rewrite_key(&event.data_value()),
+        let computed;
+        let candidate = match candidate_key {
+            Some(key) => key,
+            None => {
+                computed = rewrite_key(&event.data_value());
+                &computed
+            }
         };
-        if !json_equal(original, &candidate) {
+        if !json_equal(original, candidate) {
             return Err(SessionError::ToolResultRewriteChangedMore);
         }
         Ok(())
@@ -431,7 +438,7 @@ pub(crate) fn projected_message(event: &SessionEvent) -> Option<Box<RawValue>> {
 /// The tool-result payload with `message.content` reduced to its first block whose inner
 /// `content` is nulled: everything else must survive a rewrite unchanged (§3.4). Built
 /// member by member so that the (possibly large) result content is never copied.
-fn rewrite_key(data: &Value) -> Value {
+pub(crate) fn rewrite_key(data: &Value) -> Value {
     let Value::Object(members) = data else {
         return data.clone();
     };
@@ -449,6 +456,22 @@ fn rewrite_key(data: &Value) -> Value {
     };
     let message = with_member(message, "content", || reduced_block);
     Value::Object(with_member(members, "message", || Value::Object(message)))
+}
+
+/// [`rewrite_key`] of a payload the caller gives up: made in place, nothing copied.
+pub(crate) fn rewrite_key_from(mut data: Value) -> Value {
+    let content = data
+        .get_mut("message")
+        .and_then(|message| message.get_mut("content"));
+    if let Some(content) = content {
+        if let Some(mut block) = content.get_mut(0).map(std::mem::take) {
+            if let Some(block_members) = block.as_object_mut() {
+                block_members.insert("content".to_owned(), Value::Null);
+            }
+            *content = block;
+        }
+    }
+    data
 }
 
 /// A copy of `members` whose member `key` is `value()` instead (in its place, or appended
