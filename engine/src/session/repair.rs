@@ -97,7 +97,11 @@ impl RepairScan {
 
     fn register_calls(&mut self, data: &Value) {
         let step = data.get("step").cloned().unwrap_or(Value::Null);
-        let blocks = data.pointer("/message/content").and_then(Value::as_array);
+        // `get` chains rather than `pointer`, which allocates per path token.
+        let blocks = data
+            .get("message")
+            .and_then(|message| message.get("content"))
+            .and_then(Value::as_array);
         let calls = blocks
             .into_iter()
             .flatten()
@@ -132,7 +136,11 @@ impl RepairScan {
     }
 
     fn resolve(&mut self, data: &Value) {
-        let call_id = key_text(data.pointer("/message/source/callId"));
+        let call_id = key_text(
+            data.get("message")
+                .and_then(|message| message.get("source"))
+                .and_then(|source| source.get("callId")),
+        );
         self.pending.retain(|pending| pending.call_id != call_id);
     }
 }
