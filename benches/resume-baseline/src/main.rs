@@ -3,7 +3,7 @@
 //! Reads a DSH `session.jsonl.zstd` as any reader of that file must: zstd-decode it and parse
 //! every line to a `serde_json::Value` (no derivation of messages, which favours it). Built
 //! outside the main workspace so serde_json has its default features only (see Cargo.toml).
-//! Prints `millis peak_rss_mib`, like the `dshdb-benches child` commands.
+//! Prints `millis peak_rss_mib cpu_millis`, like the `dshdb-benches child` commands.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -21,6 +21,15 @@ fn peak_rss_mib() -> f64 {
                 .ok()
         })
         .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// The process's time on a CPU so far, in ms: its main thread's, the first field of
+/// `/proc/self/schedstat` (ns); both sides of the cold resume run on one thread.
+fn cpu_millis() -> f64 {
+    std::fs::read_to_string("/proc/self/schedstat")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |nanos| nanos / 1e6)
 }
 
 fn resume(path: &str) -> Result<usize, Box<dyn std::error::Error>> {
@@ -43,9 +52,10 @@ fn main() -> ExitCode {
     match resume(&path) {
         Ok(lines) if lines > 1 => {
             println!(
-                "{} {}",
+                "{} {} {}",
                 started.elapsed().as_secs_f64() * 1e3,
-                peak_rss_mib()
+                peak_rss_mib(),
+                cpu_millis()
             );
             ExitCode::SUCCESS
         }
