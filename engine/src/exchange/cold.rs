@@ -9,11 +9,12 @@
 //! - every event: known type (or `ignorable`), seq equal to its index, the surface rules of
 //!   the fold (`surfaceOp` / `sourceEventSeqs`, replacements, tool-result rewrites);
 //! - message-bearing events (`user/message`, `assistant/message`, `tool/result`): payload
-//!   parsed once, then DSH's message-shape check, the repair scan and the fold all read that
-//!   one parse, and the projected message is taken out of it (no second parse at the end);
+//!   read once (a `Value` for [`stream_messages`], a skeleton for [`stream_message_texts`]),
+//!   then DSH's message-shape check, the repair scan and the fold all read that one parse,
+//!   and the projected message is taken out of it (no second parse at the end);
 //! - other events whose payload a check reads (`turn/*`, `step/*`, `tool/call`,
-//!   `request/header`, …): exactly the full load's per-event checks, legacy migration
-//!   included;
+//!   `request/header`, …): exactly the full load's per-event checks (a legacy shape that
+//!   the full load would migrate or refuse hands over to it);
 //! - verbatim lines and packed chunk rows: rendered and decoded exactly as the full load does;
 //! - then DSH's interrupted-turn closers and the in-memory `session/end-seed`, as in
 //!   [`crate::session::restore_session`].
@@ -21,8 +22,13 @@
 //! What it skips, and why the result is still the full load's:
 //! - the payload of a *log-only* event ([`is_log_only_type`]: a known type none of the
 //!   cold-load checks reads, in DSH logs almost all `assistant/chunk`) is neither parsed nor
-//!   re-rendered. The full load's line parse could not fail on it: the store refuses an
-//!   append whose data is not JSON and checksums every frame it reads back.
+//!   re-rendered. The full load's line parse could not fail on it: writers check that
+//!   `data` is valid JSON (format-spec F-02-11; `Store` refuses such an append) and every
+//!   frame read back is checksummed. (A store written by a foreign writer that broke F-02-11
+//!   could hold a payload the full load refuses and this path does not.)
+//! - message-bearing payloads are read as *skeletons* in text form
+//!   ([`stream_message_texts`]): one structural scan keeps exactly what the checks read and
+//!   slices the message text out (same F-02-11 reasoning: the scan does not re-validate);
 //! - a plain stored event (not verbatim, not a row) is taken from its stored fields, with
 //!   the envelope rules (`seq`/`time` safe integers, envelope members) checked on the stored
 //!   values instead of on a rendered line.

@@ -341,9 +341,9 @@ impl<'de> Visitor<'de> for ArrayKindVisitor {
 /// The skeleton read by a structural scan instead of a parser: one pass, in which strings
 /// are skipped by searching for their closing quote and containers by counting brackets;
 /// only the kept members are parsed (as `Value`s, from their own text). The payload is not
-/// validated as JSON here: the store refused it at append time if it was not (and
-/// checksums what it reads back), and on valid JSON this scan finds exactly the spans a
-/// parser finds. `None` when the text is laid out in a way this scan does not read (a key
+/// validated as JSON here: writers check that `data` is valid JSON (format-spec F-02-11;
+/// the store refuses such an append) and every frame read back is checksummed, and on valid
+/// JSON this scan finds exactly the spans a parser finds. `None` when the text is laid out in a way this scan does not read (a key
 /// with an escape, a payload that is not an object, a kept member that does not parse):
 /// the caller then uses [`parse`].
 pub(crate) fn scan(event_type: &str, data: &str) -> Option<Skeleton> {
