@@ -1,6 +1,9 @@
 //! Profiling aid for the cold-resume benchmark: builds (once) a store holding the generated
 //! 1.3M-event session at `DIR/store` and its DSH `session.jsonl.zstd`, then times the phases
-//! of a cold resume. `resume_phases DIR [EVENTS]`.
+//! of a cold resume. `resume_phases DIR [EVENTS]`. One path alone (for `perf` or
+//! `valgrind --tool=callgrind`): `TEXTS_ONLY=1` (`message_texts`), `STREAM_ONLY=1`
+//! (`cold::stream_messages`), `FULL_ONLY=1` (`messages_full`), `READ_ONLY=1` (the chunked
+//! `Store::read` alone); `MAINTAIN=1` seals the store into runs first.
 
 use anyhow::{Context, Result};
 use dshdb::db::{Options, Store};
@@ -72,6 +75,15 @@ fn main() -> Result<()> {
         println!(
             "chunked Store::read {:?} ({bytes} data bytes)",
             started.elapsed()
+        );
+        return Ok(());
+    }
+    if std::env::var_os("FULL_ONLY").is_some() {
+        let messages = exchange::messages_full(&store, SESSION_JSONL_ID)?;
+        println!(
+            "open + messages_full {:?} ({} messages)",
+            started.elapsed(),
+            messages.len()
         );
         return Ok(());
     }
