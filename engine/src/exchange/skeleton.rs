@@ -18,8 +18,8 @@
 //!
 //! Left out: of an assistant payload every member but `step` and `message`; of a user or
 //! assistant message every member but `id`, `role`, `source` and `content`, every
-//! `source` member but `kind`, `provider`, `model`, `callId`, and every content-block member
-//! but `type` and `id`; of a tool result only the `content` of each content block (kept as
+//! `source` member but `kind`, `provider`, `model`, `callId`, and every content block but
+//! the `type` and `id` of a tool call (any other block is `null`); of a tool result only the `content` of each content block (kept as
 //! `[]` when it is an array, so the shape check still sees an array, else `null`). The rest
 //! is kept as parsed.
 //!
@@ -259,7 +259,10 @@ impl<'de> Visitor<'de> for ContentVisitor {
             tool_result: self.tool_result,
         };
         while let Some(block) = seq.next_element_seed(part)? {
-            blocks.push(block);
+            blocks.push(match self.tool_result {
+                true => block,
+                false => call_block_only(block),
+            });
         }
         Ok(Value::Array(blocks))
     }
@@ -441,10 +444,62 @@ fn scan_content(cursor: &mut Cursor<'_>, tool_result: bool) -> Option<Value> {
     }
     let mut blocks = Vec::new();
     cursor.array(|cursor| {
-        blocks.push(scan_object(cursor, Part::Block { tool_result })?);
+        blocks.push(match tool_result {
+            true => scan_object(cursor, Part::Block { tool_result })?,
+            false => scan_call_block(cursor)?,
+        });
         Some(())
     })?;
     Some(Value::Array(blocks))
+}
+
+/// A user or assistant content block as the checks need it: `{type, id}` (as present) when
+/// it is an object whose `type` is `"tool-call"`, else `null`. No check reads any other
+/// block (the repair scan registers tool calls; the content's length is kept).
+fn call_block_only(block: Value) -> Value {
+    if block.get("type").and_then(Value::as_str) == Some("tool-call") {
+        block
+    } else {
+        Value::Null
+    }
+}
+
+/// [`call_block_only`] of the block at the cursor, by scan: `type` and `id` are looked at,
+/// nothing is built for any other block.
+fn scan_call_block(cursor: &mut Cursor<'_>) -> Option<Value> {
+    if cursor.peek() != Some(b'{') {
+        cursor.skip_value()?;
+        return Some(Value::Null);
+    }
+    // (key, value text) of `type` and `id` in first-appearance order, last value winning.
+    let mut kept: Vec<(&str, &str)> = Vec::with_capacity(2);
+    cursor.object(|cursor, key| {
+        let text = cursor.skip_value()?;
+        if matches!(key, "type" | "id") {
+            match kept.iter_mut().find(|(name, _)| *name == key) {
+                Some(member) => member.1 = text,
+                None => kept.push((key, text)),
+            }
+        }
+        Some(())
+    })?;
+    let type_text = kept
+        .iter()
+        .find(|(name, _)| *name == "type")
+        .map(|member| member.1);
+    let is_call = match type_text {
+        Some("\"tool-call\"") => true,
+        Some(text) => parse_value(text)?.as_str() == Some("tool-call"),
+        None => false,
+    };
+    if !is_call {
+        return Some(Value::Null);
+    }
+    let mut members = Map::new();
+    for (key, text) in kept {
+        members.insert(key.to_owned(), parse_value(text)?);
+    }
+    Some(Value::Object(members))
 }
 
 /// A position in JSON text known to be valid.
@@ -622,6 +677,7 @@ mod tests {
             ("tool/result", r#"{"turn":1,"step":1,"message":{"source":{"kind":"tool","callId":"c"},"content":[{"type":"tool-result","toolCallId":"c","content":[{"type":"text","text":"\"]}"}],"isError":false}],"role":"user","id":"r"},"error":{"n":[1e5,-0]},"meta":"é"}"#.to_owned()),
             ("tool/result", r#"{"message":{"content":[{"type":"tool-result","content":"x"},{"content":[]}]},"message":{"id":"second"}}"#.to_owned()),
             ("tool/result", r#"{"turn":1}"#.to_owned()),
+            ("assistant/message", r#"{"message":{"content":[{"type":"tool\u002dcall","id":"x","id":"y"},{"id":"z","type":"tool-call","type":"text"},"s",{"type":"tool-call"}],"id":"a"}}"#.to_owned()),
             ("assistant/message", r#"{"message":{"content":[],"id":"a","role":"assistant","source":{"kind":"model"}}}"#.to_owned()),
             ("user/message", "{\"id\":\"tab\\there\",\"role\":\"us\u{e9}r\",\"source\":{\"kind\":\"\"},\"content\":[]}".to_owned()),
         ];
