@@ -3,7 +3,7 @@
 //! `(session, seq range) → block`. Pure encoding and decoding plus block reads; the sealing
 //! protocol (file sync, manifest, removal) lives in `db.rs`.
 
-use crate::catalog::Position;
+use crate::catalog::Extent;
 use crate::error::{Error, Result};
 use crate::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
 use crate::io::StorageFile;
@@ -105,8 +105,8 @@ impl BlockEntry {
 pub struct BuiltRun {
     pub bytes: Vec<u8>,
     pub entry: RunEntry,
-    /// Every event's new position: `(session, seq, position in the run)`.
-    pub moved: Vec<(u32, u64, Position)>,
+    /// Where the events went, one extent per event block: `(session, first seq, extent)`.
+    pub moved: Vec<(u32, u64, Extent)>,
     /// Events the run holds.
     pub events: u64,
     /// Raw (uncompressed) bytes of its blocks.
@@ -261,22 +261,21 @@ fn assemble(
             }
             let last = session.frames[end - 1];
             let raw = &session.raw[block_raw_start..last.1 + last.2 as usize];
-            for (seq, offset, length) in &session.frames[start..end] {
-                moved.push((
-                    session.session,
-                    *seq,
-                    Position {
-                        segment: run_id,
-                        offset: writer.raw_offset + (offset - block_raw_start) as u64,
-                        frame_bytes: *length,
-                    },
-                ));
-            }
             let count = u32::try_from(end - start).map_err(|_| Error::TooLarge {
                 what: "run block events",
                 size: (end - start) as u64,
                 limit: u64::from(u32::MAX),
             })?;
+            moved.push((
+                session.session,
+                session.frames[start].0,
+                Extent {
+                    file: run_id,
+                    offset: writer.raw_offset,
+                    bytes: raw.len() as u64,
+                    count,
+                },
+            ));
             writer.push(session.session, count, session.frames[start].0, raw)?;
             events += u64::from(count);
             start = end;

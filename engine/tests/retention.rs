@@ -7,7 +7,7 @@ use common::*;
 use dshdb::commit::Durability;
 use dshdb::compaction::collect_spill;
 use dshdb::db::{NewEvent, Options, Store};
-use dshdb::index::{CHECKPOINT_FILE, CHECKPOINT_VERSION_DELETIONS};
+use dshdb::index::{decode_checkpoint, CHECKPOINT_FILE};
 use dshdb::io::sim::{CrashImage, SimStorage};
 use dshdb::io::Storage;
 use dshdb::spill::SpillStore;
@@ -72,7 +72,7 @@ fn a_deleted_session_is_gone_after_reopen_and_its_id_can_be_reused() {
         assert_eq!(store.session("b").expect("b").events, 10);
         store.close().expect("close");
     }
-    // Sealing writes the tombstone into a run and a version-2 checkpoint (F-06-25).
+    // Sealing writes the tombstone into a run and a checkpoint that lists the deletion (F-06-25).
     let store = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
     store.maintain().expect("maintain");
     let mut reused = store.create_session_with_id("a").expect("reuse id");
@@ -83,14 +83,15 @@ fn a_deleted_session_is_gone_after_reopen_and_its_id_can_be_reused() {
         .open_read(CHECKPOINT_FILE)
         .and_then(|file| file.read_all())
         .expect("checkpoint");
-    assert_eq!(
-        checkpoint[8..12],
-        CHECKPOINT_VERSION_DELETIONS.to_le_bytes()
+    let decoded = decode_checkpoint(&checkpoint).expect("a valid checkpoint");
+    assert!(
+        decoded.catalog.sessions.values().any(|entry| entry.deleted),
+        "the deleted session is listed"
     );
     for options in [sim_options(Durability::Sync), no_checkpoint()] {
         let use_checkpoint = options.use_checkpoint;
         let store = open_sim(&disk, options).expect("reopen");
-        // The closing checkpoint lists the deleted session (version 2, F-06-25).
+        // The closing checkpoint lists the deleted session (F-06-25).
         assert_eq!(store.recovery_report().checkpoint_used, use_checkpoint);
         assert_eq!(datas(&store, "a"), vec!["{\"new\":1}".to_string()]);
         assert_eq!(datas(&store, "b").len(), 10);
