@@ -19,7 +19,10 @@ use crate::io::fs::FsStorage;
 use crate::io::{LockGuard, Storage, StorageFile};
 use crate::manifest::{Manifest, RunEntry, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
 use crate::recovery::{recover, LogTail, RecoveryReport, TornSegment};
-use crate::run::{build_run, parse_run_name, run_path, BlockCache, Retained, RunReader, RUNS_DIR};
+use crate::run::{
+    build_run, holds_dropped_events, parse_run_name, rebuild_run, run_path, BlockCache, Retained,
+    RunReader, RUNS_DIR,
+};
 use crate::segment::{
     check_header, create_segment, parse_segment_name, read_segment, segment_path,
     SEGMENT_HEADER_BYTES, WAL_DIR,
@@ -237,8 +240,9 @@ struct Inner {
     /// Opened runs (index read, file mapped), by id.
     run_readers: Mutex<HashMap<u64, Arc<RunReader>>>,
     cache: BlockCache,
-    /// One `maintain` at a time.
-    maintaining: Mutex<()>,
+    /// One `maintain` at a time. It holds how many sessions were deleted when a pass last
+    /// rewrote every run that needed it: until another deletion, no run needs it.
+    maintaining: Mutex<Option<usize>>,
     /// Readers hold it shared from collecting positions to decoding them; a seal holds it
     /// exclusively while it moves positions from a segment to its run.
     read_gate: RwLock<()>,
@@ -268,6 +272,9 @@ pub struct MaintenanceReport {
     /// the space reclaimed from the write-ahead log.
     pub events_dropped: u64,
     pub bytes_reclaimed: u64,
+    /// Runs rewritten without the events of deleted sessions (F-06-26); their bytes
+    /// reclaimed count in `bytes_reclaimed`.
+    pub runs_rewritten: usize,
 }
 
 /// Figures of [`Store::stats`], for the whole store or one session.
@@ -385,7 +392,7 @@ impl Store {
                 run_entries: RwLock::new(run_entries),
                 run_readers: Mutex::new(HashMap::new()),
                 cache,
-                maintaining: Mutex::new(()),
+                maintaining: Mutex::new(None),
                 read_gate: RwLock::new(()),
                 maintenance: Arc::new(MaintenanceSignal::default()),
             }),
@@ -446,18 +453,20 @@ impl Store {
     /// after the run file and the manifest naming it are durable.
     pub fn maintain(&self) -> Result<MaintenanceReport> {
         let log = self.log()?;
-        let _one_at_a_time = self.inner.maintaining.lock();
+        let mut reclaimed_at = self.inner.maintaining.lock();
         let mut report = MaintenanceReport::default();
-        if log.manifest().segments.len() < 2 {
-            // Only the segment taking appends: nothing is sealed, nothing to flush for.
-            return Ok(report);
+        // With only the segment taking appends nothing is sealed, nothing to flush for.
+        if log.manifest().segments.len() >= 2 {
+            // Makes the seal of every rolled segment durable (it is queued with the roll).
+            log.flush()?;
+            while let Some(segment) = log.oldest_sealed_segment() {
+                self.seal_segment(log, segment, &mut report)?;
+            }
         }
-        // Makes the seal of every rolled segment durable (it is queued with the roll).
-        log.flush()?;
-        while let Some(segment) = log.oldest_sealed_segment() {
-            self.seal_segment(log, segment, &mut report)?;
-        }
-        if report.segments_sealed > 0 {
+        // Tombstones are durable before the catalog marks a session deleted, so dropping
+        // its sealed events here never outruns its deletion.
+        self.reclaim_runs(log, &mut reclaimed_at, &mut report)?;
+        if report.segments_sealed > 0 || report.runs_rewritten > 0 {
             // Once per maintain, not per segment: the checkpoint covers the whole catalog,
             // and an older one stays valid for the runs it names (F-06-21).
             // Derived data (F-06-22): a failure only costs the next open a replay of runs.
@@ -515,6 +524,53 @@ impl Store {
         Ok(())
     }
 
+    /// Rewrites every run that holds events of deleted sessions no live fork reads
+    /// (F-06-26): the new run durable, then the manifest naming it in the old one's place,
+    /// then the old file removed. A crash leaves one of the two an orphan (F-06-11).
+    fn reclaim_runs(
+        &self,
+        log: &Log,
+        reclaimed_at: &mut Option<usize>,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let retained = self.inner.catalog.read().retained_prefixes();
+        if retained.is_empty() || *reclaimed_at == Some(retained.len()) {
+            return Ok(());
+        }
+        let storage = self.inner.storage.as_ref();
+        for old in log.manifest().runs {
+            let Some(reader) = self.run_reader(old.id)? else {
+                continue;
+            };
+            if !holds_dropped_events(&reader.index, &retained) {
+                continue;
+            }
+            let run_id = log.allocate_file_id()?;
+            let built = rebuild_run(&reader, run_id, new_salt(), &retained)?;
+            drop(reader);
+            self.check_moves(old.id, &built.moved)?;
+            write_run_file(storage, run_id, &built.bytes)?;
+            if let Err(error) = log.replace_run(old.id, built.entry) {
+                if log.poisoned().is_none() {
+                    let _ = storage.remove(&run_path(run_id));
+                }
+                return Err(error);
+            }
+            self.move_positions(old.id, Some(built.entry), &built.moved, &retained)?;
+            storage
+                .remove(&run_path(old.id))
+                .map_err(io_error("run remove"))?;
+            storage
+                .sync_dir(RUNS_DIR)
+                .map_err(io_error("directory sync"))?;
+            report.runs_rewritten += 1;
+            report.events_dropped += built.dropped_events;
+            report.bytes_reclaimed += old.file_bytes.saturating_sub(built.entry.file_bytes);
+        }
+        *reclaimed_at = Some(retained.len());
+        Ok(())
+    }
+
     /// Every event of the run must be indexed in the segment it came from.
     fn check_moves(&self, segment: u64, moved: &[(u32, u64, Extent)]) -> Result<()> {
         let catalog = self.inner.catalog.read();
@@ -540,8 +596,9 @@ impl Store {
         Ok(())
     }
 
-    /// Points the catalog at the run instead of the segment (under the read gate, so no
-    /// reader holds extents of the segment any more when it is removed).
+    /// Points the catalog at the run instead of the segment or the run it replaces (under
+    /// the read gate, so no reader holds extents of the old file any more when it is
+    /// removed).
     /// Deleted sessions lose the events past what they retain: those events were left
     /// out of the run (F-06-24) and nothing reads them any more.
     fn move_positions(
@@ -591,6 +648,8 @@ impl Store {
         }
         inner.files.lock().remove(&segment);
         inner.salts.write().remove(&segment);
+        inner.run_entries.write().remove(&segment);
+        inner.run_readers.lock().remove(&segment);
         Ok(())
     }
 
