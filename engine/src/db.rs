@@ -20,8 +20,8 @@ use crate::io::{LockGuard, Storage, StorageFile};
 use crate::manifest::{Manifest, RunEntry, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
 use crate::recovery::{recover, LogTail, RecoveryReport, TornSegment};
 use crate::run::{
-    build_run, holds_dropped_events, parse_run_name, rebuild_run, run_path, BlockCache, Retained,
-    RunReader, RUNS_DIR,
+    build_run, holds_dropped_events, parse_run_name, rebuild_run, run_path, BlockCache, BuiltRun,
+    Retained, RunReader, RUNS_DIR,
 };
 use crate::segment::{
     check_header, create_segment, parse_segment_name, read_segment, segment_path,
@@ -300,6 +300,13 @@ pub struct Stats {
     pub run_compression_ratio: f64,
 }
 
+/// A file a new run takes the place of: a sealed segment or a run being rewritten.
+struct Replaced {
+    file: u64,
+    path: String,
+    dir: &'static str,
+}
+
 /// An open store. Cheap to clone; all clones share one store.
 #[derive(Clone)]
 pub struct Store {
@@ -494,27 +501,17 @@ impl Store {
             new_salt(),
             &retained,
         )?;
-        self.check_moves(segment.id, &built.moved)?;
         // A segment without any record (a clean reopen's fresh segment, closed unused)
         // needs no run: it is dropped from the manifest (F-06-14).
         let run = (built.raw_bytes > 0).then_some(built.entry);
-        if run.is_some() {
-            write_run_file(storage, run_id, &built.bytes)?;
-        }
-        if let Err(error) = log.replace_segment_with_run(segment.id, run) {
-            if log.poisoned().is_none() && run.is_some() {
-                // The old manifest is in force: the run file is an orphan either way.
-                let _ = storage.remove(&run_path(run_id));
-            }
-            return Err(error);
-        }
-        self.move_positions(segment.id, run, &built.moved, &retained)?;
-        storage
-            .remove(&segment_path(segment.id))
-            .map_err(io_error("segment remove"))?;
-        storage
-            .sync_dir(WAL_DIR)
-            .map_err(io_error("directory sync"))?;
+        let replaced = Replaced {
+            file: segment.id,
+            path: segment_path(segment.id),
+            dir: WAL_DIR,
+        };
+        self.put_run_in_place_of(replaced, run, &built, &retained, || {
+            log.replace_segment_with_run(segment.id, run)
+        })?;
         report.segments_sealed += 1;
         report.events += built.events;
         report.raw_bytes += built.raw_bytes;
@@ -537,7 +534,6 @@ impl Store {
         if retained.is_empty() || *reclaimed_at == Some(retained.len()) {
             return Ok(());
         }
-        let storage = self.inner.storage.as_ref();
         for old in log.manifest().runs {
             let Some(reader) = self.run_reader(old.id)? else {
                 continue;
@@ -548,27 +544,54 @@ impl Store {
             let run_id = log.allocate_file_id()?;
             let built = rebuild_run(&reader, run_id, new_salt(), &retained)?;
             drop(reader);
-            self.check_moves(old.id, &built.moved)?;
-            write_run_file(storage, run_id, &built.bytes)?;
-            if let Err(error) = log.replace_run(old.id, built.entry) {
-                if log.poisoned().is_none() {
-                    let _ = storage.remove(&run_path(run_id));
-                }
-                return Err(error);
-            }
-            self.move_positions(old.id, Some(built.entry), &built.moved, &retained)?;
-            storage
-                .remove(&run_path(old.id))
-                .map_err(io_error("run remove"))?;
-            storage
-                .sync_dir(RUNS_DIR)
-                .map_err(io_error("directory sync"))?;
+            let replaced = Replaced {
+                file: old.id,
+                path: run_path(old.id),
+                dir: RUNS_DIR,
+            };
+            self.put_run_in_place_of(replaced, Some(built.entry), &built, &retained, || {
+                log.replace_run(old.id, built.entry)
+            })?;
             report.runs_rewritten += 1;
             report.events_dropped += built.dropped_events;
             report.bytes_reclaimed += old.file_bytes.saturating_sub(built.entry.file_bytes);
         }
         *reclaimed_at = Some(retained.len());
         Ok(())
+    }
+
+    /// The shared steps of sealing and of rewriting a run (F-06-10, F-06-26): the new run
+    /// durable, then the manifest naming it (`swap_manifest`), then the catalog pointed at
+    /// it, then the replaced file removed. A failure before the manifest leaves the new run
+    /// an orphan, removed here or at the next open (F-06-11).
+    fn put_run_in_place_of(
+        &self,
+        replaced: Replaced,
+        run: Option<RunEntry>,
+        built: &BuiltRun,
+        retained: &Retained,
+        swap_manifest: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let storage = self.inner.storage.as_ref();
+        self.check_moves(replaced.file, &built.moved)?;
+        if let Some(run) = run {
+            write_run_file(storage, run.id, &built.bytes)?;
+        }
+        if let Err(error) = swap_manifest() {
+            let poisoned = self.log().map_or(true, |log| log.poisoned().is_some());
+            if let (false, Some(run)) = (poisoned, run) {
+                // The old manifest is in force: the run file is an orphan either way.
+                let _ = storage.remove(&run_path(run.id));
+            }
+            return Err(error);
+        }
+        self.move_positions(replaced.file, run, &built.moved, retained)?;
+        storage
+            .remove(&replaced.path)
+            .map_err(io_error("sealed file remove"))?;
+        storage
+            .sync_dir(replaced.dir)
+            .map_err(io_error("directory sync"))
     }
 
     /// Every event of the run must be indexed in the segment it came from.
