@@ -266,8 +266,8 @@ fn maintain(path: &Path, out: &mut impl Write) -> Result<()> {
     if report.events_dropped > 0 {
         writeln!(
             out,
-            "reclaimed {} bytes: {} events of deleted sessions dropped",
-            report.bytes_reclaimed, report.events_dropped
+            "reclaimed {} bytes: {} events of deleted sessions dropped ({} runs rewritten)",
+            report.bytes_reclaimed, report.events_dropped, report.runs_rewritten
         )?;
     }
     Ok(())

@@ -1,5 +1,10 @@
 //! L4: the in-memory catalog: sessions, interned event types, and the seq index
-//! `(session, seq) → position` (rebuilt by the recovery scan on open).
+//! `(session, seq) → extent` (rebuilt by the recovery scan on open).
+//!
+//! The index is sparse: it keeps one [`Extent`] per run block or per span of write-ahead
+//! frames, not one position per event, so that the catalog of a store with millions of
+//! events loads from its checkpoint in milliseconds. A read finds the extent by binary
+//! search and walks the frames inside it (they carry their own lengths).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,8 +34,8 @@ pub struct SessionEntry {
     pub header_json: Arc<str>,
     /// The session whose first events this one shares (a fork), and how many.
     pub seed: Option<Seed>,
-    /// Position of every event of this session's own log, indexed by `seq - seed length`.
-    pub positions: Vec<Position>,
+    /// Where the events of this session's own log lie (seq minus the seed length).
+    pub events: EventIndex,
     /// Whether a writer handle is alive for this session.
     pub has_writer: bool,
     /// The file (segment or run id) whose records first defined the session; `None` while
@@ -51,7 +56,7 @@ pub struct Seed {
 impl SessionEntry {
     /// Events in the session, the seed included.
     pub fn length(&self) -> u64 {
-        self.seed_length() + self.positions.len() as u64
+        self.seed_length() + self.events.len()
     }
 
     /// Events shared with the parent (0 for a session that is not a fork).
@@ -153,14 +158,14 @@ impl Catalog {
         seed: Option<Seed>,
         header_json: &[u8],
         defined_in: u64,
-        positions: Vec<Position>,
+        events: EventIndex,
     ) -> Result<(), String> {
         if self.sessions.contains_key(&number) {
             return Err(format!("session {number} twice"));
         }
         self.define_session(number, seed, header_json, defined_in, false)?;
         if let Some(entry) = self.sessions.get_mut(&number) {
-            entry.positions = positions;
+            entry.events = events;
         }
         Ok(())
     }
@@ -174,7 +179,7 @@ impl Catalog {
                 number,
                 header_json: header_json.into(),
                 seed,
-                positions: Vec::new(),
+                events: EventIndex::default(),
                 has_writer: false,
                 defined_in: None,
                 deleted: false,
@@ -281,33 +286,276 @@ impl Catalog {
         number
     }
 
-    /// Indexes a replayed event; its seq must be the session's next. An event past the next
-    /// seq is left out and the gap remembered: it is corruption unless a tombstone deletes
-    /// the session later in the log ([`Catalog::check_gaps`]).
+    /// Indexes a replayed write-ahead event; its seq must be the session's next. An event
+    /// past the next seq is left out and the gap remembered: it is corruption unless a
+    /// tombstone deletes the session later in the log ([`Catalog::check_gaps`]).
     pub fn push_event(&mut self, session: u32, seq: u64, position: Position) -> Result<(), String> {
+        if let Some(entry) = self.next_in_line(session, seq, position)? {
+            entry.events.push_frame(position);
+        }
+        Ok(())
+    }
+
+    /// Indexes a replayed run block: `extent` holds the session's events from seq `first_seq`
+    /// on, with the same rules as [`Catalog::push_event`].
+    pub fn push_extent(
+        &mut self,
+        session: u32,
+        first_seq: u64,
+        extent: Extent,
+    ) -> Result<(), String> {
+        let position = Position {
+            segment: extent.file,
+            offset: extent.offset,
+            frame_bytes: 0,
+        };
+        if let Some(entry) = self.next_in_line(session, first_seq, position)? {
+            entry.events.push_extent(extent);
+        }
+        Ok(())
+    }
+
+    /// The session if `seq` is its next event; `None` (a gap, remembered) if it lies past it.
+    fn next_in_line(
+        &mut self,
+        session: u32,
+        seq: u64,
+        position: Position,
+    ) -> Result<Option<&mut SessionEntry>, String> {
         let entry = self
             .sessions
             .get_mut(&session)
             .ok_or_else(|| format!("event for undefined session {session}"))?;
-        if seq > entry.length() {
-            let reason = format!(
+        let message = |entry: &SessionEntry| {
+            format!(
                 "session {:?} seq {seq} is not contiguous; expected {}",
                 entry.id,
                 entry.length()
-            );
+            )
+        };
+        if seq > entry.length() {
+            let reason = message(entry);
             self.gaps.entry(session).or_insert((position, reason));
-            return Ok(());
+            return Ok(None);
         }
         if seq != entry.length() {
-            return Err(format!(
-                "session {:?} seq {seq} is not contiguous; expected {}",
-                entry.id,
-                entry.length()
-            ));
+            return Err(message(entry));
         }
-        entry.positions.push(position);
+        Ok(Some(entry))
+    }
+}
+
+/// Frames lying back to back in one file (a run's raw stream or a segment) among which the
+/// event frames of one session are its next `count` events, in seq order. Other frames
+/// (commit records, type definitions, in a segment other sessions' events) may lie between
+/// them; a reader skips those. In a run an extent never leaves its block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// A run id or a segment id.
+    pub file: u64,
+    /// Where the first frame starts (a raw offset in a run, a file offset in a segment).
+    pub offset: u64,
+    /// The frames lie within `offset .. offset + bytes`.
+    pub bytes: u64,
+    pub count: u32,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.offset + self.bytes
+    }
+}
+
+/// Largest span one extent of write-ahead frames grows to, in bytes: a point read of an
+/// event not yet sealed reads at most this much (or its own frame if larger).
+pub const MAX_SEGMENT_EXTENT_BYTES: u64 = 64 * 1024;
+/// Largest run of other frames, in bytes, an extent of write-ahead frames grows across:
+/// enough for a batch's commit record and type definitions, small enough that a range read
+/// of one session reads little of the sessions interleaved with it.
+pub const MAX_EXTENT_GAP_BYTES: u64 = 256;
+
+/// The seq index of one session's own log: its extents in seq order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventIndex {
+    extents: Vec<Extent>,
+    /// The index (seq minus the seed length) of each extent's first event.
+    starts: Vec<u64>,
+    events: u64,
+}
+
+/// The part of an extent a read needs: skip `skip` events of it, then take `take`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentSlice {
+    pub session: u32,
+    pub extent: Extent,
+    /// The seq of the extent's first event.
+    pub first_seq: u64,
+    pub skip: u32,
+    pub take: u32,
+}
+
+impl EventIndex {
+    /// Events indexed.
+    pub fn len(&self) -> u64 {
+        self.events
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events == 0
+    }
+
+    pub fn extents(&self) -> &[Extent] {
+        &self.extents
+    }
+
+    /// Indexes the next event, joining the last extent when the frame follows it in the
+    /// same segment and the extent stays below [`MAX_SEGMENT_EXTENT_BYTES`].
+    pub fn push_frame(&mut self, position: Position) {
+        if let Some(last) = self.extents.last_mut() {
+            let joined_end = position.end();
+            if last.file == position.segment
+                && position.offset >= last.end()
+                && position.offset - last.end() <= MAX_EXTENT_GAP_BYTES
+                && joined_end - last.offset <= MAX_SEGMENT_EXTENT_BYTES
+                && last.count < u32::MAX
+            {
+                last.bytes = joined_end - last.offset;
+                last.count += 1;
+                self.events += 1;
+                return;
+            }
+        }
+        self.push_extent(Extent {
+            file: position.segment,
+            offset: position.offset,
+            bytes: u64::from(position.frame_bytes),
+            count: 1,
+        });
+    }
+
+    /// Indexes the next `extent.count` events as one extent.
+    pub fn push_extent(&mut self, extent: Extent) {
+        if extent.count == 0 {
+            return;
+        }
+        self.starts.push(self.events);
+        self.extents.push(extent);
+        self.events += u64::from(extent.count);
+    }
+
+    /// Keeps only the first `events` events.
+    pub fn truncate(&mut self, events: u64) {
+        if events >= self.events {
+            return;
+        }
+        let kept = self.starts.partition_point(|start| *start < events);
+        self.extents.truncate(kept);
+        self.starts.truncate(kept);
+        if let (Some(last), Some(start)) = (self.extents.last_mut(), self.starts.last()) {
+            // The span stays as it was: it still holds the kept frames.
+            last.count = u32::try_from(events - start).unwrap_or(last.count);
+        }
+        self.events = events;
+    }
+
+    /// Which extent holds event `index`.
+    fn extent_of(&self, index: u64) -> Option<usize> {
+        (index < self.events).then(|| self.starts.partition_point(|start| *start <= index) - 1)
+    }
+
+    /// The file that holds event `index`.
+    pub fn file_of(&self, index: u64) -> Option<u64> {
+        self.extent_of(index).map(|at| self.extents[at].file)
+    }
+
+    /// Appends the slices covering events `from..to` (indexes of the own log, clamped).
+    fn slices(
+        &self,
+        session: u32,
+        seed_length: u64,
+        from: u64,
+        to: u64,
+        out: &mut Vec<ExtentSlice>,
+    ) {
+        let to = to.min(self.events);
+        let Some(mut at) = self.extent_of(from).filter(|_| from < to) else {
+            return;
+        };
+        while at < self.extents.len() && self.starts[at] < to {
+            let (extent, start) = (self.extents[at], self.starts[at]);
+            let skip = from.saturating_sub(start);
+            let end = to.min(start + u64::from(extent.count));
+            out.push(ExtentSlice {
+                session,
+                extent,
+                first_seq: seed_length + start,
+                skip: u32::try_from(skip).unwrap_or(u32::MAX),
+                take: u32::try_from(end - start - skip).unwrap_or(u32::MAX),
+            });
+            at += 1;
+        }
+    }
+
+    /// Replaces the extents in `file` (a run of consecutive events) by `replacement`,
+    /// which must index the same events: `(first event index, extent)` in order.
+    pub fn replace_file(&mut self, file: u64, replacement: &[(u64, Extent)]) -> Result<(), String> {
+        let Some(first) = self.extents.iter().position(|extent| extent.file == file) else {
+            return if replacement.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("no events in file {file} to replace"))
+            };
+        };
+        let past = first
+            + self.extents[first..]
+                .iter()
+                .take_while(|extent| extent.file == file)
+                .count();
+        let start = self.starts[first];
+        let end = self.starts.get(past).copied().unwrap_or(self.events);
+        let mut expected = start;
+        for (index, extent) in replacement {
+            if *index != expected {
+                return Err(format!("replacement of file {file} is not contiguous"));
+            }
+            expected += u64::from(extent.count);
+        }
+        if expected != end {
+            return Err(format!("replacement of file {file} holds other events"));
+        }
+        self.extents
+            .splice(first..past, replacement.iter().map(|(_, extent)| *extent));
+        self.starts
+            .splice(first..past, replacement.iter().map(|(index, _)| *index));
         Ok(())
     }
+}
+
+/// The slices covering seqs `from..to` of session `number`, following a fork's seed into
+/// its parent.
+pub fn collect_slices(
+    catalog: &Catalog,
+    number: u32,
+    from: u64,
+    to: u64,
+    out: &mut Vec<ExtentSlice>,
+) {
+    let Some(entry) = catalog.sessions.get(&number) else {
+        return;
+    };
+    let end = to.min(entry.length());
+    let start = from.min(end);
+    let seed_length = entry.seed_length();
+    if let Some(seed) = entry.seed {
+        if start < seed_length {
+            collect_slices(catalog, seed.parent, start, end.min(seed_length), out);
+        }
+    }
+    let own_start = start.max(seed_length) - seed_length;
+    let own_end = end.max(seed_length) - seed_length;
+    entry
+        .events
+        .slices(number, seed_length, own_start, own_end, out);
 }
 
 #[cfg(test)]
@@ -380,5 +628,115 @@ mod retention_tests {
         let retained = catalog.retained_prefixes();
         assert_eq!(retained.get(&0), Some(&0));
         assert_eq!(retained.get(&1), Some(&0));
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn frame(segment: u64, offset: u64, frame_bytes: u32) -> Position {
+        Position {
+            segment,
+            offset,
+            frame_bytes,
+        }
+    }
+
+    #[test]
+    fn frames_join_an_extent_only_across_small_gaps_in_one_file() {
+        let mut index = EventIndex::default();
+        index.push_frame(frame(1, 100, 50));
+        index.push_frame(frame(1, 150, 50)); // back to back
+        index.push_frame(frame(1, 230, 50)); // a commit record between
+        index.push_frame(frame(1, 230 + 50 + MAX_EXTENT_GAP_BYTES + 1, 50)); // too far
+        index.push_frame(frame(2, 0, 50)); // another segment
+        assert_eq!(index.len(), 5);
+        let counts: Vec<u32> = index.extents().iter().map(|extent| extent.count).collect();
+        assert_eq!(counts, vec![3, 1, 1]);
+        assert_eq!(index.extents()[0].bytes, 180);
+        let mut big = EventIndex::default();
+        for at in 0..3 {
+            big.push_frame(frame(1, at * 30_000, 30_000));
+        }
+        assert_eq!(
+            big.extents().len(),
+            2,
+            "extents stay within MAX_SEGMENT_EXTENT_BYTES"
+        );
+    }
+
+    #[test]
+    fn slices_cover_exactly_the_range_asked() {
+        let mut index = EventIndex::default();
+        for (offset, count) in [(0u64, 4u32), (1000, 3), (2000, 5)] {
+            index.push_extent(Extent {
+                file: 7,
+                offset,
+                bytes: 500,
+                count,
+            });
+        }
+        let mut out = Vec::new();
+        index.slices(9, 10, 2, 9, &mut out);
+        let parts: Vec<(u64, u64, u32, u32)> = out
+            .iter()
+            .map(|slice| (slice.extent.offset, slice.first_seq, slice.skip, slice.take))
+            .collect();
+        assert_eq!(
+            parts,
+            vec![(0, 10, 2, 2), (1000, 14, 0, 3), (2000, 17, 0, 2)]
+        );
+        out.clear();
+        index.slices(9, 0, 12, 20, &mut out);
+        assert!(out.is_empty());
+        index.slices(9, 0, 11, 40, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].skip, out[0].take), (4, 1));
+        assert_eq!(index.file_of(11), Some(7));
+        assert_eq!(index.file_of(12), None);
+    }
+
+    #[test]
+    fn truncate_and_replace_keep_the_index_contiguous() {
+        let mut index = EventIndex::default();
+        index.push_extent(Extent {
+            file: 3,
+            offset: 0,
+            bytes: 100,
+            count: 4,
+        });
+        for offset in [0, 400] {
+            index.push_extent(Extent {
+                file: 5,
+                offset,
+                bytes: 300,
+                count: 3,
+            });
+        }
+        index.truncate(8);
+        assert_eq!(index.len(), 8);
+        assert_eq!(index.extents().last().map(|extent| extent.count), Some(1));
+        let run = |offset, count| Extent {
+            file: 9,
+            offset,
+            bytes: 64,
+            count,
+        };
+        assert!(
+            index.replace_file(5, &[(4, run(0, 3))]).is_err(),
+            "one event short"
+        );
+        assert!(
+            index.replace_file(5, &[(5, run(0, 4))]).is_err(),
+            "not from 4"
+        );
+        index
+            .replace_file(5, &[(4, run(0, 2)), (6, run(64, 2))])
+            .expect("same events");
+        assert_eq!(index.len(), 8);
+        assert_eq!(index.file_of(7), Some(9));
+        assert_eq!(index.file_of(3), Some(3));
+        index.replace_file(5, &[]).expect("nothing left in file 5");
     }
 }

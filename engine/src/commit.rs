@@ -428,6 +428,27 @@ impl Log {
         let mut manifest = state.manifest.clone();
         manifest.segments.remove(0);
         manifest.runs.extend(run);
+        self.install_manifest(&mut state, manifest)
+    }
+
+    /// Makes a manifest naming `new` where it named run `old` (same place in the log
+    /// order) durable and in force (F-06-26).
+    pub fn replace_run(&self, old: u64, new: RunEntry) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        state.check_usable()?;
+        let mut manifest = state.manifest.clone();
+        let slot = manifest
+            .runs
+            .iter_mut()
+            .find(|run| run.id == old)
+            .ok_or_else(|| Error::invalid("the run to replace is not in the manifest"))?;
+        *slot = new;
+        self.install_manifest(&mut state, manifest)
+    }
+
+    /// Writes `manifest` and puts it in force; a failure after its rename poisons the log
+    /// (the file on disk may then be either manifest).
+    fn install_manifest(&self, state: &mut State, manifest: Manifest) -> Result<()> {
         if let Err(failure) = manifest.write_reporting_stage(self.shared.storage.as_ref()) {
             if failure.after_rename {
                 state.poisoned = Some("manifest sync");

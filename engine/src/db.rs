@@ -1,12 +1,14 @@
 //! `Store` and `SessionWriter`: the only place that wires the layers together.
 
-use crate::catalog::{header_id, Catalog, Position, Seed, SessionEntry};
+use crate::catalog::{
+    collect_slices, header_id, Catalog, Extent, ExtentSlice, Position, Seed, SessionEntry,
+};
 use crate::commit::{
     new_salt, Durability, Log, LogOptions, SegmentContext, DEFAULT_MAX_BATCH_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::frame::{
-    decode_frame, decode_run_frame, EventRecord, Record, EVENT_FIXED_BYTES,
+    decode_frame, decode_run_frame, peek_frame, EventRecord, Record, EVENT_FIXED_BYTES,
     EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS, MAX_PAYLOAD_BYTES, NO_SEED_PARENT,
 };
 use crate::index::{
@@ -17,7 +19,10 @@ use crate::io::fs::FsStorage;
 use crate::io::{LockGuard, Storage, StorageFile};
 use crate::manifest::{Manifest, RunEntry, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
 use crate::recovery::{recover, LogTail, RecoveryReport, TornSegment};
-use crate::run::{build_run, parse_run_name, run_path, BlockCache, Retained, RunReader, RUNS_DIR};
+use crate::run::{
+    build_run, holds_dropped_events, parse_run_name, rebuild_run, run_path, BlockCache, BuiltRun,
+    Retained, RunReader, RUNS_DIR,
+};
 use crate::segment::{
     check_header, create_segment, parse_segment_name, read_segment, segment_path,
     SEGMENT_HEADER_BYTES, WAL_DIR,
@@ -235,8 +240,9 @@ struct Inner {
     /// Opened runs (index read, file mapped), by id.
     run_readers: Mutex<HashMap<u64, Arc<RunReader>>>,
     cache: BlockCache,
-    /// One `maintain` at a time.
-    maintaining: Mutex<()>,
+    /// One `maintain` at a time. It holds how many sessions were deleted when a pass last
+    /// rewrote every run that needed it: until another deletion, no run needs it.
+    maintaining: Mutex<Option<usize>>,
     /// Readers hold it shared from collecting positions to decoding them; a seal holds it
     /// exclusively while it moves positions from a segment to its run.
     read_gate: RwLock<()>,
@@ -266,6 +272,9 @@ pub struct MaintenanceReport {
     /// the space reclaimed from the write-ahead log.
     pub events_dropped: u64,
     pub bytes_reclaimed: u64,
+    /// Runs rewritten without the events of deleted sessions (F-06-26); their bytes
+    /// reclaimed count in `bytes_reclaimed`.
+    pub runs_rewritten: usize,
 }
 
 /// Figures of [`Store::stats`], for the whole store or one session.
@@ -284,10 +293,18 @@ pub struct Stats {
     pub segments: u64,
     /// Bytes on disk: every file of the store, or the session's run blocks and frames.
     pub bytes_on_disk: u64,
-    /// Frame bytes of the events counted, uncompressed.
+    /// Frame bytes of the events counted, uncompressed (the spans of their index extents:
+    /// in write-ahead segments this includes the commit records between batches).
     pub raw_bytes: u64,
     /// Uncompressed over compressed bytes of the run blocks counted (0 without runs).
     pub run_compression_ratio: f64,
+}
+
+/// A file a new run takes the place of: a sealed segment or a run being rewritten.
+struct Replaced {
+    file: u64,
+    path: String,
+    dir: &'static str,
 }
 
 /// An open store. Cheap to clone; all clones share one store.
@@ -382,7 +399,7 @@ impl Store {
                 run_entries: RwLock::new(run_entries),
                 run_readers: Mutex::new(HashMap::new()),
                 cache,
-                maintaining: Mutex::new(()),
+                maintaining: Mutex::new(None),
                 read_gate: RwLock::new(()),
                 maintenance: Arc::new(MaintenanceSignal::default()),
             }),
@@ -443,18 +460,20 @@ impl Store {
     /// after the run file and the manifest naming it are durable.
     pub fn maintain(&self) -> Result<MaintenanceReport> {
         let log = self.log()?;
-        let _one_at_a_time = self.inner.maintaining.lock();
+        let mut reclaimed_at = self.inner.maintaining.lock();
         let mut report = MaintenanceReport::default();
-        if log.manifest().segments.len() < 2 {
-            // Only the segment taking appends: nothing is sealed, nothing to flush for.
-            return Ok(report);
+        // With only the segment taking appends nothing is sealed, nothing to flush for.
+        if log.manifest().segments.len() >= 2 {
+            // Makes the seal of every rolled segment durable (it is queued with the roll).
+            log.flush()?;
+            while let Some(segment) = log.oldest_sealed_segment() {
+                self.seal_segment(log, segment, &mut report)?;
+            }
         }
-        // Makes the seal of every rolled segment durable (it is queued with the roll).
-        log.flush()?;
-        while let Some(segment) = log.oldest_sealed_segment() {
-            self.seal_segment(log, segment, &mut report)?;
-        }
-        if report.segments_sealed > 0 {
+        // Tombstones are durable before the catalog marks a session deleted, so dropping
+        // its sealed events here never outruns its deletion.
+        self.reclaim_runs(log, &mut reclaimed_at, &mut report)?;
+        if report.segments_sealed > 0 || report.runs_rewritten > 0 {
             // Once per maintain, not per segment: the checkpoint covers the whole catalog,
             // and an older one stays valid for the runs it names (F-06-21).
             // Derived data (F-06-22): a failure only costs the next open a replay of runs.
@@ -482,27 +501,17 @@ impl Store {
             new_salt(),
             &retained,
         )?;
-        self.check_moves(segment.id, &built.moved)?;
         // A segment without any record (a clean reopen's fresh segment, closed unused)
         // needs no run: it is dropped from the manifest (F-06-14).
         let run = (built.raw_bytes > 0).then_some(built.entry);
-        if run.is_some() {
-            write_run_file(storage, run_id, &built.bytes)?;
-        }
-        if let Err(error) = log.replace_segment_with_run(segment.id, run) {
-            if log.poisoned().is_none() && run.is_some() {
-                // The old manifest is in force: the run file is an orphan either way.
-                let _ = storage.remove(&run_path(run_id));
-            }
-            return Err(error);
-        }
-        self.move_positions(segment.id, run, &built.moved, &retained);
-        storage
-            .remove(&segment_path(segment.id))
-            .map_err(io_error("segment remove"))?;
-        storage
-            .sync_dir(WAL_DIR)
-            .map_err(io_error("directory sync"))?;
+        let replaced = Replaced {
+            file: segment.id,
+            path: segment_path(segment.id),
+            dir: WAL_DIR,
+        };
+        self.put_run_in_place_of(replaced, run, &built, &retained, || {
+            log.replace_segment_with_run(segment.id, run)
+        })?;
         report.segments_sealed += 1;
         report.events += built.events;
         report.raw_bytes += built.raw_bytes;
@@ -512,52 +521,145 @@ impl Store {
         Ok(())
     }
 
+    /// Rewrites every run that holds events of deleted sessions no live fork reads
+    /// (F-06-26): the new run durable, then the manifest naming it in the old one's place,
+    /// then the old file removed. A crash leaves one of the two an orphan (F-06-11).
+    fn reclaim_runs(
+        &self,
+        log: &Log,
+        reclaimed_at: &mut Option<usize>,
+        report: &mut MaintenanceReport,
+    ) -> Result<()> {
+        let retained = self.inner.catalog.read().retained_prefixes();
+        if retained.is_empty() || *reclaimed_at == Some(retained.len()) {
+            return Ok(());
+        }
+        for old in log.manifest().runs {
+            let Some(reader) = self.run_reader(old.id)? else {
+                continue;
+            };
+            if !holds_dropped_events(&reader.index, &retained) {
+                continue;
+            }
+            let run_id = log.allocate_file_id()?;
+            let built = rebuild_run(&reader, run_id, new_salt(), &retained)?;
+            drop(reader);
+            let replaced = Replaced {
+                file: old.id,
+                path: run_path(old.id),
+                dir: RUNS_DIR,
+            };
+            self.put_run_in_place_of(replaced, Some(built.entry), &built, &retained, || {
+                log.replace_run(old.id, built.entry)
+            })?;
+            report.runs_rewritten += 1;
+            report.events_dropped += built.dropped_events;
+            report.bytes_reclaimed += old.file_bytes.saturating_sub(built.entry.file_bytes);
+        }
+        *reclaimed_at = Some(retained.len());
+        Ok(())
+    }
+
+    /// The shared steps of sealing and of rewriting a run (F-06-10, F-06-26): the new run
+    /// durable, then the manifest naming it (`swap_manifest`), then the catalog pointed at
+    /// it, then the replaced file removed. A failure before the manifest leaves the new run
+    /// an orphan, removed here or at the next open (F-06-11).
+    fn put_run_in_place_of(
+        &self,
+        replaced: Replaced,
+        run: Option<RunEntry>,
+        built: &BuiltRun,
+        retained: &Retained,
+        swap_manifest: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let storage = self.inner.storage.as_ref();
+        self.check_moves(replaced.file, &built.moved)?;
+        if let Some(run) = run {
+            write_run_file(storage, run.id, &built.bytes)?;
+        }
+        if let Err(error) = swap_manifest() {
+            let poisoned = self.log().map_or(true, |log| log.poisoned().is_some());
+            if let (false, Some(run)) = (poisoned, run) {
+                // The old manifest is in force: the run file is an orphan either way.
+                let _ = storage.remove(&run_path(run.id));
+            }
+            return Err(error);
+        }
+        self.move_positions(replaced.file, run, &built.moved, retained)?;
+        storage
+            .remove(&replaced.path)
+            .map_err(io_error("sealed file remove"))?;
+        storage
+            .sync_dir(replaced.dir)
+            .map_err(io_error("directory sync"))
+    }
+
     /// Every event of the run must be indexed in the segment it came from.
-    fn check_moves(&self, segment: u64, moved: &[(u32, u64, Position)]) -> Result<()> {
+    fn check_moves(&self, segment: u64, moved: &[(u32, u64, Extent)]) -> Result<()> {
         let catalog = self.inner.catalog.read();
-        for (session, seq, _) in moved {
-            let indexed = catalog.sessions.get(session).and_then(|entry| {
-                let index = seq.checked_sub(entry.seed_length())?;
-                entry.positions.get(usize::try_from(index).ok()?)
+        for (session, first_seq, extent) in moved {
+            let indexed_here = catalog.sessions.get(session).is_some_and(|entry| {
+                first_seq
+                    .checked_sub(entry.seed_length())
+                    .is_some_and(|first| {
+                        (first..first + u64::from(extent.count))
+                            .all(|index| entry.events.file_of(index) == Some(segment))
+                    })
             });
-            if indexed.map(|position| position.segment) != Some(segment) {
+            if !indexed_here {
                 return Err(Error::Corrupt {
                     segment,
                     offset: 0,
-                    reason: format!("event {seq} of session {session} is not indexed here"),
+                    reason: format!(
+                        "events from {first_seq} of session {session} are not indexed here"
+                    ),
                 });
             }
         }
         Ok(())
     }
 
-    /// Points the catalog at the run instead of the segment (under the read gate, so no
-    /// reader holds positions of the segment any more when it is removed).
-    /// Deleted sessions lose the positions past what they retain: those events were left
+    /// Points the catalog at the run instead of the segment or the run it replaces (under
+    /// the read gate, so no reader holds extents of the old file any more when it is
+    /// removed).
+    /// Deleted sessions lose the events past what they retain: those events were left
     /// out of the run (F-06-24) and nothing reads them any more.
     fn move_positions(
         &self,
         segment: u64,
         run: Option<RunEntry>,
-        moved: &[(u32, u64, Position)],
+        moved: &[(u32, u64, Extent)],
         retained: &Retained,
-    ) {
+    ) -> Result<()> {
         let inner = &self.inner;
         let _no_readers = inner.read_gate.write();
         let mut catalog = inner.catalog.write();
         for (number, kept) in retained {
             if let Some(entry) = catalog.sessions.get_mut(number) {
                 let own_kept = kept.saturating_sub(entry.seed_length());
-                entry
-                    .positions
-                    .truncate(usize::try_from(own_kept).unwrap_or(usize::MAX));
+                entry.events.truncate(own_kept);
             }
         }
-        for (session, seq, position) in moved {
-            if let Some(entry) = catalog.sessions.get_mut(session) {
-                let index = (seq - entry.seed_length()) as usize;
-                entry.positions[index] = *position;
+        let mut by_session: HashMap<u32, Vec<(u64, Extent)>> = HashMap::new();
+        for (session, first_seq, extent) in moved {
+            by_session
+                .entry(*session)
+                .or_default()
+                .push((*first_seq, *extent));
+        }
+        for entry in catalog.sessions.values_mut() {
+            let mut replacement = by_session.remove(&entry.number).unwrap_or_default();
+            for (first, _) in &mut replacement {
+                *first -= entry.seed_length();
             }
+            entry
+                .events
+                .replace_file(segment, &replacement)
+                .map_err(|reason| Error::Corrupt {
+                    segment,
+                    offset: 0,
+                    reason,
+                })?;
         }
         if let Some(run) = run {
             for entry in catalog.sessions.values_mut() {
@@ -569,6 +671,9 @@ impl Store {
         }
         inner.files.lock().remove(&segment);
         inner.salts.write().remove(&segment);
+        inner.run_entries.write().remove(&segment);
+        inner.run_readers.lock().remove(&segment);
+        Ok(())
     }
 
     /// Checkpoints the seq index as of the runs (F-06-20).
@@ -813,7 +918,9 @@ impl Store {
             Ok(positions)
         })?;
         if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
-            entry.positions.extend(positions);
+            for position in positions {
+                entry.events.push_frame(position);
+            }
             entry.defined_in.get_or_insert(submitted.segment);
         }
         Ok(PendingReceipt {
@@ -968,85 +1075,95 @@ impl Store {
         mut visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
     ) -> Result<()> {
         let _positions_stay_valid = self.inner.read_gate.read();
-        let (positions, types) = {
+        let (slices, types) = {
             let catalog = self.inner.catalog.read();
             let number = *catalog
                 .by_id
                 .get(id)
                 .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
-            let mut positions = Vec::new();
-            collect_positions(&catalog, number, from, to, &mut positions);
-            (positions, catalog.type_names.clone())
+            let mut slices = Vec::new();
+            collect_slices(&catalog, number, from, to, &mut slices);
+            (slices, catalog.type_names.clone())
         };
-        let mut index = 0;
-        while index < positions.len() {
-            let first = positions[index];
-            let (bytes, base, last, in_run) = self.frames_from(&positions, index)?;
-            debug_assert!(first.offset >= base);
-            for position in &positions[index..=last] {
-                let start = usize::try_from(position.offset - base).unwrap_or(usize::MAX);
-                let frame = bytes.get(start..).ok_or_else(|| Error::Corrupt {
-                    segment: position.segment,
-                    offset: position.offset,
-                    reason: "position past its block".to_string(),
-                })?;
-                let event = self.decode_record(frame, position, in_run)?;
-                let corrupt = |reason: &str| Error::Corrupt {
-                    segment: position.segment,
-                    offset: position.offset,
-                    reason: reason.to_string(),
-                };
-                let event_type = types
-                    .get(&event.type_number)
-                    .ok_or_else(|| corrupt("unknown type number"))?;
-                visit(&event, event_type, position)?;
-            }
-            index = last + 1;
+        for slice in &slices {
+            self.walk_slice(slice, &types, &mut visit)?;
         }
         Ok(())
     }
 
-    /// The bytes holding `positions[index]` and the neighbouring frames after it: in a run,
-    /// the cached decompressed block itself (no copy), in a segment one read of the
-    /// contiguous span. Returns the bytes, the offset they start at, the last position
-    /// they hold, and whether they come from a run.
-    fn frames_from(
+    /// Walks the frames of one extent: steps over frames that are not the session's
+    /// events, and over the first `skip` of its events, then decodes (checksums included)
+    /// and visits `take` events, each checked to be of the session and the expected seq
+    /// (F-06-23: an index that disagrees with the file is corruption).
+    fn walk_slice(
         &self,
-        positions: &[Position],
-        index: usize,
-    ) -> Result<(Arc<Vec<u8>>, u64, usize, bool)> {
-        let first = positions[index];
-        let mut last = index;
-        if let Some(reader) = self.run_reader(first.segment)? {
+        slice: &ExtentSlice,
+        types: &HashMap<u32, String>,
+        visit: &mut impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+    ) -> Result<()> {
+        let extent = slice.extent;
+        let (bytes, base, in_run) = self.extent_bytes(&extent)?;
+        let corrupt = |offset: u64, reason: &str| Error::Corrupt {
+            segment: extent.file,
+            offset,
+            reason: reason.to_string(),
+        };
+        let span_end = usize::try_from(extent.end() - base).unwrap_or(usize::MAX);
+        let span = bytes
+            .get(..span_end)
+            .ok_or_else(|| corrupt(extent.offset, "extent past its bytes"))?;
+        let mut at = usize::try_from(extent.offset - base).unwrap_or(usize::MAX);
+        let mut seen = 0u32;
+        let wanted = slice.skip.saturating_add(slice.take);
+        while seen < wanted {
+            let offset = base + at as u64;
+            let frame = span
+                .get(at..)
+                .filter(|rest| !rest.is_empty())
+                .ok_or_else(|| corrupt(offset, "extent holds fewer events than indexed"))?;
+            let peek = peek_frame(frame).map_err(|error| corrupt(offset, &format!("{error:?}")))?;
+            let ours = peek.event_session == Some(slice.session);
+            if ours && seen >= slice.skip {
+                let position = Position {
+                    segment: extent.file,
+                    offset,
+                    frame_bytes: u32::try_from(peek.total_bytes).unwrap_or(u32::MAX),
+                };
+                let event = self.decode_record(frame, &position, in_run)?;
+                if event.seq != slice.first_seq + u64::from(seen) {
+                    return Err(corrupt(offset, "indexed event has another seq"));
+                }
+                let event_type = types
+                    .get(&event.type_number)
+                    .ok_or_else(|| corrupt(offset, "unknown type number"))?;
+                visit(&event, event_type, &position)?;
+            }
+            seen += u32::from(ours);
+            at += peek.total_bytes;
+        }
+        Ok(())
+    }
+
+    /// The bytes holding an extent: in a run, the cached decompressed block itself (no
+    /// copy), in a segment one read of the extent's span. Returns the bytes, the offset
+    /// they start at and whether they come from a run.
+    fn extent_bytes(&self, extent: &Extent) -> Result<(Arc<Vec<u8>>, u64, bool)> {
+        if let Some(reader) = self.run_reader(extent.file)? {
             let past_run = || Error::Corrupt {
-                segment: first.segment,
-                offset: first.offset,
-                reason: "position past the run".to_string(),
+                segment: extent.file,
+                offset: extent.offset,
+                reason: "extent past its run block".to_string(),
             };
-            let block_index = reader.index.block_at(first.offset).ok_or_else(past_run)?;
+            let block_index = reader.index.block_at(extent.offset).ok_or_else(past_run)?;
             let block = reader.index.blocks[block_index];
-            if first.end() > block.raw_end() {
+            if extent.end() > block.raw_end() {
                 return Err(past_run());
             }
-            while last + 1 < positions.len()
-                && positions[last + 1].segment == first.segment
-                && positions[last + 1].offset >= block.raw_offset
-                && positions[last + 1].end() <= block.raw_end()
-            {
-                last += 1;
-            }
             let bytes = reader.block(block_index, Some(&self.inner.cache))?;
-            return Ok((bytes, block.raw_offset, last, true));
+            return Ok((bytes, block.raw_offset, true));
         }
-        // Read a run of neighbouring frames of one segment with one read.
-        while last + 1 < positions.len()
-            && positions[last + 1].segment == first.segment
-            && positions[last + 1].offset == positions[last].end()
-        {
-            last += 1;
-        }
-        let bytes = self.read_span(first.segment, first.offset, positions[last].end())?;
-        Ok((Arc::new(bytes), first.offset, last, false))
+        let bytes = self.read_span(extent.file, extent.offset, extent.end())?;
+        Ok((Arc::new(bytes), extent.offset, false))
     }
 
     /// One event by seq.
@@ -1158,14 +1275,14 @@ impl Store {
                 continue;
             };
             stats.sessions += u64::from(!entry.deleted);
-            for position in &entry.positions {
-                stats.raw_bytes += u64::from(position.frame_bytes);
-                if readers.contains_key(&position.segment) {
-                    stats.events_in_runs += 1;
-                    runs_seen.insert(position.segment);
+            for extent in entry.events.extents() {
+                stats.raw_bytes += extent.bytes;
+                if readers.contains_key(&extent.file) {
+                    stats.events_in_runs += u64::from(extent.count);
+                    runs_seen.insert(extent.file);
                 } else {
-                    stats.events_in_segments += 1;
-                    segments_seen.insert(position.segment);
+                    stats.events_in_segments += u64::from(extent.count);
+                    segments_seen.insert(extent.file);
                 }
             }
         }
@@ -1384,26 +1501,6 @@ fn claim_writer_slot<'catalog>(
     }
     entry.has_writer = true;
     Ok((number, entry))
-}
-
-/// Positions of seqs `from..to` of session `number`, following a fork's seed into its parent.
-fn collect_positions(catalog: &Catalog, number: u32, from: u64, to: u64, out: &mut Vec<Position>) {
-    let Some(entry) = catalog.sessions.get(&number) else {
-        return;
-    };
-    let end = to.min(entry.length());
-    let start = from.min(end);
-    let seed_length = entry.seed_length();
-    if let Some(seed) = entry.seed {
-        if start < seed_length {
-            collect_positions(catalog, seed.parent, start, end.min(seed_length), out);
-        }
-    }
-    let own_start = start.max(seed_length) - seed_length;
-    let own_end = end.max(seed_length) - seed_length;
-    if own_start < own_end {
-        out.extend_from_slice(&entry.positions[own_start as usize..own_end as usize]);
-    }
 }
 
 /// The event type DSH appends after a seed.

@@ -183,6 +183,30 @@ pub fn decode_run_frame(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
     frame_after_checksum(bytes)
 }
 
+/// What a reader that skips frames needs of one: its length, and the session of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FramePeek {
+    /// Header plus payload, in bytes.
+    pub total_bytes: usize,
+    /// The session an event frame names; `None` for other kinds.
+    pub event_session: Option<u32>,
+}
+
+/// Reads the header of the frame at the start of `bytes` (either form) without checking a
+/// checksum: for frames a reader steps over. A frame it then uses is decoded in full.
+pub fn peek_frame(bytes: &[u8]) -> Result<FramePeek, FrameError> {
+    if bytes.len() < FRAME_HEADER_BYTES {
+        return Err(FrameError::Incomplete);
+    }
+    let frame = frame_after_checksum(bytes)?;
+    let event_session = (frame.kind == Kind::Event as u8 && frame.payload.len() >= 4)
+        .then(|| read_u32(frame.payload, 0));
+    Ok(FramePeek {
+        total_bytes: frame.total_bytes,
+        event_session,
+    })
+}
+
 /// The header checks both frame forms share (length, flags, reserved bytes) and the frame
 /// they delimit; the caller has checked that `bytes` holds a whole header.
 fn frame_after_checksum(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {

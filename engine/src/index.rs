@@ -3,7 +3,7 @@
 //! files after it. Derived data: a checkpoint that is missing, damaged or does not match the
 //! manifest is ignored and the catalog is rebuilt from the log.
 
-use crate::catalog::{Catalog, Position, Seed};
+use crate::catalog::{Catalog, EventIndex, Extent, Seed};
 use crate::error::{Error, Result};
 use crate::frame::NO_SEED_PARENT;
 use crate::io::Storage;
@@ -17,13 +17,12 @@ pub const CHECKPOINT_FILE: &str = "index/checkpoint";
 /// The checkpoint being written (never read).
 pub const CHECKPOINT_TEMP_FILE: &str = "index/checkpoint.tmp";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"DSHDBIDX";
-/// The checkpoint format version this build writes when no covered session is deleted
-/// (F-06-21); readers of this build read it and [`CHECKPOINT_VERSION_DELETIONS`].
-pub const CHECKPOINT_VERSION: u32 = 1;
-/// The checkpoint version that adds the list of deleted sessions (F-06-25); written only
-/// when the list is not empty, so that stores without deletions stay readable by builds
-/// that know version 1 only.
-pub const CHECKPOINT_VERSION_DELETIONS: u32 = 2;
+/// The checkpoint format version this build writes and reads (F-06-21): sparse extents
+/// and the list of deleted sessions. Versions 1 and 2 (one frame size per event) are
+/// ignored like any other version (F-06-22): the first open rebuilds the index.
+pub const CHECKPOINT_VERSION: u32 = 3;
+/// Bytes of one encoded extent (F-06-21).
+const EXTENT_BYTES: usize = 8 + 8 + 8 + 4;
 /// Largest checkpoint this build loads, in bytes (bounds memory on a damaged length).
 pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 34;
 
@@ -45,8 +44,8 @@ pub struct Checkpoint {
 }
 
 /// Encodes the catalog's sessions that were defined in covered files, each with the prefix
-/// of its positions that lies in covered files (runs and segments hold a log prefix, so a
-/// session's covered positions are a prefix of its positions).
+/// of its extents that lies in covered files (runs and segments hold a log prefix, so a
+/// session's covered extents are a prefix of its extents).
 pub fn encode_checkpoint(
     catalog: &Catalog,
     runs: &[RunEntry],
@@ -70,12 +69,7 @@ pub fn encode_checkpoint(
         .collect();
     let mut out = Vec::new();
     out.extend_from_slice(CHECKPOINT_MAGIC);
-    let version = if deleted.is_empty() {
-        CHECKPOINT_VERSION
-    } else {
-        CHECKPOINT_VERSION_DELETIONS
-    };
-    put_u32(&mut out, version);
+    put_u32(&mut out, CHECKPOINT_VERSION);
     put_u32(&mut out, 0);
     put_u32(&mut out, count_u32(runs.len()));
     for run in runs {
@@ -96,11 +90,9 @@ pub fn encode_checkpoint(
         put_u32(&mut out, count_u32(name.len()));
         out.extend_from_slice(name.as_bytes());
     }
-    if !deleted.is_empty() {
-        put_u32(&mut out, count_u32(deleted.len()));
-        for number in &deleted {
-            put_u32(&mut out, *number);
-        }
+    put_u32(&mut out, count_u32(deleted.len()));
+    for number in &deleted {
+        put_u32(&mut out, *number);
     }
     put_u32(&mut out, count_u32(sessions.len()));
     for entry in sessions {
@@ -113,44 +105,28 @@ pub fn encode_checkpoint(
         put_u64(&mut out, entry.defined_in.unwrap_or(0));
         put_u32(&mut out, count_u32(entry.header_json.len()));
         out.extend_from_slice(entry.header_json.as_bytes());
-        let covered_count = entry
-            .positions
+        let extents = entry.events.extents();
+        let covered_count = extents
             .iter()
-            .take_while(|position| covered.contains(&position.segment))
+            .take_while(|extent| covered.contains(&extent.file))
             .count();
-        // The event count first, so that a reader allocates the positions once.
-        put_u64(&mut out, covered_count as u64);
-        encode_extents(&mut out, &entry.positions[..covered_count]);
+        let covered_extents = &extents[..covered_count];
+        let events: u64 = covered_extents
+            .iter()
+            .map(|extent| u64::from(extent.count))
+            .sum();
+        put_u64(&mut out, events);
+        put_u32(&mut out, count_u32(covered_extents.len()));
+        for extent in covered_extents {
+            put_u64(&mut out, extent.file);
+            put_u64(&mut out, extent.offset);
+            put_u64(&mut out, extent.bytes);
+            put_u32(&mut out, extent.count);
+        }
     }
     let sum = crc32fast::hash(&out);
     put_u32(&mut out, sum);
     out
-}
-
-/// Extents: runs of frames that lie back to back in one file (F-06-21's `extent`).
-fn encode_extents(out: &mut Vec<u8>, positions: &[Position]) {
-    let mut extents: Vec<(usize, usize)> = Vec::new();
-    for (index, position) in positions.iter().enumerate() {
-        match extents.last_mut() {
-            Some((start, end))
-                if positions[*end - 1].segment == position.segment
-                    && positions[*end - 1].end() == position.offset =>
-            {
-                let _ = start;
-                *end = index + 1;
-            }
-            _ => extents.push((index, index + 1)),
-        }
-    }
-    put_u32(out, count_u32(extents.len()));
-    for (start, end) in extents {
-        put_u64(out, positions[start].segment);
-        put_u64(out, positions[start].offset);
-        put_u32(out, count_u32(end - start));
-        for position in &positions[start..end] {
-            put_varint(out, u64::from(position.frame_bytes));
-        }
-    }
 }
 
 /// Decodes a checkpoint; the error says why it is unusable (it is then ignored, F-06-22).
@@ -164,9 +140,8 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
     }
     let mut reader = Reader { bytes: body, at: 8 };
     let version = reader.u32()?;
-    let known = [CHECKPOINT_VERSION, CHECKPOINT_VERSION_DELETIONS];
-    if !known.contains(&version) || reader.u32()? != 0 {
-        return Err(format!("version {version} is not one of {known:?}"));
+    if version != CHECKPOINT_VERSION || reader.u32()? != 0 {
+        return Err(format!("version {version} is not {CHECKPOINT_VERSION}"));
     }
     let run_count = reader.count(16)?;
     let runs = (0..run_count)
@@ -189,10 +164,8 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
         catalog.define_type(number, reader.take(length)?)?;
     }
     let mut deleted = HashSet::new();
-    if version == CHECKPOINT_VERSION_DELETIONS {
-        for _ in 0..reader.count(4)? {
-            deleted.insert(reader.u32()?);
-        }
+    for _ in 0..reader.count(4)? {
+        deleted.insert(reader.u32()?);
     }
     for _ in 0..reader.count(32)? {
         let number = decode_session(&mut reader, &mut catalog)?;
@@ -223,26 +196,28 @@ fn decode_session(
     let defined_in = reader.u64()?;
     let header_length = reader.count(1)?;
     let header = reader.take(header_length)?;
-    let event_count = usize::try_from(reader.u64()?).map_err(|_| "event count too large")?;
-    // Each event takes at least one byte (its frame size).
-    if event_count > reader.bytes.len() - reader.at {
-        return Err("event count larger than the bytes left".to_string());
+    let event_count = reader.u64()?;
+    let mut events = EventIndex::default();
+    for _ in 0..reader.count(EXTENT_BYTES)? {
+        let extent = Extent {
+            file: reader.u64()?,
+            offset: reader.u64()?,
+            bytes: reader.u64()?,
+            count: reader.u32()?,
+        };
+        if extent.count == 0 || extent.offset.checked_add(extent.bytes).is_none() {
+            return Err("an empty or overflowing extent".to_string());
+        }
+        events.push_extent(extent);
     }
-    let mut positions = Vec::with_capacity(event_count);
-    for _ in 0..reader.count(20)? {
-        let file = reader.u64()?;
-        let offset = reader.u64()?;
-        let count = reader.count(1)?;
-        reader.extent(file, offset, count, &mut positions)?;
-    }
-    if positions.len() != event_count {
+    if events.len() != event_count {
         return Err("extents hold another number of events".to_string());
     }
     let seed = (seed_parent != NO_SEED_PARENT).then_some(Seed {
         parent: seed_parent,
         length: seed_length,
     });
-    catalog.restore_session(number, seed, header, defined_in, positions)?;
+    catalog.restore_session(number, seed, header, defined_in, events)?;
     Ok(number)
 }
 
@@ -323,16 +298,6 @@ fn put_u64(out: &mut Vec<u8>, value: u64) {
     out.extend_from_slice(&value.to_le_bytes());
 }
 
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    // The low byte of `value`, taken without a narrowing cast.
-    let low_byte = |value: u64| value.to_le_bytes()[0];
-    while value >= 0x80 {
-        out.push((low_byte(value) & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.push(low_byte(value));
-}
-
 /// Bounds-checked little-endian reads.
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -371,55 +336,12 @@ impl<'a> Reader<'a> {
         }
         Ok(count)
     }
-
-    /// Decodes `count` frame sizes of an extent into positions. The hot loop of an open
-    /// (one iteration per event of the store): one-byte sizes take the fast path.
-    fn extent(
-        &mut self,
-        file: u64,
-        mut offset: u64,
-        count: usize,
-        positions: &mut Vec<Position>,
-    ) -> std::result::Result<(), String> {
-        for _ in 0..count {
-            let frame_bytes = match self.bytes.get(self.at) {
-                Some(byte) if *byte < 0x80 => {
-                    self.at += 1;
-                    u64::from(*byte)
-                }
-                _ => self.varint()?,
-            };
-            let frame_bytes =
-                u32::try_from(frame_bytes).map_err(|_| "frame size above 4 GiB".to_string())?;
-            positions.push(Position {
-                segment: file,
-                offset,
-                frame_bytes,
-            });
-            offset = offset
-                .checked_add(u64::from(frame_bytes))
-                .ok_or("offset overflow")?;
-        }
-        Ok(())
-    }
-
-    fn varint(&mut self) -> std::result::Result<u64, String> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = *self.bytes.get(self.at).ok_or("truncated")?;
-            self.at += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-        }
-        Err("varint longer than 10 bytes".to_string())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::Position;
 
     fn sample_catalog() -> Catalog {
         let mut catalog = Catalog::default();
@@ -466,7 +388,11 @@ mod tests {
         let loaded = decode_checkpoint(&bytes).expect("valid");
         assert_eq!(loaded.runs, vec![(5, 55)]);
         let session = &loaded.catalog.sessions[&0];
-        assert_eq!(session.positions, catalog.sessions[&0].positions[..6]);
+        assert_eq!(session.length(), 6);
+        assert_eq!(
+            session.events.extents(),
+            &catalog.sessions[&0].events.extents()[..1]
+        );
         assert!(
             !loaded.catalog.sessions.contains_key(&1),
             "defined in an uncovered file"
@@ -482,8 +408,8 @@ mod tests {
         );
         let loaded = decode_checkpoint(&all).expect("valid");
         assert_eq!(
-            loaded.catalog.sessions[&0].positions,
-            catalog.sessions[&0].positions
+            loaded.catalog.sessions[&0].events,
+            catalog.sessions[&0].events
         );
         assert_eq!(loaded.catalog.sessions[&1].seed, catalog.sessions[&1].seed);
     }

@@ -11,6 +11,10 @@ const MANIFEST_MAGIC: &[u8; 8] = b"DSHDBMAN";
 pub const MANIFEST_VERSION: u32 = 1;
 /// The manifest format version that adds the run list (F-06-7); written once a run exists.
 pub const MANIFEST_VERSION_RUNS: u32 = 2;
+/// The manifest format version whose run ids need not increase along the list (F-06-7):
+/// written only once a rewritten run (F-06-26) took an older run's place, so that readers
+/// that know version 2 only refuse it with a version error rather than call it corrupt.
+pub const MANIFEST_VERSION_REWRITTEN_RUNS: u32 = 3;
 const FIXED_BYTES: usize = 24;
 /// Fixed bytes of a version-2 manifest (run count and a reserved word added).
 const FIXED_BYTES_V2: usize = 32;
@@ -60,8 +64,10 @@ impl Manifest {
         out.extend_from_slice(MANIFEST_MAGIC);
         let version = if self.runs.is_empty() {
             MANIFEST_VERSION
-        } else {
+        } else if self.runs.windows(2).all(|pair| pair[0].id < pair[1].id) {
             MANIFEST_VERSION_RUNS
+        } else {
+            MANIFEST_VERSION_REWRITTEN_RUNS
         };
         out.extend_from_slice(&version.to_le_bytes());
         let count = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
@@ -102,18 +108,24 @@ impl Manifest {
         let version = u32::from_le_bytes(word4(bytes, 8));
         let fixed_bytes = match version {
             MANIFEST_VERSION => FIXED_BYTES,
-            MANIFEST_VERSION_RUNS if body.len() >= FIXED_BYTES_V2 => FIXED_BYTES_V2,
-            MANIFEST_VERSION_RUNS => return Err(corrupt("version 2 shorter than its fields")),
+            MANIFEST_VERSION_RUNS | MANIFEST_VERSION_REWRITTEN_RUNS
+                if body.len() >= FIXED_BYTES_V2 =>
+            {
+                FIXED_BYTES_V2
+            }
+            MANIFEST_VERSION_RUNS | MANIFEST_VERSION_REWRITTEN_RUNS => {
+                return Err(corrupt("shorter than its fields"))
+            }
             _ => {
                 return Err(Error::UnsupportedVersion {
                     file: MANIFEST_FILE.to_string(),
                     found: version,
-                    supported: MANIFEST_VERSION_RUNS,
+                    supported: MANIFEST_VERSION_REWRITTEN_RUNS,
                 })
             }
         };
         let count = u32::from_le_bytes(word4(bytes, 12)) as usize;
-        let run_count = if version == MANIFEST_VERSION_RUNS {
+        let run_count = if version != MANIFEST_VERSION {
             if word4(bytes, 28) != [0; 4] {
                 return Err(corrupt("reserved bytes are not zero"));
             }
@@ -149,8 +161,13 @@ impl Manifest {
                 }
             })
             .collect::<Vec<_>>();
-        let ascending = segments.windows(2).all(|pair| pair[0].id < pair[1].id)
-            && runs.windows(2).all(|pair| pair[0].id < pair[1].id);
+        let runs_in_order = if version == MANIFEST_VERSION_REWRITTEN_RUNS {
+            let distinct: std::collections::HashSet<u64> = runs.iter().map(|run| run.id).collect();
+            distinct.len() == runs.len()
+        } else {
+            runs.windows(2).all(|pair| pair[0].id < pair[1].id)
+        };
+        let ascending = segments.windows(2).all(|pair| pair[0].id < pair[1].id) && runs_in_order;
         let below_next = segments.iter().all(|entry| entry.id < next_segment_id)
             && runs.iter().all(|entry| entry.id < next_segment_id);
         if !ascending || !below_next {
@@ -295,6 +312,31 @@ mod run_list_tests {
             damaged[index] ^= 1;
             assert!(Manifest::decode(&damaged).is_err(), "flip at {index}");
         }
+    }
+
+    #[test]
+    fn a_rewritten_run_out_of_id_order_makes_version_3_and_duplicate_ids_are_refused() {
+        let run = |id| RunEntry {
+            id,
+            salt: id,
+            file_bytes: 300,
+        };
+        let mut manifest = Manifest {
+            segments: vec![SegmentEntry { id: 9, salt: 99 }],
+            runs: vec![run(12), run(11)],
+            next_segment_id: 13,
+        };
+        let bytes = manifest.encode();
+        assert_eq!(
+            u32::from_le_bytes(word4(&bytes, 8)),
+            MANIFEST_VERSION_REWRITTEN_RUNS
+        );
+        assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
+        manifest.runs = vec![run(11), run(11)];
+        assert!(matches!(
+            Manifest::decode(&manifest.encode()),
+            Err(Error::CorruptFile { .. })
+        ));
     }
 
     #[test]

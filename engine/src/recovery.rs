@@ -2,7 +2,7 @@
 //! every committed batch of every live segment into a [`Catalog`], tells a torn tail from
 //! corruption, and says where the log continues.
 
-use crate::catalog::{Catalog, Position, Seed};
+use crate::catalog::{Catalog, Extent, Position, Seed};
 use crate::error::{Error, Result};
 use crate::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
 use crate::index::{load_checkpoint, CoveredSegment};
@@ -279,7 +279,7 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
     for (index, block) in reader.index.blocks.iter().enumerate() {
         let raw = reader.block(index, None)?;
         let mut next_seq = block.first_seq;
-        walk_block(&raw, block, run, |offset, frame_bytes, record| {
+        walk_block(&raw, block, run, |offset, _frame_bytes, record| {
             let bad = |reason: &str| corrupt(run, offset, reason);
             match record {
                 Record::SessionHeader {
@@ -312,14 +312,7 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
                         return Err(bad("event seq or type does not match its block"));
                     }
                     next_seq += 1;
-                    let position = Position {
-                        segment: run,
-                        offset,
-                        frame_bytes,
-                    };
-                    catalog
-                        .push_event(event.session, event.seq, position)
-                        .map_err(|reason| bad(&reason))
+                    Ok(())
                 }
                 _ => Err(bad("record does not belong in this block")),
             }
@@ -330,6 +323,17 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
                 block.raw_offset,
                 "block holds another event count",
             ));
+        }
+        if block.session != DEFINITIONS_SESSION {
+            let extent = Extent {
+                file: run,
+                offset: block.raw_offset,
+                bytes: u64::from(block.raw_bytes),
+                count: block.event_count,
+            };
+            catalog
+                .push_extent(block.session, block.first_seq, extent)
+                .map_err(|reason| corrupt(run, block.raw_offset, &reason))?;
         }
         events += u64::from(block.event_count);
     }

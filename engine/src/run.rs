@@ -3,7 +3,7 @@
 //! `(session, seq range) → block`. Pure encoding and decoding plus block reads; the sealing
 //! protocol (file sync, manifest, removal) lives in `db.rs`.
 
-use crate::catalog::Position;
+use crate::catalog::Extent;
 use crate::error::{Error, Result};
 use crate::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
 use crate::io::StorageFile;
@@ -105,8 +105,8 @@ impl BlockEntry {
 pub struct BuiltRun {
     pub bytes: Vec<u8>,
     pub entry: RunEntry,
-    /// Every event's new position: `(session, seq, position in the run)`.
-    pub moved: Vec<(u32, u64, Position)>,
+    /// Where the events went, one extent per event block: `(session, first seq, extent)`.
+    pub moved: Vec<(u32, u64, Extent)>,
     /// Events the run holds.
     pub events: u64,
     /// Raw (uncompressed) bytes of its blocks.
@@ -224,6 +224,88 @@ pub fn build_run(
     Ok(built)
 }
 
+/// Whether a run holds events that `retained` drops (F-06-26).
+pub fn holds_dropped_events(index: &RunIndex, retained: &Retained) -> bool {
+    index.blocks.iter().any(|block| {
+        block.session != DEFINITIONS_SESSION
+            && retained
+                .get(&block.session)
+                .is_some_and(|kept| block.first_seq + u64::from(block.event_count) > *kept)
+    })
+}
+
+/// Rewrites a run without the events of deleted sessions that `retained` does not keep
+/// (F-06-26). The definitions block and every block kept whole are copied as stored; a
+/// block cut by a retained prefix is recompressed with its first events.
+pub fn rebuild_run(
+    reader: &RunReader,
+    run_id: u64,
+    run_salt: u64,
+    retained: &Retained,
+) -> Result<BuiltRun> {
+    let source = &reader.index;
+    let mut writer = BlockWriter {
+        out: encode_run_header(run_id, run_salt, source.source_segment),
+        blocks: Vec::new(),
+        raw_offset: 0,
+        compressor: new_compressor()?,
+    };
+    let (mut moved, mut events, mut dropped_events, mut dropped_bytes) = (Vec::new(), 0, 0, 0);
+    for (index, block) in source.blocks.iter().enumerate() {
+        let kept = match retained.get(&block.session) {
+            Some(kept) => kept
+                .saturating_sub(block.first_seq)
+                .min(u64::from(block.event_count)),
+            None => u64::from(block.event_count),
+        };
+        let definitions = block.session == DEFINITIONS_SESSION;
+        if !definitions && kept == 0 {
+            dropped_events += u64::from(block.event_count);
+            dropped_bytes += u64::from(block.raw_bytes);
+            continue;
+        }
+        let raw_offset = writer.raw_offset;
+        let count = u32::try_from(kept).unwrap_or(block.event_count);
+        if definitions || count == block.event_count {
+            writer.push_stored(block, &reader.stored_block(index)?);
+        } else {
+            let raw = reader.block(index, None)?;
+            let cut = frames_end(&raw, count, block, source.id)?;
+            writer.push(block.session, count, block.first_seq, &raw[..cut])?;
+            dropped_events += u64::from(block.event_count - count);
+            dropped_bytes += (raw.len() - cut) as u64;
+        }
+        if !definitions {
+            let bytes = writer.raw_offset - raw_offset;
+            let extent = Extent {
+                file: run_id,
+                offset: raw_offset,
+                bytes,
+                count,
+            };
+            moved.push((block.session, block.first_seq, extent));
+            events += kept;
+        }
+    }
+    let mut built = writer.finish(run_id, run_salt, moved, events)?;
+    built.dropped_events = dropped_events;
+    built.dropped_bytes = dropped_bytes;
+    Ok(built)
+}
+
+/// Where the first `count` frames of a decompressed block end.
+fn frames_end(raw: &[u8], count: u32, block: &BlockEntry, run: u64) -> Result<usize> {
+    let mut end = 0usize;
+    for _ in 0..count {
+        let frame = raw.get(end..).unwrap_or_default();
+        let at = block.raw_offset + end as u64;
+        let frame =
+            decode_run_frame(frame).map_err(|error| corrupt(run, at, &format!("{error:?}")))?;
+        end += frame.total_bytes;
+    }
+    Ok(end)
+}
+
 /// Frames in a run carry no checksum of their own (F-06-13): the block's stored checksum
 /// and zstd's content checksum cover them, and the four bytes of a per-frame crc32 cost
 /// about a fifth of a compressed DSH event.
@@ -261,58 +343,27 @@ fn assemble(
             }
             let last = session.frames[end - 1];
             let raw = &session.raw[block_raw_start..last.1 + last.2 as usize];
-            for (seq, offset, length) in &session.frames[start..end] {
-                moved.push((
-                    session.session,
-                    *seq,
-                    Position {
-                        segment: run_id,
-                        offset: writer.raw_offset + (offset - block_raw_start) as u64,
-                        frame_bytes: *length,
-                    },
-                ));
-            }
             let count = u32::try_from(end - start).map_err(|_| Error::TooLarge {
                 what: "run block events",
                 size: (end - start) as u64,
                 limit: u64::from(u32::MAX),
             })?;
+            moved.push((
+                session.session,
+                session.frames[start].0,
+                Extent {
+                    file: run_id,
+                    offset: writer.raw_offset,
+                    bytes: raw.len() as u64,
+                    count,
+                },
+            ));
             writer.push(session.session, count, session.frames[start].0, raw)?;
             events += u64::from(count);
             start = end;
         }
     }
-    let BlockWriter {
-        mut out,
-        blocks,
-        raw_offset,
-        ..
-    } = writer;
-    let footer_offset = out.len() as u64;
-    let footer_start = out.len();
-    for block in &blocks {
-        block.encode(&mut out);
-    }
-    out.extend_from_slice(&footer_offset.to_le_bytes());
-    let block_count = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
-    out.extend_from_slice(&block_count.to_le_bytes());
-    let sum = crc32fast::hash(&out[footer_start..]);
-    out.extend_from_slice(&sum.to_le_bytes());
-    out.extend_from_slice(RUN_TRAILER_MAGIC);
-    let file_bytes = out.len() as u64;
-    Ok(BuiltRun {
-        bytes: out,
-        entry: RunEntry {
-            id: run_id,
-            salt: run_salt,
-            file_bytes,
-        },
-        moved,
-        events,
-        raw_bytes: raw_offset,
-        dropped_events: 0,
-        dropped_bytes: 0,
-    })
+    writer.finish(run_id, run_salt, moved, events)
 }
 
 /// Appends compressed blocks to a run being written, with one zstd context for them all.
@@ -334,6 +385,63 @@ fn new_compressor() -> Result<zstd::bulk::Compressor<'static>> {
 }
 
 impl BlockWriter {
+    /// Appends the footer and trailer: the finished run file.
+    fn finish(
+        self,
+        run_id: u64,
+        run_salt: u64,
+        moved: Vec<(u32, u64, Extent)>,
+        events: u64,
+    ) -> Result<BuiltRun> {
+        let BlockWriter {
+            mut out,
+            blocks,
+            raw_offset,
+            ..
+        } = self;
+        let footer_offset = out.len() as u64;
+        let footer_start = out.len();
+        for block in &blocks {
+            block.encode(&mut out);
+        }
+        out.extend_from_slice(&footer_offset.to_le_bytes());
+        let block_count = u32::try_from(blocks.len()).map_err(|_| Error::TooLarge {
+            what: "run blocks",
+            size: blocks.len() as u64,
+            limit: u64::from(u32::MAX),
+        })?;
+        out.extend_from_slice(&block_count.to_le_bytes());
+        let sum = crc32fast::hash(&out[footer_start..]);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out.extend_from_slice(RUN_TRAILER_MAGIC);
+        let file_bytes = out.len() as u64;
+        Ok(BuiltRun {
+            bytes: out,
+            entry: RunEntry {
+                id: run_id,
+                salt: run_salt,
+                file_bytes,
+            },
+            moved,
+            events,
+            raw_bytes: raw_offset,
+            dropped_events: 0,
+            dropped_bytes: 0,
+        })
+    }
+
+    /// Appends a block of another run as it is stored (its checksum already checked):
+    /// only its offsets change.
+    fn push_stored(&mut self, block: &BlockEntry, stored: &[u8]) {
+        self.blocks.push(BlockEntry {
+            raw_offset: self.raw_offset,
+            file_offset: self.out.len() as u64,
+            ..*block
+        });
+        self.raw_offset += u64::from(block.raw_bytes);
+        self.out.extend_from_slice(stored);
+    }
+
     fn push(&mut self, session: u32, event_count: u32, first_seq: u64, raw: &[u8]) -> Result<()> {
         let stored = self
             .compressor
@@ -690,6 +798,42 @@ impl RunReader {
             cache.insert(self.index.id, block, raw.clone());
         }
         Ok(raw)
+    }
+
+    /// Block `block` as stored (compressed), its checksum checked (F-06-6).
+    pub fn stored_block(&self, block: usize) -> Result<Vec<u8>> {
+        let entry = &self.index.blocks[block];
+        let start = entry.file_offset;
+        let mut stored = vec![0; entry.stored_bytes as usize];
+        match &self.map {
+            Some(map) => {
+                let range = usize::try_from(start)
+                    .ok()
+                    .and_then(|from| Some(from..from.checked_add(stored.len())?));
+                let bytes = range
+                    .and_then(|range| map.bytes().get(range))
+                    .ok_or_else(|| {
+                        corrupt(
+                            self.index.id,
+                            entry.raw_offset,
+                            "block past the mapped file",
+                        )
+                    })?;
+                stored.copy_from_slice(bytes);
+            }
+            None => self
+                .file
+                .read_exact_at(&mut stored, start)
+                .map_err(|error| Error::io("run read", error))?,
+        }
+        if crc32fast::hash(&stored) != entry.stored_checksum {
+            return Err(corrupt(
+                self.index.id,
+                entry.raw_offset,
+                "run block checksum mismatch",
+            ));
+        }
+        Ok(stored)
     }
 
     /// The raw stream bytes `start..end` (they may span blocks).

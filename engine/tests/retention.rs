@@ -7,7 +7,7 @@ use common::*;
 use dshdb::commit::Durability;
 use dshdb::compaction::collect_spill;
 use dshdb::db::{NewEvent, Options, Store};
-use dshdb::index::{CHECKPOINT_FILE, CHECKPOINT_VERSION_DELETIONS};
+use dshdb::index::{decode_checkpoint, CHECKPOINT_FILE};
 use dshdb::io::sim::{CrashImage, SimStorage};
 use dshdb::io::Storage;
 use dshdb::spill::SpillStore;
@@ -72,7 +72,7 @@ fn a_deleted_session_is_gone_after_reopen_and_its_id_can_be_reused() {
         assert_eq!(store.session("b").expect("b").events, 10);
         store.close().expect("close");
     }
-    // Sealing writes the tombstone into a run and a version-2 checkpoint (F-06-25).
+    // Sealing writes the tombstone into a run and a checkpoint that lists the deletion (F-06-25).
     let store = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
     store.maintain().expect("maintain");
     let mut reused = store.create_session_with_id("a").expect("reuse id");
@@ -83,14 +83,15 @@ fn a_deleted_session_is_gone_after_reopen_and_its_id_can_be_reused() {
         .open_read(CHECKPOINT_FILE)
         .and_then(|file| file.read_all())
         .expect("checkpoint");
-    assert_eq!(
-        checkpoint[8..12],
-        CHECKPOINT_VERSION_DELETIONS.to_le_bytes()
+    let decoded = decode_checkpoint(&checkpoint).expect("a valid checkpoint");
+    assert!(
+        decoded.catalog.sessions.values().any(|entry| entry.deleted),
+        "the deleted session is listed"
     );
     for options in [sim_options(Durability::Sync), no_checkpoint()] {
         let use_checkpoint = options.use_checkpoint;
         let store = open_sim(&disk, options).expect("reopen");
-        // The closing checkpoint lists the deleted session (version 2, F-06-25).
+        // The closing checkpoint lists the deleted session (F-06-25).
         assert_eq!(store.recovery_report().checkpoint_used, use_checkpoint);
         assert_eq!(datas(&store, "a"), vec!["{\"new\":1}".to_string()]);
         assert_eq!(datas(&store, "b").len(), 10);
@@ -192,6 +193,62 @@ fn stats_show_the_bytes_reclaimed_by_sealing() {
     assert!(after < kept_after);
 }
 
+/// Names of the run files in the store.
+fn run_files(disk: &SimStorage) -> Vec<String> {
+    let mut names = disk.list("runs").unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn events_already_sealed_into_runs_are_reclaimed_when_their_session_is_deleted() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let seed = build_lineage(&store);
+    fill(&store, "other", 3, 20).expect("other");
+    store.close().expect("close");
+    // Everything sealed into runs before anything is deleted.
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
+    store.maintain().expect("seal");
+    let before = store.stats(None).expect("stats");
+    assert_eq!(before.events_in_segments, 0);
+    let runs_before = run_files(&disk);
+    store.delete_session("child").expect("delete child");
+    store.delete_session("parent").expect("delete parent");
+    let report = store.maintain().expect("reclaim");
+    // As when sealing (F-06-24): the parent keeps its 20 seed events, the child its 25.
+    assert_eq!(report.events_dropped, 20 + 6);
+    assert!(report.runs_rewritten >= 1);
+    assert!(report.bytes_reclaimed > 0);
+    assert_eq!(datas(&store, "grandchild"), seed);
+    assert_eq!(datas(&store, "other").len(), 20);
+    let after = store.stats(None).expect("stats");
+    assert!(
+        after.bytes_on_disk < before.bytes_on_disk,
+        "{} B after, {} B before",
+        after.bytes_on_disk,
+        before.bytes_on_disk
+    );
+    assert_eq!(
+        run_files(&disk).len(),
+        runs_before.len(),
+        "old runs removed"
+    );
+    assert_ne!(run_files(&disk), runs_before);
+    // Nothing left to reclaim: a second pass rewrites nothing.
+    assert_eq!(store.maintain().expect("again").runs_rewritten, 0);
+    store.close().expect("close");
+    for options in [sim_options(Durability::Sync), no_checkpoint()] {
+        let store = open_sim(&disk, options).expect("reopen");
+        assert_eq!(datas(&store, "grandchild"), seed);
+        assert_eq!(datas(&store, "other").len(), 20);
+        assert!(unknown(store.session("child")));
+        assert!(unknown(store.session("parent")));
+        assert_eq!(store.maintain().expect("nothing to do").runs_rewritten, 0);
+        store.close().expect("close");
+    }
+}
+
 #[test]
 fn spill_gc_collects_blobs_cited_only_by_deleted_sessions_but_keeps_a_forks_seed() {
     let disk = SimStorage::new();
@@ -255,6 +312,8 @@ struct Ledger {
     /// Deletes that returned Ok, and deletes that were attempted.
     deleted: Vec<&'static str>,
     attempted: Vec<&'static str>,
+    /// Runs the last maintain rewrote (F-06-26).
+    runs_rewritten: usize,
 }
 
 fn fill_logged(
@@ -279,9 +338,11 @@ fn delete_logged(store: &Store, id: &'static str, ledger: &mut Ledger) -> Option
     Some(())
 }
 
-/// Writes, forks, deletes, closes, reopens and seals (the reclaiming maintain).
-fn workload_steps(disk: &SimStorage, ledger: &mut Ledger) -> Option<()> {
-    let store = open_sim(disk, sim_options(Durability::Sync)).ok()?;
+/// Writes, forks, deletes, closes, reopens and seals (the reclaiming maintain). With
+/// `seal_first`, everything is sealed into runs before the deletes, so that the reclaiming
+/// maintain rewrites runs (F-06-26) rather than leaving events out of new ones.
+fn workload_steps(disk: &SimStorage, ledger: &mut Ledger, seal_first: bool) -> Option<()> {
+    let mut store = open_sim(disk, sim_options(Durability::Sync)).ok()?;
     fill_logged(&store, PARENT, PARENT_EVENTS, ledger)?;
     let mut child = store.fork(PARENT.0, FORK_AT, CHILD.0).ok()?;
     ledger.child_forked = true;
@@ -292,17 +353,22 @@ fn workload_steps(disk: &SimStorage, ledger: &mut Ledger) -> Option<()> {
     drop(child);
     fill_logged(&store, DOOMED, 16, ledger)?;
     fill_logged(&store, OTHER, 8, ledger)?;
+    if seal_first {
+        store.close().ok()?;
+        store = open_sim(disk, sim_options(Durability::Sync)).ok()?;
+        store.maintain().ok()?;
+    }
     delete_logged(&store, DOOMED.0, ledger)?;
     delete_logged(&store, PARENT.0, ledger)?;
     store.close().ok()?;
     let store = open_sim(disk, sim_options(Durability::Sync)).ok()?;
-    store.maintain().ok()?;
+    ledger.runs_rewritten = store.maintain().ok()?.runs_rewritten;
     store.close().ok()
 }
 
-fn run_workload(disk: &SimStorage) -> Ledger {
+fn run_workload(disk: &SimStorage, seal_first: bool) -> Ledger {
     let mut ledger = Ledger::default();
-    let _ = workload_steps(disk, &mut ledger);
+    let _ = workload_steps(disk, &mut ledger, seal_first);
     ledger
 }
 
@@ -387,17 +453,17 @@ fn check_image(image: &CrashImage, ledger: &Ledger) -> Result<(), String> {
     Ok(())
 }
 
-#[test]
-fn every_crash_point_of_delete_and_reclaiming_maintain_keeps_acknowledged_state() {
+fn enumerate_crash_points(seal_first: bool) {
     let reference = SimStorage::new();
-    let full = run_workload(&reference);
+    let full = run_workload(&reference, seal_first);
     assert_eq!(full.deleted, vec![DOOMED.0, PARENT.0]);
+    assert_eq!(full.runs_rewritten > 0, seal_first);
     let operations = reference.operation_count();
     let mut images_checked = 0u64;
     for cut in 0..operations + 2 {
         let disk = SimStorage::new();
         disk.crash_at(cut);
-        let ledger = run_workload(&disk);
+        let ledger = run_workload(&disk, seal_first);
         let images = disk.take_crash_images();
         for image in &images {
             if let Err(violation) = check_image(image, &ledger) {
@@ -408,4 +474,14 @@ fn every_crash_point_of_delete_and_reclaiming_maintain_keeps_acknowledged_state(
     }
     eprintln!("{operations} operations, {images_checked} crash images checked");
     assert!(images_checked > operations);
+}
+
+#[test]
+fn every_crash_point_of_delete_and_reclaiming_maintain_keeps_acknowledged_state() {
+    enumerate_crash_points(false);
+}
+
+#[test]
+fn every_crash_point_of_rewriting_runs_after_a_delete_keeps_acknowledged_state() {
+    enumerate_crash_points(true);
 }

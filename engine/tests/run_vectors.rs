@@ -186,9 +186,9 @@ fn describe_checkpoint(bytes: &[u8]) -> Value {
     let mut sessions: Vec<_> = checkpoint.catalog.sessions.values().collect();
     sessions.sort_by_key(|entry| entry.number);
     json!({
-        "description": "The seq-index checkpoint of a store whose log is run 2 (F-06-20): both sessions, every event's position in the run's raw stream",
+        "description": "The seq-index checkpoint of a store whose log is run 2 (F-06-20): both sessions, one extent per event block in the run's raw stream",
         "magic": "DSHDBIDX",
-        "version": 1,
+        "version": 3,
         "runs": checkpoint.runs.iter().map(|(id, salt)| json!({"id": hex64(*id), "salt": hex64(*salt)})).collect::<Vec<_>>(),
         "segments": checkpoint.segments.iter().map(|segment| json!({"id": hex64(segment.id), "salt": hex64(segment.salt), "end": segment.end})).collect::<Vec<_>>(),
         "types": types.iter().map(|(number, name)| json!({"number": number, "name": name})).collect::<Vec<_>>(),
@@ -198,10 +198,12 @@ fn describe_checkpoint(bytes: &[u8]) -> Value {
             "seed": entry.seed.map(|seed| json!({"parent": seed.parent, "length": seed.length})),
             "defined_in": entry.defined_in.map(hex64),
             "header_json": entry.header_json.to_string(),
-            "positions": entry.positions.iter().map(|position| json!({
-                "file": hex64(position.segment),
-                "offset": position.offset,
-                "frame_bytes": position.frame_bytes,
+            "events": entry.length(),
+            "extents": entry.events.extents().iter().map(|extent| json!({
+                "file": hex64(extent.file),
+                "offset": extent.offset,
+                "bytes": extent.bytes,
+                "count": extent.count,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })

@@ -360,6 +360,20 @@ fn reopen(config: &Config) -> Result<()> {
     // holds the writer lock, so the timed open is read-only.
     std::mem::forget(store);
     let wal = dir_bytes(&dir.join("wal"));
+    // Read-only opens change nothing, so the same crashed store is opened five times.
+    let mut crash_opens = Vec::new();
+    for _ in 0..4 {
+        crash_opens.push(
+            timed_open(
+                &dir,
+                Options {
+                    read_only: true,
+                    ..options()
+                },
+            )?
+            .0,
+        );
+    }
     let (elapsed, store) = timed_open(
         &dir,
         Options {
@@ -367,9 +381,12 @@ fn reopen(config: &Config) -> Result<()> {
             ..options()
         },
     )?;
+    crash_opens.push(elapsed);
+    crash_opens.sort();
     println!(
-        "reopen after a crash (read-only): {:.1} ms (checkpoint used: {}, {} segments scanned, {:.1} MB WAL)",
-        elapsed.as_secs_f64() * 1e3,
+        "reopen after a crash (read-only): median {:.1} ms of 5, target {:.0} ms (checkpoint used: {}, {} segments scanned, {:.1} MB WAL)",
+        crash_opens[2].as_secs_f64() * 1e3,
+        100.0 + wal as f64 / 1e6,
         store.recovery_report().checkpoint_used,
         store.recovery_report().segments_scanned,
         wal as f64 / 1e6
