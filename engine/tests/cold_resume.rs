@@ -559,3 +559,136 @@ fn empty_and_log_only_sessions_stream() {
     drop(writer);
     assert!(assert_stream_agrees(&store, "chunks", "chunks"));
 }
+
+/// One stored event of a mutation case: type, time, data and envelope.
+type Stored = (String, i64, String, String);
+
+/// A small valid session as stored events (closed turns, a tool call, an open last turn).
+fn base_events() -> Vec<Stored> {
+    let event = |event_type: &str, data: &str, envelope: &str| {
+        (
+            event_type.to_owned(),
+            START_TIME_MS,
+            data.to_owned(),
+            envelope.to_owned(),
+        )
+    };
+    let append = r#""surfaceOp":"append""#;
+    let mut events = Vec::new();
+    for turn in 1..=3 {
+        let seq = events.len();
+        events.push(event("turn/start", &format!(r#"{{"turn":{turn}}}"#), ""));
+        events.push(event(
+            "user/message",
+            &format!(r#"{{"content":[{{"type":"text","text":"q{turn} \ud83d\ude00"}}],"source":{{"kind":"user"}},"role":"user","id":"u{seq}"}}"#),
+            append,
+        ));
+        events.push(event(
+            "step/start",
+            &format!(r#"{{"turn":{turn},"step":1}}"#),
+            "",
+        ));
+        for k in 0..3 {
+            events.push(event(
+                "assistant/chunk",
+                &format!(r#"{{"turn":{turn},"step":1,"chunk":{{"type":"text-delta","index":0,"text":"c{k}"}}}}"#),
+                "",
+            ));
+        }
+        events.push(event(
+            "assistant/message",
+            &format!(r#"{{"turn":{turn},"step":1,"message":{{"role":"assistant","content":[{{"type":"text","text":"a"}},{{"type":"tool-call","id":"call-{turn}","name":"bash","arguments":"{{}}"}}],"source":{{"kind":"model","provider":"p","model":"m"}},"id":"a{seq}"}}}}"#),
+            append,
+        ));
+        let call = events.len();
+        events.push(event(
+            "tool/call",
+            &format!(r#"{{"turn":{turn},"step":1,"callId":"call-{turn}","name":"bash","arguments":"{{}}"}}"#),
+            "",
+        ));
+        if turn < 3 {
+            events.push(event(
+                "tool/result",
+                &format!(r#"{{"turn":{turn},"step":1,"message":{{"source":{{"kind":"tool","callId":"call-{turn}"}},"content":[{{"type":"tool-result","toolCallId":"call-{turn}","content":[{{"type":"text","text":"out"}}]}}],"role":"user","id":"r{call}"}}}}"#),
+                &format!(r#""sourceEventSeqs":[{call}],"surfaceOp":"append""#),
+            ));
+            events.push(event(
+                "step/end",
+                &format!(r#"{{"turn":{turn},"step":1}}"#),
+                "",
+            ));
+            events.push(event(
+                "turn/end",
+                &format!(r#"{{"turn":{turn},"reason":{{"kind":"completed"}}}}"#),
+                "",
+            ));
+        }
+    }
+    events
+}
+
+/// Mutates one event the way a damaged, legacy or unusual log would differ.
+fn mutate(events: &mut [Stored], rng: &mut Rng) {
+    let position = usize::try_from(rng.below(events.len() as u64)).unwrap_or(0);
+    let (event_type, time, data, envelope) = &mut events[position];
+    let replace = |text: &mut String, from: &str, to: &str| *text = text.replacen(from, to, 1);
+    match rng.below(16) {
+        0 => replace(data, r#""id":"#, r#""identity":"#),
+        1 => replace(data, r#""role":"user""#, r#""role":"assistant""#),
+        2 => replace(
+            data,
+            r#""content":["#,
+            r#""content":"not an array","was":["#,
+        ),
+        3 => replace(data, r#""callId":"call-1"}"#, r#""callId":"other"}"#),
+        4 => *envelope = r#""surfaceOp":"append""#.to_owned(),
+        5 => envelope.clear(),
+        6 => {
+            *envelope =
+                r#""sourceEventSeqs":[0],"surfaceOp":{"op":"replace","start":1,"end":1}"#.to_owned()
+        }
+        7 => *envelope = r#""sourceEventSeqs":[999],"surfaceOp":"append""#.to_owned(),
+        8 => *event_type = "plugin/unknown".to_owned(),
+        9 => *event_type = "mode/set".to_owned(),
+        10 => *time = 1 << 60,
+        11 => replace(data, "{", "{ \"id\" : \"dup\" , "),
+        12 => replace(data, r#""text":""#, r#""text":"\ud800"#),
+        13 => *envelope = r#""ignorable":true"#.to_owned(),
+        14 => replace(data, r#""turn":"#, r#""trigger":{"kind":"user"},"turn":"#),
+        _ => replace(data, r#""type":"tool-call""#, r#""type":"tool\u002dcall""#),
+    }
+}
+
+/// Mutated logs checked (each is loaded six ways).
+const MUTATION_CASES: u64 = 100;
+
+#[test]
+fn mutated_logs_give_the_full_loads_result_or_error() {
+    let mut streamed = 0;
+    for seed in 0..MUTATION_CASES {
+        let mut rng = Rng(seed);
+        let mut events = base_events();
+        for _ in 0..1 + rng.below(2) {
+            mutate(&mut events, &mut rng);
+        }
+        let store = new_store();
+        let mut writer = store.create_session_with_id("m").expect("create");
+        for (event_type, time, data, envelope) in &events {
+            let appended = writer.append(NewEvent {
+                event_type,
+                time: Some(*time),
+                data,
+                envelope,
+                flags: 0,
+            });
+            assert!(appended.is_ok(), "seed {seed}: {appended:?}");
+        }
+        drop(writer);
+        streamed += usize::from(assert_stream_agrees(&store, "m", &format!("seed {seed}")));
+    }
+    eprintln!("{streamed} of {MUTATION_CASES} mutated logs streamed");
+    assert!(
+        streamed > 10,
+        "{streamed} of {MUTATION_CASES} mutated logs streamed"
+    );
+}
