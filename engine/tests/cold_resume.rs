@@ -2,7 +2,8 @@
 //! the full cold load (`exchange::messages_full`) on every DSH fixture and on generated
 //! sessions with packed chunk rows across read chunks, compactions, pruned tool results,
 //! forks and interrupted turns; a log that needs the full load (legacy shapes, refusals)
-//! is handed over to it, so `exchange::messages` gives the same result or the same error.
+//! is handed over to it, so `exchange::messages` and `exchange::message_texts` give the same
+//! result or the same error, also on 100 mutated logs.
 
 mod dsh_fixtures;
 
