@@ -13,8 +13,10 @@
 //!   then DSH's message-shape check, the repair scan and the fold all read that one parse,
 //!   and the projected message is taken out of it (no second parse at the end);
 //! - other events whose payload a check reads (`turn/*`, `step/*`, `tool/call`,
-//!   `request/header`, …): exactly the full load's per-event checks (a legacy shape that
-//!   the full load would migrate or refuse hands over to it);
+//!   `request/header`, …): exactly the full load's per-event checks;
+//! - same-version legacy shapes: migrated event by event as the full load migrates them
+//!   ([`crate::session::migrate_next`]), except a legacy replacement result, whose rewrite
+//!   needs the earlier events (it hands over);
 //! - verbatim lines and packed chunk rows: rendered and decoded exactly as the full load does;
 //! - then DSH's interrupted-turn closers and the in-memory `session/end-seed`, as in
 //!   [`crate::session::restore_session`].
@@ -33,8 +35,8 @@
 //!   the envelope rules (`seq`/`time` safe integers, envelope members) checked on the stored
 //!   values instead of on a rendered line.
 //!
-//! Whenever the log needs what only the full load does — a legacy shape to migrate or
-//! refuse, any check that fails (whose DSH error text must be reported) — it stops and
+//! Whenever the log needs what only the full load does — a removed legacy type to refuse,
+//! any check that fails (whose DSH error text must be reported) — it stops and
 //! returns [`Streamed::NeedsFullLoad`], and [`super::messages`] runs the full load, which
 //! gives the exact result or error. `engine/tests/cold_resume.rs` checks the two agree.
 
@@ -48,7 +50,7 @@ use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
 use crate::session::repair::repair_observes_type;
 use crate::session::surface::{projected_message, rewrite_key, rewrite_key_from};
 use crate::session::{
-    is_known_event_type, is_surface_eligible_type, needs_migration, parse_event_line,
+    is_known_event_type, is_surface_eligible_type, migrate_next, parse_event_line,
     validate_seed_event, validate_seed_event_parsed, RepairScan, SeedMode, SessionEvent,
     SurfaceChange, SurfaceFold, SurfaceOp,
 };
@@ -194,6 +196,9 @@ struct StreamLoad<'a> {
 
 type Step = std::result::Result<(), Fallback>;
 
+/// [`Fallback::reason`] of a failed per-event seed check (message shape, seq, header).
+const SEED_RULE: &str = "seed rule";
+
 fn fallback(seq: u64, reason: &'static str) -> Fallback {
     Fallback { seq, reason }
 }
@@ -278,7 +283,14 @@ impl<'a> StreamLoad<'a> {
                     .map(Parsed::Skeleton),
             };
             if parsed.is_some() {
-                return self.admit(&head, parsed, false);
+                match self.admit(&head, parsed, false) {
+                    // A failed shape check changed nothing: the event may be a legacy shape,
+                    // which the path below migrates.
+                    Err(Fallback {
+                        reason: SEED_RULE, ..
+                    }) => {}
+                    done => return done,
+                }
             }
         }
         let event = SessionEvent {
@@ -313,6 +325,26 @@ impl<'a> StreamLoad<'a> {
     /// of a message-bearing event when the caller parsed it (then `event.data` is not read).
     /// Closers (`closer`) are not observed by the repair scan, as in DSH.
     fn admit(&mut self, event: &SessionEvent, parsed: Option<Parsed>, closer: bool) -> Step {
+        // A same-version legacy shape is migrated as the full load does. (A parsed message
+        // event reaches here only in current shape, which migration leaves as it is, and
+        // closers are written in current shape.)
+        if parsed.is_none() && !closer {
+            match migrate_next(self.session_id, event) {
+                Some(Ok(Some(migrated))) => return self.admit_current(&migrated, None, closer),
+                Some(Ok(None)) => {}
+                None | Some(Err(_)) => return Err(fallback(event.seq, "legacy")),
+            }
+        }
+        self.admit_current(event, parsed, closer)
+    }
+
+    /// [`Self::admit`] of an event in current shape.
+    fn admit_current(
+        &mut self,
+        event: &SessionEvent,
+        parsed: Option<Parsed>,
+        closer: bool,
+    ) -> Step {
         let seq = event.seq;
         if !event.ignorable && !is_known_event_type(&event.event_type) {
             return Err(fallback(seq, "unknown type"));
@@ -321,10 +353,6 @@ impl<'a> StreamLoad<'a> {
         if is_surface_eligible_type(&event.event_type) {
             self.admit_message(event, parsed, index, closer)?;
         } else {
-            // A legacy shape to rewrite or refuse: the full load does that.
-            if !matches!(needs_migration(self.session_id, event), Ok(false)) {
-                return Err(fallback(seq, "legacy"));
-            }
             validate_seed_event(index, event, SeedMode::Restore)
                 .map_err(|_| fallback(seq, "seed rule"))?;
             if !closer {
@@ -356,8 +384,9 @@ impl<'a> StreamLoad<'a> {
                 (data, None)
             }
         };
+        // Checked before anything changes (a caller may retry the event as a legacy shape).
         validate_seed_event_parsed(index, event, SeedMode::Restore, Some(&data))
-            .map_err(|_| fallback(seq, "seed rule"))?;
+            .map_err(|_| fallback(seq, SEED_RULE))?;
         if !closer {
             self.repair
                 .observe_parsed(&event.event_type, event.seq, &data);
@@ -566,7 +595,7 @@ fn take_member(data: Value, key: &str) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::interrupted_turn_closers;
+    use crate::session::{interrupted_turn_closers, needs_migration};
 
     /// A payload that every payload-reading check would notice if it read it.
     const TRAP_DATA: &str =

@@ -43,18 +43,43 @@ pub fn migrate_legacy(
 /// log none of whose events it refuses or rewrites migrates to itself.
 pub fn needs_migration(session_id: &str, event: &SessionEvent) -> Result<bool, SessionError> {
     refuse_removed(session_id, event)?;
-    let migrated_type = matches!(
-        event.event_type.as_str(),
+    // The earlier events only supply the id a rewritten replacement inherits.
+    Ok(is_migrated_type(&event.event_type) && migrate_event(session_id, event, &[])?.is_some())
+}
+
+/// The types `migrate_event` may rewrite (any other it leaves as it is).
+fn is_migrated_type(event_type: &str) -> bool {
+    matches!(
+        event_type,
         "turn/start"
             | "turn/end"
             | "steering/message"
             | USER_MESSAGE
             | ASSISTANT_MESSAGE
             | TOOL_RESULT
-    );
-    // `migrate_event` rewrites only these types; the earlier events only supply the id a
-    // rewritten replacement inherits.
-    Ok(migrated_type && migrate_event(session_id, event, &[])?.is_some())
+    )
+}
+
+/// [`migrate_legacy`] of one event of a log read as a stream: `Some(Ok(Some(migrated)))`
+/// when it rewrites the event, `Some(Ok(None))` when it leaves it, `Some(Err(_))` when it
+/// refuses it; `None` when the rewrite needs the earlier events (a legacy replacement
+/// result inherits the message id of the result it replaces): the caller then migrates
+/// the whole log.
+pub fn migrate_next(
+    session_id: &str,
+    event: &SessionEvent,
+) -> Option<Result<Option<SessionEvent>, SessionError>> {
+    if let Err(error) = refuse_removed(session_id, event) {
+        return Some(Err(error));
+    }
+    if !is_migrated_type(&event.event_type) {
+        return Some(Ok(None));
+    }
+    let migrated = migrate_event(session_id, event, &[]);
+    let inherits = event.event_type == TOOL_RESULT
+        && matches!(event.surface_op, Some(SurfaceOp::Replace { .. }))
+        && matches!(migrated, Ok(Some(_)));
+    (!inherits).then_some(migrated)
 }
 
 fn refuse_removed(session_id: &str, event: &SessionEvent) -> Result<(), SessionError> {

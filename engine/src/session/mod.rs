@@ -25,7 +25,7 @@ pub use event::{
     is_known_event_type, is_surface_eligible_type, parse_event_line, parse_event_line_at, KeyOrder,
     SessionEvent, SurfaceOp, KNOWN_EVENT_TYPES,
 };
-pub use legacy::{migrate_legacy, needs_migration, MigratedLog};
+pub use legacy::{migrate_legacy, migrate_next, needs_migration, MigratedLog};
 pub use relational::{InvariantTracker, ToolPairing};
 pub use repair::{interrupted_turn_closers, RepairScan};
 pub use seed::{
