@@ -132,6 +132,31 @@ impl<'a> NewEvent<'a> {
     }
 }
 
+/// A stored event borrowed for the duration of a [`Store::visit_events`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventView<'a> {
+    pub seq: u64,
+    pub time: i64,
+    pub event_type: &'a str,
+    pub data: &'a str,
+    pub envelope: &'a str,
+    pub flags: u8,
+}
+
+impl EventView<'_> {
+    /// The event as an owned [`Event`].
+    pub fn to_event(&self) -> Event {
+        Event {
+            seq: self.seq,
+            time: self.time,
+            event_type: self.event_type.to_string(),
+            data: self.data.to_string(),
+            envelope: self.envelope.to_string(),
+            flags: self.flags,
+        }
+    }
+}
+
 /// A stored event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -1028,18 +1053,33 @@ impl Store {
     /// The events with seq in `from..to` (clamped to the session's length).
     pub fn read(&self, id: &str, from: u64, to: u64) -> Result<Vec<Event>> {
         let mut events = Vec::new();
-        self.for_each_event(id, from, to, |event, event_type, position| {
-            events.push(Event {
-                seq: event.seq,
-                time: event.time,
-                event_type: event_type.to_string(),
-                data: event_text(event.data, position)?.to_string(),
-                envelope: event_text(event.envelope, position)?.to_string(),
-                flags: event.flags,
-            });
+        self.visit_events(id, from, to, |event| {
+            events.push(event.to_event());
             Ok(())
         })?;
         Ok(events)
+    }
+
+    /// Calls `visit` with every event of `from..to` in seq order (clamped to the session's
+    /// length), borrowed from the store's buffers: nothing is copied per event. An error
+    /// from `visit` stops the walk and is returned.
+    pub fn visit_events(
+        &self,
+        id: &str,
+        from: u64,
+        to: u64,
+        mut visit: impl FnMut(&EventView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.for_each_event(id, from, to, |event, event_type, position| {
+            visit(&EventView {
+                seq: event.seq,
+                time: event.time,
+                event_type,
+                data: event_text(event.data, position)?,
+                envelope: event_text(event.envelope, position)?,
+                flags: event.flags,
+            })
+        })
     }
 
     /// Appends the DSH JSONL lines (each ending in `\n`) of the events with seq in
@@ -1114,6 +1154,7 @@ impl Store {
             .ok_or_else(|| corrupt(extent.offset, "extent past its bytes"))?;
         let mut at = usize::try_from(extent.offset - base).unwrap_or(usize::MAX);
         let mut seen = 0u32;
+        let mut last_type: Option<(u32, &str)> = None;
         let wanted = slice.skip.saturating_add(slice.take);
         while seen < wanted {
             let offset = base + at as u64;
@@ -1133,9 +1174,14 @@ impl Store {
                 if event.seq != slice.first_seq + u64::from(seen) {
                     return Err(corrupt(offset, "indexed event has another seq"));
                 }
-                let event_type = types
-                    .get(&event.type_number)
-                    .ok_or_else(|| corrupt(offset, "unknown type number"))?;
+                // Neighbouring events mostly share a type (chunk runs): one lookup for them.
+                let event_type = match last_type {
+                    Some((number, name)) if number == event.type_number => name,
+                    _ => types
+                        .get(&event.type_number)
+                        .ok_or_else(|| corrupt(offset, "unknown type number"))?,
+                };
+                last_type = Some((event.type_number, event_type));
                 visit(&event, event_type, &position)?;
             }
             seen += u32::from(ours);

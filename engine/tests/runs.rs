@@ -507,3 +507,28 @@ fn empty_segments_are_dropped_without_a_run() {
     let reopened = open_sim(&disk, sim_options(Durability::Sync)).expect("reopen");
     assert_eq!(reopened.session("after").expect("session").events, 1);
 }
+
+#[test]
+fn borrowed_visits_see_the_same_events_as_read_and_stop_at_an_error() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    store.maintain().expect("maintain");
+    for id in ["r0", "fork"] {
+        let owned = store.read(id, 3, 40).expect("read");
+        let mut visited = Vec::new();
+        store
+            .visit_events(id, 3, 40, |event| {
+                visited.push(event.to_event());
+                Ok(())
+            })
+            .expect("visit");
+        assert_eq!(visited, owned);
+    }
+    let mut calls = 0;
+    let outcome = store.visit_events("r0", 0, u64::MAX, |_| {
+        calls += 1;
+        Err(Error::Closed)
+    });
+    assert!(matches!(outcome, Err(Error::Closed)));
+    assert_eq!(calls, 1);
+}
