@@ -2,8 +2,9 @@
 //!
 //! The full cold load ([`super::restore`]) renders every stored event to its DSH line,
 //! parses each line into a [`SessionEvent`], keeps them all, and then runs DSH's cold-load
-//! passes over the slice. [`stream_messages`] reads the session in chunks of
-//! [`READ_CHUNK_EVENTS`] stored events and runs the same checks event by event as it goes,
+//! passes over the slice. [`stream_messages`] visits the session's stored events in chunks
+//! of [`READ_CHUNK_EVENTS`] ([`Store::visit_events`], borrowed: a log-only event is never
+//! copied) and runs the same checks event by event as it goes,
 //! keeping only the surface fold, the repair scan and the projected messages:
 //!
 //! - every event: known type (or `ignorable`), seq equal to its index, the surface rules of
@@ -43,7 +44,7 @@
 use super::scan::{decode_record, Record, RowTag};
 use super::skeleton::{self, Skeleton};
 use super::{event_line, row_line, Result};
-use crate::db::{Event, Store};
+use crate::db::{Event, EventView, Store};
 use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE};
 use crate::session::event::{ASSISTANT_MESSAGE, END_SEED, TOOL_RESULT, USER_MESSAGE};
 use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
@@ -58,8 +59,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
 
-/// Stored events read from the store per [`Store::read`] call: bounds the memory the stream
-/// holds besides the messages (about 15 MB at the DSH mix's ~225 bytes an event).
+/// Stored events visited per [`Store::visit_events`] call: bounds the read buffer the store
+/// fills for an unsealed segment (one span per call, about 1 MB at the DSH mix's ~225 bytes
+/// an event) besides the messages.
 pub const READ_CHUNK_EVENTS: u64 = 4_096;
 
 /// What [`stream_messages`] or [`stream_message_texts`] produced.
@@ -136,13 +138,18 @@ fn stream(store: &Store, id: &str, form: Form) -> Result<Streamed<Kept>> {
     let length = store.session(id)?.events;
     let mut load = StreamLoad::new(id, form);
     let mut row: Vec<Event> = Vec::new();
+    let mut stopped = None;
     let mut from = 0;
     while from < length {
         let to = length.min(from.saturating_add(READ_CHUNK_EVENTS));
-        for event in store.read(id, from, to)? {
-            if let Err(fallback) = load.stored(event, &mut row) {
-                return Ok(Streamed::NeedsFullLoad(fallback));
+        store.visit_events(id, from, to, |event| {
+            if stopped.is_none() {
+                stopped = load.viewed(event, &mut row).err();
             }
+            Ok(())
+        })?;
+        if let Some(fallback) = stopped {
+            return Ok(Streamed::NeedsFullLoad(fallback));
         }
         from = to;
     }
@@ -214,6 +221,23 @@ impl<'a> StreamLoad<'a> {
             messages: HashMap::new(),
             last: None,
         }
+    }
+
+    /// Takes the next stored event as the store lends it: a plain log-only event is admitted
+    /// from the view (nothing copied), any other is taken as an owned [`Event`].
+    fn viewed(&mut self, event: &EventView<'_>, row: &mut Vec<Event>) -> Step {
+        let special = EVENT_FLAG_VERBATIM_LINE | EVENT_FLAG_ROW_START | EVENT_FLAG_ROW_MEMBER;
+        let plain_log_only = row.is_empty()
+            && event.flags & special == 0
+            && event.envelope.is_empty()
+            && is_log_only_type(event.event_type)
+            && event.seq <= MAX_SAFE_INTEGER
+            && event.time.unsigned_abs() <= MAX_SAFE_INTEGER;
+        if plain_log_only {
+            // What `single` decides for such an event, without the copy.
+            return self.log_only(event.seq, event.time, event.event_type == END_SEED);
+        }
+        self.stored(event.to_event(), row)
     }
 
     /// Takes the next stored event, grouping packed rows as the export does.
