@@ -103,16 +103,9 @@ pub fn is_log_only_type(event_type: &str) -> bool {
 /// (equal to [`super::messages_full`]). Store errors are returned as such; anything else the
 /// full load would have to report or rewrite gives [`Streamed::NeedsFullLoad`].
 pub fn stream_messages(store: &Store, id: &str) -> Result<Streamed<Value>> {
-    Ok(match stream(store, id, Form::Values)? {
-        Streamed::Messages(kept) => Streamed::Messages(
-            kept.into_iter()
-                .filter_map(|kept| match kept {
-                    Kept::Value(value) => Some(value),
-                    Kept::Text(_) => None,
-                })
-                .collect(),
-        ),
-        Streamed::NeedsFullLoad(fallback) => Streamed::NeedsFullLoad(fallback),
+    stream_as(store, id, Form::Values, |kept| match kept {
+        Kept::Value(value) => Some(value),
+        Kept::Text(_) => None,
     })
 }
 
@@ -121,15 +114,23 @@ pub fn stream_messages(store: &Store, id: &str) -> Result<Streamed<Value>> {
 /// ([`super::skeleton`]: a structural scan, the checks read what they need, the message
 /// text is sliced out) and no `Value` of a message is built.
 pub fn stream_message_texts(store: &Store, id: &str) -> Result<Streamed<String>> {
-    Ok(match stream(store, id, Form::Texts)? {
-        Streamed::Messages(kept) => Streamed::Messages(
-            kept.into_iter()
-                .filter_map(|kept| match kept {
-                    Kept::Text(text) => Some(text),
-                    Kept::Value(_) => None,
-                })
-                .collect(),
-        ),
+    stream_as(store, id, Form::Texts, |kept| match kept {
+        Kept::Text(text) => Some(text),
+        Kept::Value(_) => None,
+    })
+}
+
+/// Streams in `form` and unwraps the kept messages (all of that form).
+fn stream_as<T>(
+    store: &Store,
+    id: &str,
+    form: Form,
+    unwrap: impl FnMut(Kept) -> Option<T>,
+) -> Result<Streamed<T>> {
+    Ok(match stream(store, id, form)? {
+        Streamed::Messages(kept) => {
+            Streamed::Messages(kept.into_iter().filter_map(unwrap).collect())
+        }
         Streamed::NeedsFullLoad(fallback) => Streamed::NeedsFullLoad(fallback),
     })
 }

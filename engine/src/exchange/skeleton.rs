@@ -185,6 +185,35 @@ impl<'de> DeserializeSeed<'de> for Part {
     }
 }
 
+/// The scalar arms of a skeleton visitor that keeps a scalar as parsed.
+macro_rules! keep_scalars {
+    () => {
+        fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+            Ok(Value::Bool(value))
+        }
+
+        fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+            Ok(Value::String(value.to_owned()))
+        }
+
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+            Ok(Value::from(value))
+        }
+
+        fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+            Ok(Value::from(value))
+        }
+
+        fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
+            Ok(Value::from(value))
+        }
+    };
+}
+
 /// Parses a value as a plain `Value`, except an object, whose members follow its part.
 struct ObjectVisitor(Part);
 
@@ -216,29 +245,7 @@ impl<'de> Visitor<'de> for ObjectVisitor {
         Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
     }
 
-    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
-        Ok(Value::Bool(value))
-    }
-
-    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
-        Ok(Value::String(value.to_owned()))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
-
-    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
-
-    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
+    keep_scalars!();
 }
 
 /// `message.content`: an array of blocks (anything else kept as parsed).
@@ -271,29 +278,7 @@ impl<'de> Visitor<'de> for ContentVisitor {
         Value::deserialize(serde::de::value::MapAccessDeserializer::new(map))
     }
 
-    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
-        Ok(Value::Bool(value))
-    }
-
-    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
-        Ok(Value::String(value.to_owned()))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
-
-    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
-
-    fn visit_f64<E>(self, value: f64) -> Result<Value, E> {
-        Ok(Value::from(value))
-    }
+    keep_scalars!();
 }
 
 /// `[]` for an array (its items scanned, not built), `null` for anything else.
