@@ -3,7 +3,7 @@
 //! input that is merely invalid.
 
 use crate::commit::Durability;
-use crate::db::{NewEvent, Options, Store};
+use crate::db::{NewEvent, Options, SessionWriter, Store};
 use crate::frame::{decode_frame, Record};
 use crate::io::sim::SimStorage;
 use crate::io::Storage;
@@ -142,8 +142,29 @@ pub fn check_surface_fold(bytes: &[u8]) {
     );
 }
 
-/// Model check: bytes script sessions, batches and a power cut on the simulated disk; after
-/// the cut every acknowledged event is present and nothing else differs from the model.
+/// Script byte that runs `Store::maintain` (sealing, run rewriting) instead of an append.
+const MODEL_MAINTAIN: u8 = 0xFF;
+/// Script bytes `≡ MODEL_DELETE (mod 32)` delete session `byte / 32 % 4` instead.
+const MODEL_DELETE: u8 = 31;
+/// Sessions the model scripts.
+const MODEL_SESSIONS: usize = 4;
+
+/// What the model knows of one scripted session.
+#[derive(Default)]
+struct ModelSession {
+    writer: Option<SessionWriter>,
+    /// Events acknowledged since the session was (re)created.
+    acknowledged: Vec<String>,
+    /// Acknowledged deleted and not created again.
+    deleted: bool,
+    /// A delete failed (the cut): whether it is durable is unknown, so nothing is checked.
+    unknown: bool,
+}
+
+/// Model check: bytes script sessions, batches, maintenance passes (sealing into runs and
+/// rewriting runs), deletes and a power cut on the simulated disk; after the cut every
+/// acknowledged event is present, nothing else differs from the model, an acknowledged
+/// delete stays done, and the same holds after the recovered store seals everything.
 pub fn check_model(bytes: &[u8]) {
     let Some((&cut, script)) = bytes.split_first() else {
         return;
@@ -161,39 +182,28 @@ pub fn check_model(bytes: &[u8]) {
         return;
     };
     disk.crash_at(disk.operation_count() + u64::from(cut));
-    let mut acknowledged: Vec<Vec<String>> = Vec::new();
-    let mut writers = Vec::new();
+    let mut sessions: Vec<ModelSession> = (0..MODEL_SESSIONS)
+        .map(|_| ModelSession::default())
+        .collect();
     for (step, &byte) in script.iter().enumerate() {
-        let session = usize::from(byte % 4);
-        while writers.len() <= session {
-            let Ok(writer) = store.create_session_with_id(&format!("m{}", writers.len())) else {
-                break;
-            };
-            writers.push(writer);
-            acknowledged.push(Vec::new());
-        }
-        let Some(writer) = writers.get_mut(session) else {
-            break;
+        let done = if byte == MODEL_MAINTAIN {
+            store.maintain().is_ok()
+        } else if byte % 32 == MODEL_DELETE {
+            model_delete(
+                &store,
+                &mut sessions[usize::from(byte / 32) % MODEL_SESSIONS],
+                byte,
+            )
+        } else {
+            model_append(&store, &mut sessions, step, byte)
         };
-        let count = usize::from(byte / 64) + 1;
-        let texts: Vec<String> = (0..count)
-            .map(|index| {
-                format!(
-                    "{{\"step\":{step},\"i\":{index},\"pad\":\"{}\"}}",
-                    "p".repeat(usize::from(byte))
-                )
-            })
-            .collect();
-        let events: Vec<NewEvent<'_>> = texts
-            .iter()
-            .map(|text| NewEvent::new("assistant/chunk", text))
-            .collect();
-        if writer.append_batch(&events).is_err() {
+        if !done {
             break;
         }
-        acknowledged[session].extend(texts);
     }
-    drop(writers);
+    for session in &mut sessions {
+        session.writer = None;
+    }
     drop(store);
     let images = disk.take_images();
     let image = images
@@ -201,12 +211,88 @@ pub fn check_model(bytes: &[u8]) {
         .cloned()
         .unwrap_or_else(|| disk.durable_image());
     let recovered = open(&SimStorage::from_image(&image)).expect("the store opens after a cut");
-    for (session, texts) in acknowledged.iter().enumerate() {
-        let events = recovered
-            .read(&format!("m{session}"), 0, u64::MAX)
-            .unwrap_or_default();
-        assert!(events.len() >= texts.len(), "acknowledged events lost");
-        for (event, text) in events.iter().zip(texts) {
+    check_model_state(&recovered, &sessions);
+    recovered.maintain().expect("the recovered store seals");
+    check_model_state(&recovered, &sessions);
+}
+
+fn model_id(session: usize) -> String {
+    format!("m{session}")
+}
+
+/// Appends a batch of `byte / 64 + 1` events to session `byte % 4`, creating it if needed.
+fn model_append(store: &Store, sessions: &mut [ModelSession], step: usize, byte: u8) -> bool {
+    let number = usize::from(byte) % MODEL_SESSIONS;
+    let session = &mut sessions[number];
+    if session.writer.is_none() {
+        let Ok(writer) = store.create_session_with_id(&model_id(number)) else {
+            return false;
+        };
+        session.writer = Some(writer);
+        session.acknowledged.clear();
+        session.deleted = false;
+    }
+    let Some(writer) = session.writer.as_mut() else {
+        return false;
+    };
+    let count = usize::from(byte / 64) + 1;
+    let texts: Vec<String> = (0..count)
+        .map(|index| {
+            format!(
+                "{{\"step\":{step},\"i\":{index},\"pad\":\"{}\"}}",
+                "p".repeat(usize::from(byte))
+            )
+        })
+        .collect();
+    let events: Vec<NewEvent<'_>> = texts
+        .iter()
+        .map(|text| NewEvent::new("assistant/chunk", text))
+        .collect();
+    if writer.append_batch(&events).is_err() {
+        return false;
+    }
+    session.acknowledged.extend(texts);
+    true
+}
+
+/// Deletes the session (its writer dropped first); a session never created is skipped.
+fn model_delete(store: &Store, session: &mut ModelSession, byte: u8) -> bool {
+    if session.writer.take().is_none() {
+        return true;
+    }
+    let number = usize::from(byte / 32) % MODEL_SESSIONS;
+    match store.delete_session(&model_id(number)) {
+        Ok(()) => {
+            session.acknowledged.clear();
+            session.deleted = true;
+            true
+        }
+        Err(_) => {
+            session.unknown = true;
+            false
+        }
+    }
+}
+
+fn check_model_state(store: &Store, sessions: &[ModelSession]) {
+    for (number, session) in sessions.iter().enumerate() {
+        let id = model_id(number);
+        if session.unknown {
+            continue;
+        }
+        if session.deleted {
+            assert!(
+                matches!(store.session(&id), Err(crate::Error::UnknownSession { .. })),
+                "an acknowledged delete was undone"
+            );
+            continue;
+        }
+        let events = store.read(&id, 0, u64::MAX).unwrap_or_default();
+        assert!(
+            events.len() >= session.acknowledged.len(),
+            "acknowledged events lost"
+        );
+        for (event, text) in events.iter().zip(&session.acknowledged) {
             assert_eq!(&event.data, text, "recovered event differs");
         }
     }

@@ -176,6 +176,15 @@ fn model_corpus() {
             script.extend((0..24u8).map(|step| step.wrapping_mul(37).wrapping_add(cut)));
             script
         })
+        .chain((0..24u8).map(|cut| {
+            // Appends that roll segments, a seal into runs, a delete (63 ≡ 31 mod 32:
+            // session 1), a pass that rewrites the runs, more appends and a recreation.
+            let mut script = vec![cut.wrapping_mul(11)];
+            script.extend([
+                200, 201, 202, 203, 250, 249, 0xFF, 63, 0xFF, 130, 129, 0xFF, 1, 0xFF,
+            ]);
+            script
+        }))
         .collect();
     replay("model", seeds, check_model);
 }
