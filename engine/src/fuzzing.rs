@@ -148,6 +148,12 @@ const MODEL_MAINTAIN: u8 = 0xFF;
 const MODEL_DELETE: u8 = 31;
 /// Sessions the model scripts.
 const MODEL_SESSIONS: usize = 4;
+/// A model script that, uncut, fills more than a segment, seals it into a run, deletes
+/// session 1 (63 ≡ 31 mod 32), rewrites the run without it, appends more and seals again:
+/// a seed for the corpus replay (behind a cut byte).
+pub const MODEL_SEED_SCRIPT: &[u8] = &[
+    192, 193, 194, 195, 196, 197, 198, 199, 200, 201, 202, 203, 0xFF, 63, 0xFF, 130, 129, 0xFF,
+];
 
 /// What the model knows of one scripted session.
 #[derive(Default)]
@@ -384,4 +390,38 @@ fn accepted_prefix<'input>(
         .and_then(|dropped| usize::try_from(dropped.offset).ok())
         .unwrap_or(input.len());
     &input[..end.min(input.len())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`MODEL_SEED_SCRIPT`] does seal, delete and rewrite a run when no cut stops it: the
+    /// replayed model exercises what it claims to.
+    #[test]
+    fn the_replay_seed_script_reaches_a_run_rewrite() {
+        let disk = SimStorage::new();
+        let options = Options {
+            segment_bytes: FUZZ_SEGMENT_BYTES,
+            durability: Durability::Sync,
+            ..Options::default()
+        };
+        let store =
+            Store::open_on(Arc::new(disk.clone()), options, Path::new("model")).expect("open");
+        let mut sessions: Vec<ModelSession> = (0..MODEL_SESSIONS)
+            .map(|_| ModelSession::default())
+            .collect();
+        let mut rewritten = 0;
+        for (step, &byte) in MODEL_SEED_SCRIPT.iter().enumerate() {
+            if byte == MODEL_MAINTAIN {
+                rewritten += store.maintain().expect("maintain").runs_rewritten;
+            } else if byte % 32 == MODEL_DELETE {
+                assert!(model_delete(&store, &mut sessions[1], byte));
+            } else {
+                assert!(model_append(&store, &mut sessions, step, byte));
+            }
+        }
+        assert!(rewritten > 0);
+        check_model_state(&store, &sessions);
+    }
 }

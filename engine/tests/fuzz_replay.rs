@@ -5,7 +5,7 @@
 use dshdb::frame::{EventRecord, Record, NO_SEED_PARENT};
 use dshdb::fuzzing::{
     check_dsh_import, check_frame_decode, check_model, check_segment_recovery, check_surface_fold,
-    FUZZ_SALT,
+    FUZZ_SALT, MODEL_SEED_SCRIPT,
 };
 use std::io::Write;
 use std::path::Path;
@@ -177,12 +177,9 @@ fn model_corpus() {
             script
         })
         .chain((0..24u8).map(|cut| {
-            // Appends that roll segments, a seal into runs, a delete (63 ≡ 31 mod 32:
-            // session 1), a pass that rewrites the runs, more appends and a recreation.
+            // Sealing, a delete and a run rewrite, cut anywhere.
             let mut script = vec![cut.wrapping_mul(11)];
-            script.extend([
-                200, 201, 202, 203, 250, 249, 0xFF, 63, 0xFF, 130, 129, 0xFF, 1, 0xFF,
-            ]);
+            script.extend_from_slice(MODEL_SEED_SCRIPT);
             script
         }))
         .collect();
