@@ -1,17 +1,17 @@
 //! Commands above the log: projections, spill blobs, compaction and pruning.
 
+use crate::open_existing;
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use dshdb::cache::{BuiltinUnits, CacheOptions, ProjectionCache};
 use dshdb::compaction::{
     collect_spill, compact, prune_session, CompactionOwner, PrunerConfig, SummaryInput,
 };
-use dshdb::db::{Options, Store};
 use dshdb::projection::{TokenEncoding, TokenMeterUnit};
 use dshdb::spill::{BlobHash, SpillStore};
 use serde_json::json;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum AboveCommand {
@@ -75,15 +75,6 @@ pub enum SpillCommand {
     Ls { store: PathBuf },
     /// Remove blobs no event cites.
     Gc { store: PathBuf },
-}
-
-fn open_existing(path: &Path, read_only: bool) -> Result<Store> {
-    let options = Options {
-        create_if_missing: false,
-        read_only,
-        ..Options::default()
-    };
-    Store::open(path, options).with_context(|| format!("cannot open store {}", path.display()))
 }
 
 pub fn run(command: AboveCommand, out: &mut impl Write) -> Result<()> {

@@ -243,14 +243,7 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
 }
 
 fn maintain(path: &Path, out: &mut impl Write) -> Result<()> {
-    let store = Store::open(
-        path,
-        Options {
-            create_if_missing: false,
-            ..Options::default()
-        },
-    )
-    .with_context(|| format!("cannot open store {}", path.display()))?;
+    let store = open_existing(path, false)?;
     let report = store.maintain().context("maintenance failed")?;
     store.close().context("closing the store")?;
     let ratio = if report.run_bytes > 0 {
@@ -274,14 +267,7 @@ fn maintain(path: &Path, out: &mut impl Write) -> Result<()> {
 }
 
 fn remove_session(path: &Path, session: &str, out: &mut impl Write) -> Result<()> {
-    let store = Store::open(
-        path,
-        Options {
-            create_if_missing: false,
-            ..Options::default()
-        },
-    )
-    .with_context(|| format!("cannot open store {}", path.display()))?;
+    let store = open_existing(path, false)?;
     store
         .delete_session(session)
         .with_context(|| format!("cannot delete session {session}"))?;
@@ -346,8 +332,16 @@ fn read_only_options() -> Options {
 }
 
 fn open_read_only(path: &Path) -> Result<Store> {
-    Store::open(path, read_only_options())
-        .with_context(|| format!("cannot open store {}", path.display()))
+    open_existing(path, true)
+}
+
+/// Opens a store that must already exist (`read_only` or as its writer).
+pub(crate) fn open_existing(path: &Path, read_only: bool) -> Result<Store> {
+    let options = Options {
+        read_only,
+        ..read_only_options()
+    };
+    Store::open(path, options).with_context(|| format!("cannot open store {}", path.display()))
 }
 
 fn init(path: &Path, out: &mut impl Write) -> Result<()> {

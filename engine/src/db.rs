@@ -1208,7 +1208,7 @@ impl Store {
             let bytes = reader.block(block_index, Some(&self.inner.cache))?;
             return Ok((bytes, block.raw_offset, true));
         }
-        let bytes = self.read_span(extent.file, extent.offset, extent.end())?;
+        let bytes = self.read_segment_span(extent.file, extent.offset, extent.end())?;
         Ok((Arc::new(bytes), extent.offset, false))
     }
 
@@ -1250,10 +1250,8 @@ impl Store {
         Ok(salt)
     }
 
-    fn read_span(&self, segment: u64, start: u64, end: u64) -> Result<Vec<u8>> {
-        if let Some(reader) = self.run_reader(segment)? {
-            return reader.read_raw(start, end, &self.inner.cache);
-        }
+    /// Bytes `start..end` of write-ahead segment `segment` (runs are read by block).
+    fn read_segment_span(&self, segment: u64, start: u64, end: u64) -> Result<Vec<u8>> {
         if let Some(log) = &self.inner.log {
             log.wait_written(segment, end)?;
         }

@@ -768,32 +768,8 @@ impl RunReader {
             return Ok(bytes);
         }
         let entry = &self.index.blocks[block];
-        let start = entry.file_offset;
-        let end = start + u64::from(entry.stored_bytes);
-        let raw = match &self.map {
-            Some(map) => {
-                let bytes = map.bytes();
-                let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
-                match range.and_then(|(from, to)| bytes.get(from..to)) {
-                    Some(stored) => decode_block(stored, entry, self.index.id)?,
-                    None => {
-                        return Err(corrupt(
-                            self.index.id,
-                            entry.raw_offset,
-                            "block past the mapped file",
-                        ))
-                    }
-                }
-            }
-            None => {
-                let mut stored = vec![0; entry.stored_bytes as usize];
-                self.file
-                    .read_exact_at(&mut stored, start)
-                    .map_err(|error| Error::io("run read", error))?;
-                decode_block(&stored, entry, self.index.id)?
-            }
-        };
-        let raw = Arc::new(raw);
+        let raw =
+            Arc::new(self.with_stored(block, |stored| decode_block(stored, entry, self.index.id))?);
         if let Some(cache) = cache {
             cache.insert(self.index.id, block, raw.clone());
         }
@@ -803,59 +779,48 @@ impl RunReader {
     /// Block `block` as stored (compressed), its checksum checked (F-06-6).
     pub fn stored_block(&self, block: usize) -> Result<Vec<u8>> {
         let entry = &self.index.blocks[block];
-        let start = entry.file_offset;
-        let mut stored = vec![0; entry.stored_bytes as usize];
-        match &self.map {
-            Some(map) => {
-                let range = usize::try_from(start)
-                    .ok()
-                    .and_then(|from| Some(from..from.checked_add(stored.len())?));
-                let bytes = range
-                    .and_then(|range| map.bytes().get(range))
-                    .ok_or_else(|| {
-                        corrupt(
-                            self.index.id,
-                            entry.raw_offset,
-                            "block past the mapped file",
-                        )
-                    })?;
-                stored.copy_from_slice(bytes);
+        self.with_stored(block, |stored| {
+            if crc32fast::hash(stored) != entry.stored_checksum {
+                return Err(corrupt(
+                    self.index.id,
+                    entry.raw_offset,
+                    "run block checksum mismatch",
+                ));
             }
-            None => self
-                .file
-                .read_exact_at(&mut stored, start)
-                .map_err(|error| Error::io("run read", error))?,
-        }
-        if crc32fast::hash(&stored) != entry.stored_checksum {
-            return Err(corrupt(
-                self.index.id,
-                entry.raw_offset,
-                "run block checksum mismatch",
-            ));
-        }
-        Ok(stored)
+            Ok(stored.to_vec())
+        })
     }
 
-    /// The raw stream bytes `start..end` (they may span blocks).
-    pub fn read_raw(&self, start: u64, end: u64, cache: &BlockCache) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(usize::try_from(end - start).unwrap_or(0));
-        let mut at = start;
-        while at < end {
-            let index = self
-                .index
-                .block_at(at)
-                .ok_or_else(|| corrupt(self.index.id, at, "position past the run"))?;
-            let block = &self.index.blocks[index];
-            let raw = self.block(index, Some(cache))?;
-            // Both lie within one block, whose raw size is a u32.
-            let in_block = |offset: u64| usize::try_from(offset - block.raw_offset);
-            let (Ok(from), Ok(to)) = (in_block(at), in_block(end.min(block.raw_end()))) else {
-                return Err(corrupt(self.index.id, at, "block larger than memory"));
-            };
-            out.extend_from_slice(&raw[from..to]);
-            at = block.raw_offset + to as u64;
+    /// Calls `use_stored` with block `block`'s stored bytes: from the map when the file is
+    /// mapped, else read.
+    fn with_stored<T>(
+        &self,
+        block: usize,
+        use_stored: impl FnOnce(&[u8]) -> Result<T>,
+    ) -> Result<T> {
+        let entry = &self.index.blocks[block];
+        let start = entry.file_offset;
+        let end = start + u64::from(entry.stored_bytes);
+        match &self.map {
+            Some(map) => {
+                let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
+                match range.and_then(|(from, to)| map.bytes().get(from..to)) {
+                    Some(stored) => use_stored(stored),
+                    None => Err(corrupt(
+                        self.index.id,
+                        entry.raw_offset,
+                        "block past the mapped file",
+                    )),
+                }
+            }
+            None => {
+                let mut stored = vec![0; entry.stored_bytes as usize];
+                self.file
+                    .read_exact_at(&mut stored, start)
+                    .map_err(|error| Error::io("run read", error))?;
+                use_stored(&stored)
+            }
         }
-        Ok(out)
     }
 }
 
@@ -930,10 +895,10 @@ mod tests {
         let file: Arc<dyn StorageFile> = Arc::new(crate::io::MemoryFile::new(built.bytes.clone()));
         let reader = RunReader::open(file, &built.entry).expect("reader");
         for (session, seq, position) in built.moved.iter().step_by(997) {
-            let raw = reader
-                .read_raw(position.offset, position.end(), &cache)
-                .expect("raw");
-            let frame = decode_run_frame(&raw).expect("frame");
+            let block = reader.index.block_at(position.offset).expect("block");
+            let raw = reader.block(block, Some(&cache)).expect("raw");
+            let start = (position.offset - reader.index.blocks[block].raw_offset) as usize;
+            let frame = decode_run_frame(&raw[start..]).expect("frame");
             let Ok(Some(Record::Event(event))) = Record::decode(&frame) else {
                 panic!("not an event");
             };

@@ -483,26 +483,19 @@ fn plain_parts(event: Event) -> std::result::Result<(SessionEvent, String), Fall
         envelope,
         ..
     } = event;
-    if envelope.is_empty() {
+    let known = match envelope.is_empty() {
+        true => Some((None, None)),
+        false => common_envelope(&envelope)
+            .map(|(surface_op, source_event_seqs)| (Some(surface_op), source_event_seqs)),
+    };
+    if let Some((surface_op, source_event_seqs)) = known {
         let head = SessionEvent {
             event_type,
             seq,
             time,
             data: null_raw(),
             ignorable: false,
-            surface_op: None,
-            source_event_seqs: None,
-        };
-        return Ok((head, data));
-    }
-    if let Some((surface_op, source_event_seqs)) = common_envelope(&envelope) {
-        let head = SessionEvent {
-            event_type,
-            seq,
-            time,
-            data: null_raw(),
-            ignorable: false,
-            surface_op: Some(surface_op),
+            surface_op,
             source_event_seqs,
         };
         return Ok((head, data));
