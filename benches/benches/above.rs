@@ -6,13 +6,13 @@
 //! compaction every 50 turns keeping the last 5), on the real file system.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use dshdb::cache::{CacheOptions, ProjectionCache};
-use dshdb::commit::Durability;
 use dshdb::compaction::{compact, CompactionOwner, SummaryInput};
-use dshdb::db::{Options, Store};
+use dshdb::derive::cache::{CacheOptions, ProjectionCache};
+use dshdb::derive::projection::synthetic::{turn_events, OwnedEvent, EVENTS_PER_TURN};
+use dshdb::derive::projection::{fold_from_scratch, SurfaceUnit};
 use dshdb::exchange::session_events;
-use dshdb::projection::synthetic::{turn_events, OwnedEvent, EVENTS_PER_TURN};
-use dshdb::projection::{fold_from_scratch, SurfaceUnit};
+use dshdb::storage::commit::Durability;
+use dshdb::store::{Options, Store};
 use std::path::PathBuf;
 use std::time::Duration;
 

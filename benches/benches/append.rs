@@ -3,8 +3,8 @@
 //! Stores live under `target/` (a real file system, unlike a tmpfs /tmp) and are removed after.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dshdb::commit::Durability;
-use dshdb::db::{NewEvent, Options, Store};
+use dshdb::storage::commit::Durability;
+use dshdb::store::{NewEvent, Options, Store};
 use dshdb_benches::workload::{SessionStream, Shape};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,7 +1,7 @@
-//! Frame encode/decode throughput (`dshdb::frame`), for 256 B and 1 KiB event data.
+//! Frame encode/decode throughput (`dshdb::storage::frame`), for 256 B and 1 KiB event data.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dshdb::frame::{decode_frame, EventRecord, Record};
+use dshdb::storage::frame::{decode_frame, EventRecord, Record};
 use dshdb_benches::workload::{SessionStream, Shape};
 
 const SALT: u64 = 0x5A17_5A17_5A17_5A17;

@@ -152,7 +152,7 @@ impl JsonlSession {
             .with_context(|| format!("create {}", path.display()))?;
         let header = format!(
             "{{\"type\":\"session\",\"version\":0,\"id\":\"{id}\",\"createdAt\":{},\"delegationDepth\":0}}\n",
-            dshdb::db::now_millis()
+            dshdb::store::now_millis()
         );
         match encoding {
             JsonlEncoding::Raw => file.write_all(header.as_bytes())?,
@@ -174,7 +174,7 @@ impl JsonlSession {
     /// Appends a batch as one write (one zstd frame in the zstd encoding), then `fdatasync`.
     pub fn append_batch(&mut self, events: &[GenEvent], durable: bool) -> Result<()> {
         self.line.clear();
-        let time = dshdb::db::now_millis();
+        let time = dshdb::store::now_millis();
         for event in events {
             self.line.push_str(&event.jsonl_line(self.seq, time));
             self.seq += 1;
@@ -238,7 +238,7 @@ impl Sqlite {
             for id in ids {
                 insert.execute(params![
                     id,
-                    dshdb::db::now_millis(),
+                    dshdb::store::now_millis(),
                     "00000000-0000-4000-8000-000000000001"
                 ])?;
             }
@@ -261,7 +261,7 @@ impl Sqlite {
             .query_row(params![session], |row| row.get(0))
             .optional()?;
         let mut seq = last.map_or(0, |last| last + 1);
-        let time = dshdb::db::now_millis();
+        let time = dshdb::store::now_millis();
         {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO events (session_id, seq, type, time, data, source_event_seqs, \
@@ -337,7 +337,7 @@ impl Redb {
         transaction.set_durability(durability);
         {
             let mut table = transaction.open_table(REDB_EVENTS)?;
-            let time = dshdb::db::now_millis();
+            let time = dshdb::store::now_millis();
             for (seq, event) in (first_seq..).zip(events) {
                 table.insert((session, seq), event.jsonl_line(seq, time).as_bytes())?;
             }

@@ -2,8 +2,8 @@
 //! serde_json line-parsing floor, on one generated session shaped like the fixtures.
 
 use anyhow::{bail, Result};
-use dshdb::db::{Options, Store};
 use dshdb::exchange;
+use dshdb::store::{Options, Store};
 use dshdb_benches::workload::{session_jsonl, SESSION_JSONL_ID};
 use serde::de::IgnoredAny;
 use std::fmt::Write as _;

@@ -3,8 +3,8 @@
 //! See BENCHMARKS.md at the repository root for the method.
 
 use anyhow::{bail, Context, Result};
-use dshdb::commit::Durability;
-use dshdb::db::{NewEvent, Options, SessionWriter, Store};
+use dshdb::storage::commit::Durability;
+use dshdb::store::{NewEvent, Options, SessionWriter, Store};
 use dshdb_benches::baselines::{JsonlEncoding, JsonlSession, Prealloc, RawFile, Redb, Sqlite};
 use dshdb_benches::chart;
 use dshdb_benches::workload::{GenEvent, SessionStream, Shape};
@@ -701,7 +701,7 @@ fn bytes_on_disk(config: &Config, work: &Path) -> Result<DiskReport> {
         .map(|i| format!("session-{i:05}"))
         .collect();
     let events = (config.disk_sessions * config.disk_events) as u64;
-    let now = dshdb::db::now_millis();
+    let now = dshdb::store::now_millis();
     let jsonl_line_bytes = streams
         .iter()
         .flat_map(|stream| stream.iter().enumerate())

@@ -9,8 +9,8 @@
 //!   list its sessions. DSH JSONL lists by reading each session's header line.
 
 use anyhow::{bail, Context, Result};
-use dshdb::db::{NewEvent, Options, Store};
-use dshdb::exchange;
+use dshdb::store::{NewEvent, Options, Store};
+use dshdb::{derive, exchange};
 use dshdb_benches::baselines::{dsh_frame, JsonlEncoding, JsonlSession, Redb, Sqlite};
 use dshdb_benches::workload::{session_jsonl, GenEvent, SessionStream, Shape, SESSION_JSONL_ID};
 use std::fmt::Write as _;
@@ -71,7 +71,7 @@ pub fn child(args: &[String]) -> Result<()> {
                 ..Options::default()
             };
             let store = Store::open(path, options)?;
-            let messages = exchange::messages(&store, SESSION_JSONL_ID)?;
+            let messages = derive::messages(&store, SESSION_JSONL_ID)?;
             anyhow::ensure!(!messages.is_empty(), "no messages derived");
         }
         [kind, path] if kind == "resume-dshdb-texts" => {
@@ -80,7 +80,7 @@ pub fn child(args: &[String]) -> Result<()> {
                 ..Options::default()
             };
             let store = Store::open(path, options)?;
-            let texts = exchange::message_texts(&store, SESSION_JSONL_ID)?;
+            let texts = derive::message_texts(&store, SESSION_JSONL_ID)?;
             anyhow::ensure!(!texts.is_empty(), "no messages derived");
         }
         [kind, path] if kind == "resume-dshdb-full" => {
@@ -89,7 +89,7 @@ pub fn child(args: &[String]) -> Result<()> {
                 ..Options::default()
             };
             let store = Store::open(path, options)?;
-            let messages = exchange::messages_full(&store, SESSION_JSONL_ID)?;
+            let messages = derive::messages_full(&store, SESSION_JSONL_ID)?;
             anyhow::ensure!(!messages.is_empty(), "no messages derived");
         }
         [kind, path] if kind == "resume-zstd" => {
@@ -233,9 +233,9 @@ pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
     let store_mb = store_bytes as f64 / 1e6;
     let zstd_mb = zstd_bytes as f64 / 1e6;
     let rows = [
-        ("dshdb: open + derive messages as exact JSON texts (`exchange::message_texts`, streamed)", &texts, store_mb),
-        ("dshdb: open + derive messages as serde_json Values (`exchange::messages`, streamed)", &dshdb, store_mb),
-        ("dshdb: open + full cold load, then derive (`exchange::messages_full`; the path before streaming)", &full, store_mb),
+        ("dshdb: open + derive messages as exact JSON texts (`derive::message_texts`, streamed)", &texts, store_mb),
+        ("dshdb: open + derive messages as serde_json Values (`derive::messages`, streamed)", &dshdb, store_mb),
+        ("dshdb: open + full cold load, then derive (`derive::messages_full`; the path before streaming)", &full, store_mb),
         ("DSH session.jsonl.zstd: zstd + serde_json Value per line, no derivation (baseline: separate crate, default serde_json features)", &baseline, zstd_mb),
         ("same, built in the workspace (serde_json `preserve_order` + `arbitrary_precision`)", &baseline_workspace, zstd_mb),
     ];
@@ -285,7 +285,7 @@ fn crash_writer(system: &str, dir: &Path, sessions: usize, events: usize) -> Res
     match system {
         "dshdb" => {
             let options = Options {
-                durability: dshdb::commit::Durability::Buffered,
+                durability: dshdb::storage::commit::Durability::Buffered,
                 ..Options::default()
             };
             let store = Store::open(dir, options)?;

@@ -63,10 +63,10 @@ pub struct GenEvent {
 
 impl GenEvent {
     /// The event as a dshdb append (type, data and envelope; time now).
-    pub fn as_new_event(&self) -> dshdb::db::NewEvent<'_> {
-        dshdb::db::NewEvent {
+    pub fn as_new_event(&self) -> dshdb::store::NewEvent<'_> {
+        dshdb::store::NewEvent {
             envelope: &self.envelope,
-            ..dshdb::db::NewEvent::new(self.event_type, &self.data)
+            ..dshdb::store::NewEvent::new(self.event_type, &self.data)
         }
     }
 
@@ -338,13 +338,14 @@ mod tests {
         let jsonl = session_jsonl(3, 3_000);
         let dir = std::env::temp_dir().join(format!("dshdb-workload-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let store = dshdb::db::Store::open(&dir, dshdb::db::Options::default()).expect("open");
+        let store =
+            dshdb::store::Store::open(&dir, dshdb::store::Options::default()).expect("open");
         let report = dshdb::exchange::import_dsh_jsonl(&store, &jsonl).expect("DSH-valid");
         assert_eq!(report.events, 3_000);
         assert_eq!(report.verbatim, 0, "DSH's own key order re-renders exactly");
         let exported = dshdb::exchange::export_dsh_jsonl(&store, SESSION_JSONL_ID).expect("export");
         assert!(exported == jsonl, "export differs from the generated JSONL");
-        let messages = dshdb::exchange::messages(&store, SESSION_JSONL_ID).expect("messages");
+        let messages = dshdb::derive::messages(&store, SESSION_JSONL_ID).expect("messages");
         assert!(messages.len() > 100, "{} messages", messages.len());
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);

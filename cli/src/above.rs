@@ -3,11 +3,11 @@
 use crate::open_existing;
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use dshdb::cache::{BuiltinUnits, CacheOptions, ProjectionCache};
 use dshdb::compaction::{
     collect_spill, compact, prune_session, CompactionOwner, PrunerConfig, SummaryInput,
 };
-use dshdb::projection::{TokenEncoding, TokenMeterUnit};
+use dshdb::derive::cache::{BuiltinUnits, CacheOptions, ProjectionCache};
+use dshdb::derive::projection::{TokenEncoding, TokenMeterUnit};
 use dshdb::spill::{BlobHash, SpillStore};
 use serde_json::json;
 use std::io::Write;

@@ -2,8 +2,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use dshdb::db::{Options, Store};
+use dshdb::derive;
 use dshdb::exchange::{self, layout, spill_lines, ImportReport};
+use dshdb::store::{Options, Store};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::cell::Cell;
@@ -331,14 +332,14 @@ fn export_canonical(
 
 pub fn messages(store_path: &Path, session: &str, out: &mut impl Write) -> Result<()> {
     let store = super::open_read_only(store_path)?;
-    let messages = exchange::messages(&store, session)?;
+    let messages = derive::messages(&store, session)?;
     writeln!(out, "{}", serde_json::to_string(&Value::Array(messages))?)?;
     Ok(())
 }
 
 pub fn surface(store_path: &Path, session: &str, out: &mut impl Write) -> Result<()> {
     let store = super::open_read_only(store_path)?;
-    let surface = exchange::surface(&store, session)?;
+    let surface = derive::surface(&store, session)?;
     writeln!(out, "{}", serde_json::to_string(&surface)?)?;
     Ok(())
 }
@@ -355,7 +356,7 @@ pub fn repair(store_path: &Path, session: Option<&str>, out: &mut impl Write) ->
     };
     let mut failures = 0;
     for id in &ids {
-        match exchange::repair(&store, id) {
+        match derive::repair(&store, id) {
             Ok(count) => writeln!(out, "{id}: appended {count} closers")?,
             Err(error) => {
                 failures += 1;

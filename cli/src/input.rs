@@ -1,7 +1,7 @@
 //! Parsing of `dshdb append` input lines: `{"type":..,"data":..,"time"?:..,"surfaceOp"?:..,
 //! "sourceEventSeqs"?:..,"ignorable"?:..}`. Values are kept as their exact JSON text.
 
-use dshdb::db::{NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
+use dshdb::store::{NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;

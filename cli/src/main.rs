@@ -8,8 +8,8 @@ mod sqlite_import;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use dshdb::commit::Durability;
-use dshdb::db::{Options, SessionWriter, Store, MANIFEST};
+use dshdb::storage::commit::Durability;
+use dshdb::store::{Options, SessionWriter, Store, MANIFEST};
 use dshdb::Error;
 use std::io::{BufRead, BufWriter, Write};
 use std::path::{Path, PathBuf};

@@ -1,8 +1,8 @@
 //! `dshdb import` of a DSH SQLite session store (detected by the SQLite magic header).
 
 use anyhow::{Context, Result};
-use dshdb::db::Store;
 use dshdb::exchange::sqlite::{import_dsh_sqlite, is_sqlite, SQLITE_MAGIC};
+use dshdb::store::Store;
 use std::io::{Read, Write};
 use std::path::Path;
 

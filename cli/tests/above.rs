@@ -2,7 +2,7 @@
 
 mod common;
 
-use dshdb::projection::synthetic::turn_events;
+use dshdb::derive::projection::synthetic::turn_events;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;

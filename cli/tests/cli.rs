@@ -432,10 +432,11 @@ fn quickstart_sessions_pass_the_dsh_session_model_checks() {
 fn a_second_writer_process_is_refused_and_changes_nothing() {
     let dir = TempDir::new("second-writer");
     let store_path = dir.join("store");
-    let holder = dshdb::db::Store::open(&store_path, dshdb::db::Options::default()).expect("open");
+    let holder =
+        dshdb::store::Store::open(&store_path, dshdb::store::Options::default()).expect("open");
     let mut writer = holder.create_session_with_id("held").expect("create");
     writer
-        .append(dshdb::db::NewEvent::new("assistant/chunk", r#"{"n":0}"#))
+        .append(dshdb::store::NewEvent::new("assistant/chunk", r#"{"n":0}"#))
         .expect("append");
     let store = store_path.to_str().expect("UTF-8 path");
     let line = "{\"type\":\"assistant/chunk\",\"data\":{\"n\":1}}\n";

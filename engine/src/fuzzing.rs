@@ -2,14 +2,14 @@
 //! Each check takes arbitrary bytes and panics when a property fails; it never panics on
 //! input that is merely invalid.
 
-use crate::commit::Durability;
-use crate::db::{NewEvent, Options, SessionWriter, Store};
-use crate::frame::{decode_frame, Record};
-use crate::io::sim::SimStorage;
-use crate::io::Storage;
-use crate::manifest::{Manifest, SegmentEntry};
-use crate::segment::{encode_header, segment_path, WAL_DIR};
 use crate::session::{fold_surface, parse_event_line_at, SurfaceFold};
+use crate::storage::commit::Durability;
+use crate::storage::frame::{decode_frame, Record};
+use crate::storage::io::sim::SimStorage;
+use crate::storage::io::Storage;
+use crate::storage::manifest::{Manifest, SegmentEntry};
+use crate::storage::segment::{encode_header, segment_path, WAL_DIR};
+use crate::store::{NewEvent, Options, SessionWriter, Store};
 use std::path::Path;
 use std::sync::Arc;
 

@@ -1,29 +1,34 @@
 //! dshdb: an embedded storage engine for AI-agent session logs.
 //!
-//! Layers, bottom to top (a layer imports only from layers below it):
-//! `io` (L0) → `frame` (L1) → `segment` (L2) → `commit` (L3) → `index` (L4) →
-//! `spill` (L6) → `session` (L7, the DSH session model) → `db` (the `Store` handle that wires
-//! them); above the store: `projection` and `cache` (L8), `compaction` (L9).
+//! Layers, bottom to top (a layer imports only from layers below it; `tests/layers.rs`
+//! fails on an import against this order):
+//!
+//! - `session`: the DSH session model, pure (no I/O, nothing else of the crate).
+//! - `error`: the crate's typed [`Error`].
+//! - `storage`: bytes and durability, nothing of DSH: `io`, `frame`, `segment`, `manifest`,
+//!   `commit`, `recovery`, `run`, `index`, `catalog`.
+//! - `store`: [`Store`] and [`SessionWriter`], the only place that wires storage and session.
+//! - `spill`: the content-addressed artifact store.
+//! - `exchange`: DSH files in and out (JSONL, JSONL-zstd, SQLite, canonical JSON).
+//! - `derive`: projections, the projection cache, cold resume (messages, surface, repair).
+//! - `compaction`: compaction transactions, region selection, the pruner, retention.
+//!
 //! The on-disk format is specified normatively in `format-spec/`.
 
-pub mod cache;
-pub mod catalog;
-pub mod commit;
 pub mod compaction;
-pub mod db;
+pub mod derive;
 pub mod error;
 pub mod exchange;
-pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod index;
-pub mod io;
-pub mod manifest;
-pub mod projection;
-pub mod recovery;
-pub mod run;
-pub mod segment;
 pub mod session;
 pub mod spill;
+pub mod storage;
+pub mod store;
 
 pub use error::{Error, Result};
+pub use storage::commit::Durability;
+pub use store::{
+    Event, EventView, NewEvent, Options, PendingReceipt, Receipt, SessionSummary, SessionWriter,
+    Store,
+};

@@ -6,8 +6,8 @@
 //! `Store::read` alone); `MAINTAIN=1` seals the store into runs first.
 
 use anyhow::{Context, Result};
-use dshdb::db::{Options, Store};
-use dshdb::exchange;
+use dshdb::store::{Options, Store};
+use dshdb::{derive, exchange};
 use dshdb_benches::baselines::dsh_frame;
 use dshdb_benches::workload::{session_jsonl, SESSION_JSONL_ID};
 use std::path::Path;
@@ -66,7 +66,7 @@ fn main() -> Result<()> {
         let mut from = 0;
         let mut bytes = 0;
         while from < length {
-            let to = length.min(from + exchange::cold::READ_CHUNK_EVENTS);
+            let to = length.min(from + derive::cold::READ_CHUNK_EVENTS);
             for event in store.read(SESSION_JSONL_ID, from, to)? {
                 bytes += event.data.len();
             }
@@ -79,7 +79,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     if std::env::var_os("FULL_ONLY").is_some() {
-        let messages = exchange::messages_full(&store, SESSION_JSONL_ID)?;
+        let messages = derive::messages_full(&store, SESSION_JSONL_ID)?;
         println!(
             "open + messages_full {:?} ({} messages)",
             started.elapsed(),
@@ -88,7 +88,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     if std::env::var_os("TEXTS_ONLY").is_some() {
-        let texts = exchange::message_texts(&store, SESSION_JSONL_ID)?;
+        let texts = derive::message_texts(&store, SESSION_JSONL_ID)?;
         println!(
             "open + message_texts {:?} ({} messages)",
             started.elapsed(),
@@ -96,9 +96,9 @@ fn main() -> Result<()> {
         );
         return Ok(());
     }
-    let streamed = exchange::cold::stream_messages(&store, SESSION_JSONL_ID)?;
+    let streamed = derive::cold::stream_messages(&store, SESSION_JSONL_ID)?;
     let streamed_time = started.elapsed();
-    let exchange::cold::Streamed::Messages(streamed) = streamed else {
+    let derive::cold::Streamed::Messages(streamed) = streamed else {
         anyhow::bail!("stream fell back: {streamed:?}");
     };
     println!(

@@ -9,9 +9,11 @@
 //! and envelope. Prints a plain report; nothing is asserted.
 
 use anyhow::{Context, Result};
-use dshdb::frame::{Record, EVENT_FIXED_BYTES, FRAME_HEADER_BYTES};
-use dshdb::manifest::RunEntry;
-use dshdb::run::{decode_block, walk_block, RunIndex, DEFINITIONS_SESSION, FOOTER_ENTRY_BYTES};
+use dshdb::storage::frame::{Record, EVENT_FIXED_BYTES, FRAME_HEADER_BYTES};
+use dshdb::storage::manifest::RunEntry;
+use dshdb::storage::run::{
+    decode_block, walk_block, RunIndex, DEFINITIONS_SESSION, FOOTER_ENTRY_BYTES,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 use zstd::zstd_safe::CParameter;

@@ -10,8 +10,8 @@
 //! Prints a plain report; nothing is asserted (timings are not tests).
 
 use anyhow::{Context, Result};
-use dshdb::commit::Durability;
-use dshdb::db::{NewEvent, Options, Store};
+use dshdb::storage::commit::Durability;
+use dshdb::store::{NewEvent, Options, Store};
 use dshdb_benches::workload::{GenEvent, SessionStream, Shape};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -5,11 +5,11 @@ use super::{
     compact, pairing_deltas, prune_session, select_compactable_range, CompactionOwner,
     CompactionResult, PruneReport, PrunerConfig, SummaryInput,
 };
-use crate::cache::{Builtins, ProjectionCache};
-use crate::db::{NewEvent, Receipt, SessionWriter};
+use crate::derive::cache::{Builtins, ProjectionCache};
 use crate::error::Result;
 use crate::session::event::TOOL_RESULT;
 use crate::spill::{spill_tool_result, BlobHash, SpillStore, DSH_MAX_INLINE_BYTES};
+use crate::store::{NewEvent, Receipt, SessionWriter};
 
 /// The writer of one session with its cache and spill store.
 pub struct LiveSession {

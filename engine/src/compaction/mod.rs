@@ -1,4 +1,5 @@
-//! L9: compaction transactions, tool-pairing validation, region selection, the model-free
+//! The compaction layer (may import every layer below: `derive`, `exchange`, `spill`,
+//! `store`, `storage`, `session`, `error`): compaction transactions, tool-pairing validation, region selection, the model-free
 //! tool-result pruner and spill retention (model §5, §8; format-spec/07 F-07-15..F-07-18).
 //!
 //! Unlike DSH, whose three closing appends follow a separately appended `compaction/start`,
@@ -11,7 +12,9 @@ mod pruner;
 mod region;
 mod retention;
 
-pub use crate::projection::{estimate_message, estimate_message_text, HEURISTIC_OVERHEAD_TOKENS};
+pub use crate::derive::projection::{
+    estimate_message, estimate_message_text, HEURISTIC_OVERHEAD_TOKENS,
+};
 pub use live::LiveSession;
 pub use pruner::{
     measure_content, prune_content, prune_session, PruneReport, PrunedResult, PrunerConfig,
@@ -20,11 +23,11 @@ pub use pruner::{
 pub use region::{pairing_deltas, select_compactable_range, validate_region};
 pub use retention::{collect_spill, spill_references};
 
-use crate::cache::ProjectionCache;
-use crate::db::{NewEvent, SessionWriter};
+use crate::derive::cache::ProjectionCache;
+use crate::derive::projection::TurnIndex;
 use crate::error::{Error, Result};
-use crate::projection::TurnIndex;
 use crate::session::{SessionEvent, SurfaceFold, SurfaceOp};
+use crate::store::{NewEvent, SessionWriter};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -182,7 +185,7 @@ fn new_compaction_id(session: &str, length: u64) -> String {
     let mut hasher = blake3::Hasher::new();
     hasher.update(session.as_bytes());
     hasher.update(&length.to_le_bytes());
-    hasher.update(&crate::db::now_millis().to_le_bytes());
+    hasher.update(&crate::store::now_millis().to_le_bytes());
     hasher.update(&std::process::id().to_le_bytes());
     hasher.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     let hex = hasher.finalize().to_hex();

@@ -3,14 +3,14 @@
 //! `compaction/prune` + replacing `tool/result` pair of one pass as one atomic batch.
 
 use super::{parsed_event, HEURISTIC_OVERHEAD_TOKENS};
-use crate::cache::ProjectionCache;
-use crate::db::{NewEvent, SessionWriter};
+use crate::derive::cache::ProjectionCache;
+use crate::derive::projection::estimate_message;
+use crate::derive::projection::session_event;
 use crate::error::{Error, Result};
-use crate::projection::estimate_message;
-use crate::projection::session_event;
 use crate::session::event::TOOL_RESULT;
 use crate::session::SurfaceOp;
 use crate::spill::{BlobHash, SpillStore};
+use crate::store::{NewEvent, SessionWriter};
 use serde_json::{json, Value};
 
 /// DSH's `PRUNE_MARKER` (39 code points).

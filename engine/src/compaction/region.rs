@@ -1,10 +1,10 @@
 //! Region checks over the current surface: tool-pairing balance and `validateSurfaceRegion` (§5.6), `selectCompactableRange` (§5.7).
 
 use super::{compaction_error, CompactionErrorCode};
-use crate::db::Store;
+use crate::derive::projection::session_event;
 use crate::error::Result;
-use crate::projection::session_event;
 use crate::session::relational::node_delta;
+use crate::store::Store;
 
 /// Tool-pairing deltas of the surface nodes (§5.6): an assistant message adds its tool-call
 /// blocks, a tool result subtracts one, anything else adds nothing.

@@ -1,9 +1,9 @@
 //! Spill retention: a blob lives while any event of any session (forks read their parent's
 //! prefix, so they count) cites its locator.
 
-use crate::db::Store;
 use crate::error::Result;
 use crate::spill::{locators_in, BlobHash, GcReport, SpillStore};
+use crate::store::Store;
 use std::collections::HashSet;
 
 /// Events read per step while scanning a session for locators.

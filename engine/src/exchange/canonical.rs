@@ -19,8 +19,8 @@
 //! materialized (every event it reads); `lineage` repeats the header's `parentSession` /
 //! `seedLength` for readers and is checked on import.
 
-use crate::db::{NewEvent, Store, MAX_EVENT_DATA_BYTES, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
-use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
+use crate::storage::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
+use crate::store::{NewEvent, Store, MAX_EVENT_DATA_BYTES, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};

@@ -3,8 +3,8 @@
 //! needs; the import stores the blobs (durably) before the events that cite them.
 
 use super::canonical::{import_canonical_with_progress, CanonicalError, CanonicalImport};
-use crate::db::Store;
 use crate::spill::{locators_in, BlobHash, SpillStore};
+use crate::store::Store;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::Write;

@@ -11,8 +11,8 @@
 //! import with DSH's text and nothing is stored.
 
 use super::{import_scanned, scan, ExchangeError, ImportReport};
-use crate::db::{now_millis, Store};
 use crate::session::restore_session;
+use crate::store::{now_millis, Store};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use std::io::Read;

@@ -2,7 +2,7 @@
 //! header line, every later frame = one durable append batch.
 
 use super::{export_lines, import_scanned, scan, ExchangeError, ImportReport, Result};
-use crate::db::Store;
+use crate::store::Store;
 use std::io::Read;
 
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];

@@ -1,6 +1,6 @@
-//! L7: the DSH session model (validation, surface fold, messages, repair, seeds, forks).
+//! The DSH session model (validation, surface fold, messages, repair, seeds, forks).
 //!
-//! Pure code, no I/O. Mirrors DeepSeek Harness at commit `b150a551b8` (see
+//! The bottom layer: pure code, no I/O; imports nothing else of the crate. Mirrors DeepSeek Harness at commit `b150a551b8` (see
 //! `reference/dsh-session-model.md`): every error's `Display` is DSH's exact text.
 //!
 //! - [`event`]: `SessionEvent` (payload kept as exact JSON text) and the line parser.
@@ -14,6 +14,7 @@ pub mod error;
 pub mod event;
 pub mod json;
 pub mod legacy;
+pub mod line;
 pub mod message;
 pub mod relational;
 pub mod repair;

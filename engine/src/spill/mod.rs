@@ -1,4 +1,5 @@
-//! L6: the spill artifact store (format-spec/07, F-07-10..F-07-16).
+//! The spill artifact store (format-spec/07, F-07-10..F-07-16). Owns `spill/` of a store;
+//! may import `storage`, `session` and `error`.
 //!
 //! Oversized payloads (a tool result above DSH's 50,000-byte inline limit) are stored whole
 //! as content-addressed blobs `spill/<blake3 hex>`: zstd-compressed, checksummed, written
@@ -12,7 +13,7 @@ pub use policy::{
 };
 
 use crate::error::{Error, Result};
-use crate::io::{Storage, StorageFile};
+use crate::storage::io::{Storage, StorageFile};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;

@@ -1,8 +1,8 @@
-//! L2: the manifest (format-spec/04-manifest.md): which segments are live, in log order.
+//! The manifest (format-spec/04-manifest.md): which segments are live, in log order.
 //! Replaced atomically: write `MANIFEST.tmp`, sync it, rename over `MANIFEST`, sync the root.
 
 use crate::error::{Error, Result};
-use crate::io::Storage;
+use crate::storage::io::Storage;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_TEMP_FILE: &str = "MANIFEST.tmp";

@@ -1,14 +1,14 @@
-//! L5: run files (format-spec/06-runs-and-index.md): a sealed segment's records regrouped per
+//! Run files (format-spec/06-runs-and-index.md): a sealed segment's records regrouped per
 //! session into zstd-compressed blocks, with a checksummed footer index
 //! `(session, seq range) → block`. Pure encoding and decoding plus block reads; the sealing
 //! protocol (file sync, manifest, removal) lives in `db.rs`.
 
-use crate::catalog::Extent;
 use crate::error::{Error, Result};
-use crate::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
-use crate::io::StorageFile;
-use crate::manifest::{word4, word8, RunEntry};
-use crate::segment::scan_frames;
+use crate::storage::catalog::Extent;
+use crate::storage::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
+use crate::storage::io::StorageFile;
+use crate::storage::manifest::{word4, word8, RunEntry};
+use crate::storage::segment::scan_frames;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -749,7 +749,7 @@ impl BlockCache {
 pub struct RunReader {
     pub index: RunIndex,
     file: Arc<dyn StorageFile>,
-    map: Option<crate::io::MappedFile>,
+    map: Option<crate::storage::io::MappedFile>,
 }
 
 impl RunReader {
@@ -827,8 +827,8 @@ impl RunReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::{EventRecord, NO_SEED_PARENT};
-    use crate::segment::{encode_header, SEGMENT_HEADER_BYTES};
+    use crate::storage::frame::{EventRecord, NO_SEED_PARENT};
+    use crate::storage::segment::{encode_header, SEGMENT_HEADER_BYTES};
 
     /// A sealed segment with two interleaved sessions of `events` events each.
     fn sealed_segment(salt: u64, events: u64) -> Vec<u8> {
@@ -892,7 +892,8 @@ mod tests {
         );
         assert_eq!(index.source_segment, 1);
         let cache = BlockCache::new(1 << 20);
-        let file: Arc<dyn StorageFile> = Arc::new(crate::io::MemoryFile::new(built.bytes.clone()));
+        let file: Arc<dyn StorageFile> =
+            Arc::new(crate::storage::io::MemoryFile::new(built.bytes.clone()));
         let reader = RunReader::open(file, &built.entry).expect("reader");
         for (session, seq, position) in built.moved.iter().step_by(997) {
             let block = reader.index.block_at(position.offset).expect("block");

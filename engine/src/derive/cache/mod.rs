@@ -1,4 +1,4 @@
-//! L8: the checkpointed projection cache (format-spec/07-cache-and-spill.md, F-07-1..F-07-9).
+//! The checkpointed projection cache (format-spec/07-cache-and-spill.md, F-07-1..F-07-9).
 //!
 //! The log leads, the cache follows: a checkpoint `{unit, state version, seq, state}` is
 //! written only for durable events, and a cold read loads the newest valid checkpoint of
@@ -15,13 +15,13 @@ pub use file::{
     CACHE_DIR, CHECKPOINT_FORMAT_VERSION, CHECKPOINT_MAGIC, MAX_CHECKPOINT_BYTES,
 };
 
-use crate::db::{Event, Receipt, Store};
-use crate::error::{Error, Result};
-use crate::projection::{
+use crate::derive::projection::{
     session_event, MessagesState, MessagesUnit, ProjectionUnit, SessionStats, StatsUnit,
     SurfaceUnit, TokenMeterState, TokenMeterUnit, TurnIndex, TurnIndexUnit,
 };
+use crate::error::{Error, Result};
 use crate::session::{SessionEvent, SurfaceFold};
+use crate::store::{Event, Receipt, Store};
 use file::{anchor_of, identity_of};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -501,7 +501,7 @@ fn relabel(session: &str, error: Error) -> Error {
     }
 }
 
-fn read_bounded(file: &dyn crate::io::StorageFile) -> Result<Vec<u8>> {
+fn read_bounded(file: &dyn crate::storage::io::StorageFile) -> Result<Vec<u8>> {
     let length = file.len().map_err(|error| Error::io("cache read", error))?;
     if length > MAX_CHECKPOINT_BYTES {
         return Err(Error::TooLarge {

@@ -1,10 +1,10 @@
-//! L2: segment files (format-spec/03-segments.md): header, frames, seal, and the scan that
+//! Segment files (format-spec/03-segments.md): header, frames, seal, and the scan that
 //! tells a torn tail from corruption.
 
 use crate::error::{Error, Result};
-use crate::frame::{self, decode_frame, FrameError, Kind, Record, FRAME_HEADER_BYTES};
-use crate::io::{Storage, StorageFile};
-use crate::manifest::{word4, word8};
+use crate::storage::frame::{self, decode_frame, FrameError, Kind, Record, FRAME_HEADER_BYTES};
+use crate::storage::io::{Storage, StorageFile};
+use crate::storage::manifest::{word4, word8};
 use std::sync::Arc;
 
 /// Directory that holds write-ahead segments.

@@ -41,11 +41,9 @@
 //! returns [`Streamed::NeedsFullLoad`], and [`super::messages`] runs the full load, which
 //! gives the exact result or error. `engine/tests/cold_resume.rs` checks the two agree.
 
-use super::scan::{decode_record, Record, RowTag};
 use super::skeleton::{self, Skeleton};
-use super::{event_line, row_line, Result};
-use crate::db::{Event, EventView, Store};
-use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE};
+use crate::exchange::scan::{decode_record, Record, RowTag};
+use crate::exchange::{event_line, row_line, Result};
 use crate::session::event::{ASSISTANT_MESSAGE, END_SEED, TOOL_RESULT, USER_MESSAGE};
 use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
 use crate::session::repair::repair_observes_type;
@@ -55,6 +53,10 @@ use crate::session::{
     validate_seed_event, validate_seed_event_parsed, RepairScan, SeedMode, SessionEvent,
     SurfaceChange, SurfaceFold, SurfaceOp,
 };
+use crate::storage::frame::{
+    EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE,
+};
+use crate::store::{Event, EventView, Store};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! L1: record framing (format-spec/02-records.md). Pure: no I/O.
+//! Record framing (format-spec/02-records.md). Pure: no I/O.
 //!
 //! ```text
 //! offset size field

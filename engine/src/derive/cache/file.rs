@@ -1,8 +1,8 @@
 //! Checkpoint files: names, byte layout, checksum (format-spec/07, F-07-1..F-07-5).
 
-use crate::db::Event;
 use crate::error::{Error, Result};
-use crate::io::Storage;
+use crate::storage::io::Storage;
+use crate::store::Event;
 
 /// The cache directory inside the store.
 pub const CACHE_DIR: &str = "cache";

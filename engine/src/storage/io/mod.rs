@@ -1,4 +1,4 @@
-//! L0: the storage layer. The engine touches the disk only through [`Storage`], so every crash
+//! The storage abstraction. The engine touches the disk only through [`Storage`], so every crash
 //! test can run on [`sim::SimStorage`], which models volatile vs durable bytes and power cuts.
 //!
 //! Paths are relative to the store's root and use `/` as separator.

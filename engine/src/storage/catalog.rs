@@ -1,4 +1,4 @@
-//! L4: the in-memory catalog: sessions, interned event types, and the seq index
+//! The in-memory catalog: sessions, interned event types, and the seq index
 //! `(session, seq) → extent` (rebuilt by the recovery scan on open).
 //!
 //! The index is sparse: it keeps one [`Extent`] per run block or per span of write-ahead

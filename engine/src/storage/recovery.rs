@@ -2,14 +2,14 @@
 //! every committed batch of every live segment into a [`Catalog`], tells a torn tail from
 //! corruption, and says where the log continues.
 
-use crate::catalog::{Catalog, Extent, Position, Seed};
 use crate::error::{Error, Result};
-use crate::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
-use crate::index::{load_checkpoint, CoveredSegment};
-use crate::io::Storage;
-use crate::manifest::{Manifest, RunEntry};
-use crate::run::{run_path, walk_block, RunReader, DEFINITIONS_SESSION};
-use crate::segment::{
+use crate::storage::catalog::{Catalog, Extent, Position, Seed};
+use crate::storage::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
+use crate::storage::index::{load_checkpoint, CoveredSegment};
+use crate::storage::io::Storage;
+use crate::storage::manifest::{Manifest, RunEntry};
+use crate::storage::run::{run_path, walk_block, RunReader, DEFINITIONS_SESSION};
+use crate::storage::segment::{
     check_header, durable_evidence_after, has_valid_frame, nonzero_end, read_segment, scan_frames,
     SEGMENT_HEADER_BYTES,
 };

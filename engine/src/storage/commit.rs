@@ -1,4 +1,4 @@
-//! L3: group commit (format-spec/05-commit-and-recovery.md).
+//! Group commit (format-spec/05-commit-and-recovery.md).
 //!
 //! Appenders encode their batch under the log's lock (so the bytes know their segment, salt
 //! and offset) and queue them; one committer thread writes everything queued with one write
@@ -6,10 +6,12 @@
 //! log: nothing after it is acknowledged.
 
 use crate::error::{Error, Result};
-use crate::frame::Record;
-use crate::io::{Storage, StorageFile};
-use crate::manifest::{Manifest, RunEntry, SegmentEntry};
-use crate::segment::{create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES};
+use crate::storage::frame::Record;
+use crate::storage::io::{Storage, StorageFile};
+use crate::storage::manifest::{Manifest, RunEntry, SegmentEntry};
+use crate::storage::segment::{
+    create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES,
+};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;

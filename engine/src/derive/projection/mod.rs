@@ -1,8 +1,8 @@
-//! L8: projection units: state derived from a session's log by a pure fold.
+//! Projection units: state derived from a session's log by a pure fold.
 //!
 //! A unit has `init`, a pure `apply(state, event)` (in Rust: a mutation of a state the
 //! caller owns, with no other effect), a state version and an encoding of its state. The
-//! checkpointed cache that persists unit states lives in [`crate::cache`]; this module is
+//! checkpointed cache that persists unit states lives in [`crate::derive::cache`]; this module is
 //! pure (no I/O).
 //!
 //! Built in: [`SurfaceUnit`] (DSH's surface fold), [`MessagesUnit`] (`deriveMessages`),
@@ -25,10 +25,12 @@ pub use units::{
     TurnIndex, TurnIndexUnit,
 };
 
-use crate::db::Event;
 use crate::error::{Error, Result};
-use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE};
 use crate::session::{parse_event_line, SessionError, SessionEvent};
+use crate::storage::frame::{
+    EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE,
+};
+use crate::store::Event;
 
 /// A projection unit: a pure fold over a session's events.
 pub trait ProjectionUnit {

@@ -1,13 +1,13 @@
-//! L4: the persisted seq index (format-spec/06-runs-and-index.md, F-06-20..23): the catalog
+//! The persisted seq index (format-spec/06-runs-and-index.md, F-06-20..23): the catalog
 //! as of a prefix of the runs and of the sealed segments, so that an open replays only the
 //! files after it. Derived data: a checkpoint that is missing, damaged or does not match the
 //! manifest is ignored and the catalog is rebuilt from the log.
 
-use crate::catalog::{Catalog, EventIndex, Extent, Seed};
 use crate::error::{Error, Result};
-use crate::frame::NO_SEED_PARENT;
-use crate::io::Storage;
-use crate::manifest::{Manifest, RunEntry};
+use crate::storage::catalog::{Catalog, EventIndex, Extent, Seed};
+use crate::storage::frame::NO_SEED_PARENT;
+use crate::storage::io::Storage;
+use crate::storage::manifest::{Manifest, RunEntry};
 use std::collections::HashSet;
 
 /// Directory of the checkpoint.
@@ -341,7 +341,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::Position;
+    use crate::storage::catalog::Position;
 
     fn sample_catalog() -> Catalog {
         let mut catalog = Catalog::default();

@@ -1,6 +1,6 @@
 //! Generated DSH sessions for tests and benchmarks: valid turns with tool calls.
 
-use crate::db::NewEvent;
+use crate::store::NewEvent;
 use serde_json::json;
 
 /// An event to append, owning its texts.

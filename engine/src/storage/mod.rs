@@ -1,0 +1,17 @@
+//! Storage: bytes and durability, nothing of DSH.
+//!
+//! Owns the files of a store: the storage abstraction (`io`, with real files and the
+//! simulated disk), record framing (`frame`), write-ahead segments (`segment`), the live
+//! file set (`manifest`), group commit (`commit`), open-time replay (`recovery`), sealed
+//! runs (`run`), the seq-index checkpoints (`index`) and the in-memory catalog (`catalog`).
+//! May import only `crate::error` (and `crate::limits`); never `session` or anything above.
+
+pub mod catalog;
+pub mod commit;
+pub mod frame;
+pub mod index;
+pub mod io;
+pub mod manifest;
+pub mod recovery;
+pub mod run;
+pub mod segment;

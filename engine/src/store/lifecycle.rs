@@ -1,0 +1,272 @@
+//! Session lifecycle: create, fork (seeded children), delete (tombstones), the writer slot,
+//! and listing sessions.
+
+use super::{
+    now_millis, validate::validate_event, validate::validate_header, writer::encode_commit,
+    writer::encode_header_if_new, writer::PendingReceipt, Event, NewEvent, SessionSummary,
+    SessionWriter, Store,
+};
+use crate::error::{Error, Result};
+use crate::storage::catalog::{Catalog, Seed, SessionEntry};
+use crate::storage::commit::Durability;
+use crate::storage::frame::Record;
+
+/// Looks up session `id` and takes its writer slot: one writer handle (or one delete in
+/// flight) per session; a taken slot is `SessionBusy`.
+pub(super) fn claim_writer_slot<'catalog>(
+    catalog: &'catalog mut Catalog,
+    id: &str,
+) -> Result<(u32, &'catalog mut SessionEntry)> {
+    let unknown = || Error::UnknownSession { id: id.to_string() };
+    let number = *catalog.by_id.get(id).ok_or_else(unknown)?;
+    let entry = catalog.sessions.get_mut(&number).ok_or_else(unknown)?;
+    if entry.has_writer {
+        return Err(Error::SessionBusy { id: id.to_string() });
+    }
+    entry.has_writer = true;
+    Ok((number, entry))
+}
+
+/// The event type DSH appends after a seed.
+pub const END_SEED_TYPE: &str = "session/end-seed";
+
+/// The open turn, if the last `turn/start`/`turn/end` of `events` is a start (DSH `OPEN_TURN`).
+pub(super) fn open_turn_at_end(events: &[Event]) -> Option<String> {
+    let last = events
+        .iter()
+        .rev()
+        .find(|event| event.event_type == "turn/start" || event.event_type == "turn/end")?;
+    if last.event_type != "turn/start" {
+        return None;
+    }
+    let data: serde_json::Value = serde_json::from_str(&last.data).unwrap_or_default();
+    Some(match data.get("turn") {
+        Some(turn) => turn.to_string(),
+        None => last.seq.to_string(),
+    })
+}
+
+impl Store {
+    /// Creates a session from its DSH header (JSON text, kept verbatim) and returns its writer.
+    pub fn create_session(&self, header_json: &str) -> Result<SessionWriter> {
+        self.create_session_with(header_json, self.inner.options.durability)
+    }
+
+    /// Creates a session with a minimal DSH header `{"version":0,"id":..,"createdAt":now}`.
+    pub fn create_session_with_id(&self, id: &str) -> Result<SessionWriter> {
+        let header = serde_json::json!({"version": 0, "id": id, "createdAt": now_millis()});
+        self.create_session(&header.to_string())
+    }
+
+    /// Creates a session and commits its header together with `events` as one atomic batch:
+    /// after a crash either the session exists with all of them or not at all.
+    pub fn create_session_with_events(
+        &self,
+        header_json: &str,
+        events: &[NewEvent<'_>],
+    ) -> Result<SessionWriter> {
+        self.create_with_seed(header_json, None, events, self.inner.options.durability)
+    }
+
+    pub(super) fn create_session_with(
+        &self,
+        header_json: &str,
+        durability: Durability,
+    ) -> Result<SessionWriter> {
+        self.create_with_seed(header_json, None, &[], durability)
+    }
+
+    /// Creates a session (optionally a fork sharing `seed`) and commits its header together
+    /// with `initial` events as one batch.
+    pub(super) fn create_with_seed(
+        &self,
+        header_json: &str,
+        seed: Option<Seed>,
+        initial: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<SessionWriter> {
+        self.log()?;
+        let id = validate_header(header_json)?;
+        for event in initial {
+            validate_event(event)?;
+        }
+        let number = {
+            let mut catalog = self.inner.catalog.write();
+            if catalog.by_id.contains_key(&id) {
+                return Err(Error::DuplicateSession { id });
+            }
+            let number = catalog.reserve_session(id.clone(), seed, header_json.to_string());
+            if let Some(entry) = catalog.sessions.get_mut(&number) {
+                entry.has_writer = true;
+            }
+            number
+        };
+        let writer = SessionWriter {
+            store: self.clone(),
+            number,
+            id,
+            durability,
+        };
+        let committed = self
+            .commit_batch(number, initial, durability)
+            .and_then(PendingReceipt::wait);
+        if let Err(error) = committed {
+            // Refused before anything was queued: forget the reservation. Otherwise (a
+            // poisoned log) the outcome is unknown and the next open decides.
+            if matches!(
+                error,
+                Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed | Error::Io { .. }
+            ) {
+                self.inner.catalog.write().unreserve_session(number);
+            }
+            return Err(error);
+        }
+        Ok(writer)
+    }
+
+    /// Forks `parent` after seq `at` (inclusive) into a new session `child` (DSH `fork`): the
+    /// child's header names the parent and `seedLength = at + 1`; its first events are read
+    /// from the parent, never copied; a `session/end-seed` event follows them.
+    pub fn fork(&self, parent: &str, at: u64, child: &str) -> Result<SessionWriter> {
+        self.log()?;
+        if self.session(child).is_ok() {
+            return Err(Error::DuplicateSession {
+                id: child.to_string(),
+            });
+        }
+        let parent_summary = self.session(parent)?;
+        if at >= parent_summary.events {
+            return Err(Error::SeqOutOfRange {
+                id: parent.to_string(),
+                seq: at,
+                length: parent_summary.events,
+            });
+        }
+        let seed_events = self.read(parent, 0, at + 1)?;
+        if let Some(open_turn) = open_turn_at_end(&seed_events) {
+            return Err(Error::invalid(format!(
+                "fork boundary {at} in session \"{parent}\" ends inside open turn {open_turn}"
+            )));
+        }
+        let parent_number = self.with_session(parent, |entry| entry.number)?;
+        let mut header = serde_json::Map::new();
+        header.insert("version".into(), 0.into());
+        header.insert("id".into(), child.into());
+        header.insert("createdAt".into(), now_millis().into());
+        let parent_header: serde_json::Value =
+            serde_json::from_str(&parent_summary.header_json).unwrap_or_default();
+        if let Some(cwd) = parent_header.get("cwd") {
+            header.insert("cwd".into(), cwd.clone());
+        }
+        header.insert("parentSession".into(), parent.into());
+        header.insert("seedLength".into(), (at + 1).into());
+        let header_json = serde_json::Value::Object(header).to_string();
+        let seed = Some(Seed {
+            parent: parent_number,
+            length: at + 1,
+        });
+        let ends_with_marker = seed_events
+            .last()
+            .is_some_and(|event| event.event_type == END_SEED_TYPE);
+        let marker = NewEvent::new(END_SEED_TYPE, "{}");
+        let initial: &[NewEvent<'_>] = if ends_with_marker { &[] } else { &[marker] };
+        self.create_with_seed(&header_json, seed, initial, self.inner.options.durability)
+    }
+
+    /// Deletes session `id` (F-02-18): logs a tombstone and returns once it is durable.
+    /// Afterwards the session is gone from [`Store::sessions`], reads and [`Store::writer`]
+    /// (`UnknownSession`) and its id may name a new session. Its events are dropped at the
+    /// next sealing, except the prefix a live fork reads as its seed (F-06-24).
+    /// A session whose writer handle is alive is refused (`SessionBusy`), changing nothing.
+    pub fn delete_session(&self, id: &str) -> Result<()> {
+        let log = self.log()?;
+        let (number, header_json, seed, length) = {
+            let mut catalog = self.inner.catalog.write();
+            // Holds off writers and a second delete while the tombstone is on its way.
+            let (number, entry) = claim_writer_slot(&mut catalog, id)?;
+            (
+                number,
+                entry.header_json.clone(),
+                entry.seed,
+                entry.length(),
+            )
+        };
+        let durable = log
+            .submit(Durability::Sync, |context, out| {
+                // A batch's commit must name a session its segment defines (F-05-1).
+                encode_header_if_new(context, out, number, seed, &header_json);
+                Record::Tombstone { session: number }.encode(out, context.salt);
+                encode_commit(context, out, number, length, 0);
+                Ok(())
+            })
+            .and_then(|(submitted, ())| log.wait(submitted.ticket, true));
+        let mut catalog = self.inner.catalog.write();
+        match durable {
+            Ok(()) => catalog.delete_session(number).map_err(Error::invalid),
+            Err(error) => {
+                // Not acknowledged: the session stays (the next open decides if the
+                // tombstone made it to disk).
+                if let Some(entry) = catalog.sessions.get_mut(&number) {
+                    entry.has_writer = false;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Takes the writer handle of an existing session.
+    pub fn writer(&self, id: &str) -> Result<SessionWriter> {
+        self.log()?;
+        let mut catalog = self.inner.catalog.write();
+        let (number, _) = claim_writer_slot(&mut catalog, id)?;
+        Ok(SessionWriter {
+            store: self.clone(),
+            number,
+            id: id.to_string(),
+            durability: self.inner.options.durability,
+        })
+    }
+
+    /// Every session, ordered by id.
+    pub fn sessions(&self) -> Vec<SessionSummary> {
+        let catalog = self.inner.catalog.read();
+        let mut list: Vec<SessionSummary> = catalog
+            .sessions
+            .values()
+            .filter(|entry| !entry.deleted)
+            .map(|entry| SessionSummary {
+                id: entry.id.clone(),
+                header_json: entry.header_json.to_string(),
+                events: entry.length(),
+            })
+            .collect();
+        list.sort_by(|left, right| left.id.cmp(&right.id));
+        list
+    }
+
+    /// One session's summary.
+    pub fn session(&self, id: &str) -> Result<SessionSummary> {
+        self.with_session(id, |entry| SessionSummary {
+            id: entry.id.clone(),
+            header_json: entry.header_json.to_string(),
+            events: entry.length(),
+        })
+    }
+
+    pub(super) fn with_session<T>(
+        &self,
+        id: &str,
+        read: impl FnOnce(&SessionEntry) -> T,
+    ) -> Result<T> {
+        let catalog = self.inner.catalog.read();
+        let number = catalog
+            .by_id
+            .get(id)
+            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+        let entry = catalog
+            .sessions
+            .get(number)
+            .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+        Ok(read(entry))
+    }
+}

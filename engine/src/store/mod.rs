@@ -1,0 +1,412 @@
+//! The store: `Store` and `SessionWriter`, the only place that wires storage and the
+//! session model together.
+//!
+//! Owns opening and closing a store and the value types of its API (`Options`, `NewEvent`,
+//! `Event`, `EventView`, `Receipt`, `SessionSummary`); its children hold the write path
+//! (`writer`), the read path (`read`), maintenance and sealing (`maintenance`), the session
+//! lifecycle (`lifecycle`), `stats`, input validation (`validate`) and store creation
+//! (`create`). May import `storage`, `session` and `error`; nothing above.
+
+mod create;
+mod lifecycle;
+mod line;
+mod maintenance;
+mod read;
+mod stats;
+mod validate;
+mod writer;
+
+pub use lifecycle::END_SEED_TYPE;
+pub use maintenance::MaintenanceReport;
+pub use stats::Stats;
+pub use writer::PendingReceipt;
+
+use create::{create_store, remove_orphans, start_log};
+use line::push_json_line;
+use maintenance::MaintenanceSignal;
+
+use crate::error::{Error, Result};
+use crate::storage::catalog::Catalog;
+use crate::storage::commit::{Durability, Log, DEFAULT_MAX_BATCH_BYTES};
+use crate::storage::frame::{EVENT_FIXED_BYTES, MAX_PAYLOAD_BYTES};
+use crate::storage::io::fs::FsStorage;
+use crate::storage::io::{LockGuard, Storage, StorageFile};
+use crate::storage::manifest::{Manifest, RunEntry, MANIFEST_FILE};
+use crate::storage::recovery::{recover, RecoveryReport};
+use crate::storage::run::{BlockCache, RunReader};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The writer lock file.
+pub const LOCK_FILE: &str = "LOCK";
+/// Default preallocated segment size, in bytes (64 MiB).
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Default queued bytes above which appenders wait, in bytes (64 MiB).
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
+/// Largest `data` text of one event, in bytes: what fits in one record.
+pub const MAX_EVENT_DATA_BYTES: usize = MAX_PAYLOAD_BYTES - EVENT_FIXED_BYTES - 4096;
+/// Largest session header, in bytes.
+pub const MAX_HEADER_BYTES: usize = 1024 * 1024;
+/// Default bytes of decompressed run blocks kept in memory (64 MiB): bounds read memory
+/// whatever the store's size.
+pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest event type name, in bytes.
+pub const MAX_TYPE_BYTES: usize = 1024;
+/// 2^53: JavaScript's safe integers (DSH's `createdAt`, `seq`, `time`) lie below it.
+pub const MAX_SAFE_INTEGER_EXCLUSIVE: u64 = 1 << 53;
+/// Envelope keys besides `type`, `seq`, `time` and `data` that an event may carry.
+pub const ENVELOPE_KEYS: [&str; 3] = ["surfaceOp", "sourceEventSeqs", "ignorable"];
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Create the store when the directory holds none.
+    pub create_if_missing: bool,
+    /// Open without the writer lock; no writes, no repair.
+    pub read_only: bool,
+    /// Durability of appends that do not name one.
+    pub durability: Durability,
+    /// Preallocated size of one segment, in bytes.
+    pub segment_bytes: u64,
+    /// Queued bytes above which appenders wait, in bytes.
+    pub max_pending_bytes: usize,
+    /// Largest encoded batch accepted, in bytes; a batch larger than a segment gets a
+    /// segment of its own.
+    pub max_batch_bytes: u64,
+    /// Bytes of decompressed run blocks the read cache may hold.
+    pub block_cache_bytes: usize,
+    /// Load the seq-index checkpoint at open (F-06-21). Off, the open decodes and checks
+    /// every run and segment (`dshdb verify`), and costs O(store) instead of O(tail).
+    pub use_checkpoint: bool,
+    /// Run [`Store::maintain`] on a background thread this often; `None` (the default)
+    /// leaves sealing to explicit `maintain` calls.
+    pub maintenance_interval: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            create_if_missing: true,
+            read_only: false,
+            durability: Durability::Sync,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
+            use_checkpoint: true,
+            maintenance_interval: None,
+        }
+    }
+}
+
+impl Options {
+    /// `Batched` durability with the usual settings: sync within 5 ms or 1 MiB.
+    pub fn batched() -> Durability {
+        Durability::Batched {
+            max_delay: Duration::from_millis(5),
+            max_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// An event to append. `data` is JSON text, stored exactly as given.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEvent<'a> {
+    pub event_type: &'a str,
+    /// Unix epoch milliseconds; `None` means now.
+    pub time: Option<i64>,
+    pub data: &'a str,
+    /// Further envelope members as JSON object members without braces, in the order they are
+    /// to be exported, e.g. `"sourceEventSeqs":[3],"surfaceOp":"append"`. Empty for none.
+    /// With [`EVENT_FLAG_VERBATIM_LINE`] it holds the whole original line instead.
+    pub envelope: &'a str,
+    /// Event flags (`frame::EVENT_FLAG_*`): how an importer saw the event, for byte-exact export.
+    pub flags: u8,
+}
+
+impl<'a> NewEvent<'a> {
+    pub fn new(event_type: &'a str, data: &'a str) -> Self {
+        NewEvent {
+            event_type,
+            time: None,
+            data,
+            envelope: "",
+            flags: 0,
+        }
+    }
+}
+
+/// A stored event borrowed for the duration of a [`Store::visit_events`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventView<'a> {
+    pub seq: u64,
+    pub time: i64,
+    pub event_type: &'a str,
+    pub data: &'a str,
+    pub envelope: &'a str,
+    pub flags: u8,
+}
+
+impl EventView<'_> {
+    /// The event as an owned [`Event`].
+    pub fn to_event(&self) -> Event {
+        Event {
+            seq: self.seq,
+            time: self.time,
+            event_type: self.event_type.to_string(),
+            data: self.data.to_string(),
+            envelope: self.envelope.to_string(),
+            flags: self.flags,
+        }
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub seq: u64,
+    pub time: i64,
+    pub event_type: String,
+    pub data: String,
+    pub envelope: String,
+    pub flags: u8,
+}
+
+impl Event {
+    /// The event as one DSH JSONL line: `{"type":..,"seq":..,"time":..,"data":..,<envelope>}`,
+    /// or the original line when it was stored verbatim.
+    pub fn to_json_line(&self) -> String {
+        let mut line = String::with_capacity(
+            self.data.len() + self.envelope.len() + self.event_type.len() + 64,
+        );
+        push_json_line(
+            &mut line,
+            &self.event_type,
+            self.seq,
+            self.time,
+            &self.data,
+            &self.envelope,
+            self.flags,
+        );
+        line
+    }
+}
+
+/// What an append returns: the seqs it got and whether they are durable yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    pub first_seq: u64,
+    /// One past the last seq of the batch (the session's length after it).
+    pub end_seq: u64,
+    pub durable: bool,
+}
+
+/// A session as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub id: String,
+    pub header_json: String,
+    pub events: u64,
+}
+
+struct Inner {
+    storage: Arc<dyn Storage>,
+    options: Options,
+    catalog: RwLock<Catalog>,
+    log: Option<Log>,
+    files: Mutex<HashMap<u64, Arc<dyn StorageFile>>>,
+    salts: RwLock<HashMap<u64, u64>>,
+    report: RecoveryReport,
+    closed: Mutex<bool>,
+    lock: Mutex<Option<Box<dyn LockGuard>>>,
+    /// Live runs by id, as the manifest names them.
+    run_entries: RwLock<HashMap<u64, RunEntry>>,
+    /// Opened runs (index read, file mapped), by id.
+    run_readers: Mutex<HashMap<u64, Arc<RunReader>>>,
+    cache: BlockCache,
+    /// One `maintain` at a time. It holds how many sessions were deleted when a pass last
+    /// rewrote every run that needed it: until another deletion, no run needs it.
+    maintaining: Mutex<Option<usize>>,
+    /// Readers hold it shared from collecting positions to decoding them; a seal holds it
+    /// exclusively while it moves positions from a segment to its run.
+    read_gate: RwLock<()>,
+    maintenance: Arc<MaintenanceSignal>,
+}
+
+/// An open store. Cheap to clone; all clones share one store.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+/// The one writer of a session inside this process.
+pub struct SessionWriter {
+    store: Store,
+    number: u32,
+    id: String,
+    durability: Durability,
+}
+
+fn io_error(operation: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |error| Error::io(operation, error)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        *self.maintenance.stop.lock() = true;
+        self.maintenance.wake.notify_all();
+        if !*self.closed.lock() {
+            if let Some(log) = &self.log {
+                // Best effort: a drop cannot report; `close()` is the way to see errors.
+                let _ = log.close();
+            }
+        }
+    }
+}
+
+/// The manifest file name, for tools.
+pub const MANIFEST: &str = MANIFEST_FILE;
+
+impl Store {
+    /// Opens (or creates) the store in directory `path` on the real file system.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Store> {
+        let path = path.as_ref();
+        if options.create_if_missing && !options.read_only {
+            std::fs::create_dir_all(path).map_err(io_error("store directory create"))?;
+        }
+        if !path.is_dir() {
+            return Err(Error::NotAStore {
+                path: path.to_path_buf(),
+            });
+        }
+        Store::open_on(Arc::new(FsStorage::new(path)), options, path)
+    }
+
+    /// Opens a store on any storage (the simulator in tests). `label` names it in errors.
+    pub fn open_on(storage: Arc<dyn Storage>, options: Options, label: &Path) -> Result<Store> {
+        let lock = if options.read_only {
+            None
+        } else {
+            let guard = storage.try_lock(LOCK_FILE).map_err(io_error("lock"))?;
+            Some(guard.ok_or_else(|| Error::Locked {
+                path: label.to_path_buf(),
+            })?)
+        };
+        let manifest = match Manifest::read(storage.as_ref())? {
+            Some(manifest) => manifest,
+            None if options.create_if_missing && !options.read_only => {
+                create_store(storage.as_ref(), label)?
+            }
+            None => {
+                return Err(Error::NotAStore {
+                    path: label.to_path_buf(),
+                })
+            }
+        };
+        let mut recovered = recover(storage.as_ref(), &manifest, options.use_checkpoint)?;
+        let salts = manifest
+            .segments
+            .iter()
+            .map(|entry| (entry.id, entry.salt))
+            .collect();
+        let run_entries = manifest.runs.iter().map(|run| (run.id, *run)).collect();
+        let write_fresh_checkpoint = !recovered.report.checkpoint_used && !manifest.runs.is_empty();
+        let log = if options.read_only {
+            None
+        } else {
+            remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
+            Some(start_log(&storage, &options, manifest, recovered.tail)?)
+        };
+        let cache = BlockCache::new(options.block_cache_bytes);
+        let interval = options.maintenance_interval;
+        let store = Store {
+            inner: Arc::new(Inner {
+                storage,
+                options,
+                catalog: RwLock::new(recovered.catalog),
+                log,
+                files: Mutex::new(HashMap::new()),
+                salts: RwLock::new(salts),
+                report: recovered.report,
+                closed: Mutex::new(false),
+                lock: Mutex::new(lock),
+                run_entries: RwLock::new(run_entries),
+                run_readers: Mutex::new(HashMap::new()),
+                cache,
+                maintaining: Mutex::new(None),
+                read_gate: RwLock::new(()),
+                maintenance: Arc::new(MaintenanceSignal::default()),
+            }),
+        };
+        if store.inner.log.is_some() {
+            if write_fresh_checkpoint {
+                // Derived data (F-06-22): a failure here only costs the next open a rebuild.
+                let _ = store.write_runs_checkpoint();
+            }
+            if let Some(interval) = interval {
+                store.start_maintenance_thread(interval);
+            }
+        }
+        Ok(store)
+    }
+
+    /// The store's directory (derived files above the log, `cache/` and `spill/`, live there).
+    pub fn storage(&self) -> Arc<dyn Storage> {
+        self.inner.storage.clone()
+    }
+
+    /// Whether the store was opened read-only (no writes of any kind, derived files included).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.options.read_only
+    }
+
+    /// What recovery found when this store was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.report
+    }
+
+    fn log(&self) -> Result<&Log> {
+        if *self.inner.closed.lock() {
+            return Err(Error::Closed);
+        }
+        self.inner.log.as_ref().ok_or(Error::ReadOnly)
+    }
+
+    /// Makes every append so far durable.
+    pub fn flush(&self) -> Result<()> {
+        self.log()?.flush()
+    }
+
+    /// Flushes, seals the active segment and releases the writer lock.
+    /// Later calls on this store (and its clones) fail with [`Error::Closed`].
+    pub fn close(&self) -> Result<()> {
+        // Before taking `closed`: a maintenance pass that is starting takes it too (through
+        // `log()`), and joining the thread while holding it would deadlock.
+        self.stop_maintenance_thread();
+        let mut closed = self.inner.closed.lock();
+        if *closed {
+            return Ok(());
+        }
+        *closed = true;
+        let outcome = match &self.inner.log {
+            Some(log) => log.close().inspect(|()| {
+                // Derived data (F-06-22): a failure only costs the next open a replay.
+                let _ = self.write_closing_checkpoint(log);
+            }),
+            None => Ok(()),
+        };
+        self.inner.lock.lock().take();
+        outcome
+    }
+}

@@ -1,0 +1,219 @@
+//! The write path: `SessionWriter`, batches handed to group commit, receipts.
+
+use super::{now_millis, validate::validate_event, NewEvent, Receipt, SessionWriter, Store};
+use crate::error::{Error, Result};
+use crate::storage::catalog::{Position, Seed};
+use crate::storage::commit::{Durability, Log, SegmentContext};
+use crate::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
+
+impl SessionWriter {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Sets the durability of this handle's appends.
+    pub fn set_durability(&mut self, durability: Durability) {
+        self.durability = durability;
+    }
+
+    /// Appends one event.
+    pub fn append(&mut self, event: NewEvent<'_>) -> Result<Receipt> {
+        self.append_batch(&[event])
+    }
+
+    /// Appends events as one atomic batch: after a crash either all of them are there or none.
+    /// Returns when the batch is as durable as this handle's durability says.
+    pub fn append_batch(&mut self, events: &[NewEvent<'_>]) -> Result<Receipt> {
+        let durability = self.durability;
+        self.submit_with(events, durability)?.wait()
+    }
+
+    /// Queues events as one atomic batch for a durable commit without waiting for it: the
+    /// committer syncs it with the next group, and [`PendingReceipt::wait`] returns once it
+    /// is durable. One thread can so keep many sessions' appends in one group commit (as an
+    /// async runtime would) instead of sleeping once per append. The batch is readable at
+    /// once; it is acknowledged only by `wait`.
+    pub fn submit_batch(&mut self, events: &[NewEvent<'_>]) -> Result<PendingReceipt> {
+        self.submit_with(events, Durability::Sync)
+    }
+
+    fn submit_with(
+        &mut self,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<PendingReceipt> {
+        if events.is_empty() {
+            return Err(Error::invalid("an empty batch"));
+        }
+        self.store.log()?;
+        for event in events {
+            validate_event(event)?;
+        }
+        self.store.commit_batch(self.number, events, durability)
+    }
+}
+
+impl Drop for SessionWriter {
+    fn drop(&mut self) {
+        if let Some(entry) = self
+            .store
+            .inner
+            .catalog
+            .write()
+            .sessions
+            .get_mut(&self.number)
+        {
+            entry.has_writer = false;
+        }
+    }
+}
+
+/// Waits as the durability asks; returns whether the batch is durable.
+/// A batch queued by [`SessionWriter::submit_batch`] (or an append on its way).
+#[must_use = "a pending batch is acknowledged only by waiting for it"]
+pub struct PendingReceipt {
+    store: Store,
+    ticket: u64,
+    first_seq: u64,
+    end_seq: u64,
+    durability: Durability,
+}
+
+impl PendingReceipt {
+    /// The seq of the batch's first event.
+    pub fn first_seq(&self) -> u64 {
+        self.first_seq
+    }
+
+    /// Waits until the batch is as durable as it was submitted (durable for
+    /// `submit_batch`). An error means it must not be taken as durable.
+    pub fn wait(self) -> Result<Receipt> {
+        let log = self.store.log()?;
+        let durable = wait_for(log, self.ticket, self.durability)?;
+        Ok(Receipt {
+            first_seq: self.first_seq,
+            end_seq: self.end_seq,
+            durable,
+        })
+    }
+}
+
+pub(super) fn wait_for(log: &Log, ticket: u64, durability: Durability) -> Result<bool> {
+    match durability {
+        Durability::Sync => log.wait(ticket, true).map(|()| true),
+        Durability::Buffered => log.wait(ticket, false).map(|()| false),
+        Durability::Batched { .. } => Ok(false),
+    }
+}
+
+pub(super) fn encode_header_if_new(
+    context: &mut SegmentContext,
+    out: &mut Vec<u8>,
+    number: u32,
+    seed: Option<Seed>,
+    header_json: &str,
+) {
+    if context.defined_sessions.insert(number) {
+        Record::SessionHeader {
+            session: number,
+            seed_parent: seed.map_or(NO_SEED_PARENT, |seed| seed.parent),
+            seed_length: seed.map_or(0, |seed| seed.length),
+            header_json: header_json.as_bytes(),
+        }
+        .encode(out, context.salt);
+    }
+}
+
+pub(super) fn encode_commit(
+    context: &SegmentContext,
+    out: &mut Vec<u8>,
+    session: u32,
+    first_seq: u64,
+    count: u32,
+) {
+    Record::Commit {
+        session,
+        first_seq,
+        event_count: count,
+        durable_offset: context.durable_offset,
+    }
+    .encode(out, context.salt);
+}
+
+impl Store {
+    /// Commits `events` (possibly none, for a new session's header) to session `number`.
+    pub(super) fn commit_batch(
+        &self,
+        number: u32,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<PendingReceipt> {
+        let inner = &self.inner;
+        let log = self.log()?;
+        let now = now_millis();
+        let (type_numbers, first_seq, seed, header_json) = {
+            let mut catalog = inner.catalog.write();
+            let type_numbers: Vec<u32> = events
+                .iter()
+                .map(|event| catalog.intern_type(event.event_type))
+                .collect();
+            let entry = catalog
+                .sessions
+                .get(&number)
+                .ok_or_else(|| Error::invalid("session vanished"))?;
+            (
+                type_numbers,
+                entry.length(),
+                entry.seed,
+                entry.header_json.clone(),
+            )
+        };
+        let (submitted, positions) = log.submit(durability, |context, out| {
+            encode_header_if_new(context, out, number, seed, &header_json);
+            for (event, type_number) in events.iter().zip(&type_numbers) {
+                if context.defined_types.insert(*type_number) {
+                    Record::TypeDefinition {
+                        type_number: *type_number,
+                        name: event.event_type.as_bytes(),
+                    }
+                    .encode(out, context.salt);
+                }
+            }
+            let mut positions = Vec::with_capacity(events.len());
+            for (index, (event, type_number)) in events.iter().zip(&type_numbers).enumerate() {
+                let start = out.len();
+                EventRecord {
+                    session: number,
+                    seq: first_seq + index as u64,
+                    time: event.time.unwrap_or(now),
+                    type_number: *type_number,
+                    flags: event.flags,
+                    data: event.data.as_bytes(),
+                    envelope: event.envelope.as_bytes(),
+                }
+                .encode(out, context.salt);
+                positions.push(Position {
+                    segment: context.segment,
+                    offset: context.base_offset + start as u64,
+                    frame_bytes: u32::try_from(out.len() - start).unwrap_or(u32::MAX),
+                });
+            }
+            let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
+            encode_commit(context, out, number, first_seq, count);
+            Ok(positions)
+        })?;
+        if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
+            for position in positions {
+                entry.events.push_frame(position);
+            }
+            entry.defined_in.get_or_insert(submitted.segment);
+        }
+        Ok(PendingReceipt {
+            store: self.clone(),
+            ticket: submitted.ticket,
+            first_seq,
+            end_seq: first_seq + events.len() as u64,
+            durability,
+        })
+    }
+}
