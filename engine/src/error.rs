@@ -1,5 +1,10 @@
 //! Typed engine errors. Every failure a caller can act on has its own kind.
+//!
+//! Sits above `session` (a stored event that breaks the DSH model keeps its
+//! [`SessionError`]) and below everything else; it imports nothing but `session`. The codes of
+//! a refused compaction live here, not in `compaction`, so no layer below reaches up.
 
+use crate::session::SessionError;
 use std::path::PathBuf;
 
 /// Result alias used across the engine.
@@ -85,7 +90,7 @@ pub enum Error {
     SessionModel {
         id: String,
         #[source]
-        source: crate::session::SessionError,
+        source: SessionError,
     },
     /// A projection unit cannot fold an event or decode its state.
     #[error("projection {unit}: {reason}")]
@@ -96,7 +101,7 @@ pub enum Error {
     /// A compaction or prune was refused; `code` is DSH's manual-compaction code.
     #[error("{message}")]
     Compaction {
-        code: crate::compaction::CompactionErrorCode,
+        code: CompactionErrorCode,
         message: String,
     },
 }
@@ -131,4 +136,18 @@ impl Error {
             reason: reason.into(),
         }
     }
+}
+
+/// DSH's manual-compaction error codes (model §5.2), plus `Region` for a refused region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompactionErrorCode {
+    /// A compaction is in progress, or (manual) a turn is open.
+    Busy,
+    /// The region is not a balanced span of the current surface.
+    Region,
+    /// The summary is unusable (not text, or not smaller than what it replaces).
+    Summary,
+    /// The surface changed under the compaction.
+    Changed,
 }

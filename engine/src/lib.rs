@@ -1,6 +1,6 @@
 //! dshdb: an embedded storage engine for AI-agent session logs.
 //!
-//! Layers, bottom to top (a layer imports only from layers below it; `tests/layers.rs`
+//! Layers, bottom to top (a layer imports only from layers below it; `layers.rs`, a unit test,
 //! fails on an import against this order):
 //!
 //! - `session`: the DSH session model, pure (no I/O, nothing else of the crate).
@@ -21,6 +21,8 @@ pub mod error;
 pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(test)]
+mod layers;
 pub mod session;
 pub mod spill;
 pub mod storage;

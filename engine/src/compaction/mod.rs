@@ -15,6 +15,7 @@ mod retention;
 pub use crate::derive::projection::{
     estimate_message, estimate_message_text, HEURISTIC_OVERHEAD_TOKENS,
 };
+pub use crate::error::CompactionErrorCode;
 pub use live::LiveSession;
 pub use pruner::{
     measure_content, prune_content, prune_session, PruneReport, PrunedResult, PrunerConfig,
@@ -37,20 +38,6 @@ pub const CHECKPOINT_PREAMBLE: &str = "This is an automatically generated checkp
 pub const SUMMARY_OPEN_TAG: &str = "<compacted-summary>";
 /// Closing tag of the framed summary.
 pub const SUMMARY_CLOSE_TAG: &str = "</compacted-summary>";
-
-/// DSH's manual-compaction error codes (model §5.2), plus `Region` for a refused region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CompactionErrorCode {
-    /// A compaction is in progress, or (manual) a turn is open.
-    Busy,
-    /// The region is not a balanced span of the current surface.
-    Region,
-    /// The summary is unusable (not text, or not smaller than what it replaces).
-    Summary,
-    /// The surface changed under the compaction.
-    Changed,
-}
 
 pub(crate) fn compaction_error(code: CompactionErrorCode, message: impl Into<String>) -> Error {
     Error::Compaction {
