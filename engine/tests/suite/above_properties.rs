@@ -1,7 +1,7 @@
 //! Property: whatever mix of turns, compactions, prunes and cache reads a session sees, every
 //! cached read equals the fold from scratch (F-07-6), and the log stays DSH-valid.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::cache::{Builtins, CacheOptions, ProjectionCache};

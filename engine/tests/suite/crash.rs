@@ -10,7 +10,7 @@
 //!   appended at that seq, and every session ends on a batch boundary (batches are atomic);
 //! - the recovered store takes a new append, closes and reopens with it.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;
@@ -54,14 +54,6 @@ struct Ledger {
     durable: BTreeMap<usize, u64>,
     /// Length acknowledged written (survives a process kill).
     written: BTreeMap<usize, u64>,
-}
-
-fn next_random(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut mixed = *state;
-    mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    mixed ^ (mixed >> 31)
 }
 
 fn size_of(session: usize, seq: u64) -> usize {

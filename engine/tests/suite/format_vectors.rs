@@ -5,7 +5,7 @@
 //! tests decode each `.bin` with the engine, compare with the JSON, and re-encode the JSON's
 //! values with the engine's encoders, which must give the `.bin` bytes back exactly.
 //!
-//! `cargo test -p dshdb --test format_vectors -- --ignored regenerate` rewrites the `.bin`
+//! `cargo test -p dshdb --test suite -- --ignored format_vectors::regenerate` rewrites the `.bin`
 //! files with the engine's encoders; `git diff format-spec/vectors` must then stay empty.
 
 use dshdb::db::{Event, Options, Store};

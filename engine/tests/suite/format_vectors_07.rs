@@ -2,7 +2,7 @@
 //! `format-spec/vectors/reference_07.py` from the spec text alone: the engine decodes them,
 //! re-encodes the checkpoint byte for byte, and uses both files from a store.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::cache::{

@@ -65,7 +65,7 @@ fn sigkilled_appender_loses_no_acknowledged_event() {
         let mut child = Command::new(&executable)
             .args([
                 "--exact",
-                "kill_child_appender",
+                "kill::kill_child_appender",
                 "--nocapture",
                 "--test-threads=1",
             ])

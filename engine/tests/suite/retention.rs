@@ -1,7 +1,7 @@
 //! Retention: deleting a session (tombstones, F-02-18) and reclaiming its space at sealing
 //! without dropping what a live fork still reads (F-06-24), with a crash at every point.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;

@@ -2,7 +2,7 @@
 //! through runs, power cuts at every step of sealing (F-06-10), orphan runs (F-06-11), the
 //! seq-index checkpoint (F-06-20..22) and damage to runs (F-06-6).
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;

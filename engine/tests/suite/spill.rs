@@ -2,7 +2,7 @@
 //! DSH's preview sizing, range reads, damage is loud, collection keeps what events cite,
 //! and a crash at every write/sync/rename never leaves an event citing a missing blob.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;

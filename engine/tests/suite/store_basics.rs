@@ -1,6 +1,6 @@
 //! End-to-end behaviour of the store on real files and on the simulator.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;
@@ -10,7 +10,8 @@ use dshdb::Error;
 
 #[test]
 fn events_survive_close_and_reopen_byte_for_byte() {
-    let dir = tempdir();
+    let scratch = TempDir::new("basics");
+    let dir = scratch.path().to_path_buf();
     let store = Store::open(&dir, Options::default()).expect("open");
     let mut writer = store.create_session_with_id("s1").expect("create");
     let data = r#"{"n":1e+21,"s":"\ud800","f":0.1}"#;
@@ -49,7 +50,8 @@ fn events_survive_close_and_reopen_byte_for_byte() {
 
 #[test]
 fn a_second_writer_on_the_same_store_is_refused_and_read_only_opens_work() {
-    let dir = tempdir();
+    let scratch = TempDir::new("basics");
+    let dir = scratch.path().to_path_buf();
     let store = Store::open(&dir, Options::default()).expect("open");
     store.create_session_with_id("a").expect("create");
     let second = Store::open(&dir, Options::default());
@@ -276,19 +278,6 @@ fn bad_input_is_refused_with_a_typed_error_and_writes_nothing() {
     assert_eq!(store.read("s", 0, 10).expect("read").len(), 1);
     store.close().expect("close");
     assert!(matches!(writer.append(chunk("{}")), Err(Error::Closed)));
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let base = std::env::temp_dir().join(format!(
-        "dshdb-test-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|elapsed| elapsed.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::create_dir_all(&base).expect("temp dir");
-    base
 }
 
 #[test]

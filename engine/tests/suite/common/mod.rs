@@ -1,10 +1,15 @@
-//! Shared helpers for the engine's integration tests.
+//! The one helper module of the engine's integration tests: the simulated-disk store,
+//! deterministic event data, a seeded random generator, scratch directories and (in
+//! `dsh_fixtures`) the DSH oracle fixtures.
 #![allow(dead_code)]
+
+pub mod dsh_fixtures;
 
 use dshdb::commit::Durability;
 use dshdb::db::{NewEvent, Options, Store};
 use dshdb::io::sim::SimStorage;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Small segments so that tests roll segments often.
@@ -35,5 +40,58 @@ pub fn chunk(data: &str) -> NewEvent<'_> {
         data,
         envelope: "",
         flags: 0,
+    }
+}
+
+/// splitmix64: the same sequence on every run, so a failing case can be replayed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        next_random(&mut self.0)
+    }
+
+    /// A value in `0..bound` (`0` when `bound` is 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound.max(1)
+    }
+}
+
+/// One splitmix64 step on `state`.
+pub fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut mixed = *state;
+    mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    mixed ^ (mixed >> 31)
+}
+
+/// A fresh directory under the target's scratch space (`CARGO_TARGET_TMPDIR`), removed when
+/// dropped. The name holds the process id and a counter, so parallel tests never share one.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let unique = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("engine-{name}-{}-{unique}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create scratch directory");
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -4,9 +4,9 @@
 //! never a panic; afterwards the live store answers with typed errors only, and both the
 //! durable image (power cut) and the volatile image (process kill) reopen with every
 //! acknowledged event present and byte-identical. A second writer process and a read-only
-//! directory are covered in `cli/tests/cli.rs` and `faults.rs`.
+//! directory are covered in `cli/tests/cli.rs` and `faults/mod.rs`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;

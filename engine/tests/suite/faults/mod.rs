@@ -2,7 +2,7 @@
 //! ENOSPC, EIO on write, EIO on fsync, a failed rename. Each ends in a clear typed error;
 //! nothing acknowledged is lost; the store opens afterwards.
 
-mod common;
+use crate::common;
 
 use common::*;
 use dshdb::commit::Durability;
@@ -163,3 +163,6 @@ fn disk_usage(disk: &SimStorage) -> u64 {
     }
     total
 }
+
+/// Every write path × every fault kind, at several points of each path.
+mod matrix;
