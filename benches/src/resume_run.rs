@@ -71,7 +71,7 @@ pub fn child(args: &[String]) -> Result<()> {
                 ..Options::default()
             };
             let store = Store::open(path, options)?;
-            let messages = exchange::messages(&store, SESSION_JSONL_ID)?;
+            let messages = exchange::message_values(&store, SESSION_JSONL_ID)?;
             anyhow::ensure!(!messages.is_empty(), "no messages derived");
         }
         [kind, path] if kind == "resume-dshdb-texts" => {
@@ -80,7 +80,7 @@ pub fn child(args: &[String]) -> Result<()> {
                 ..Options::default()
             };
             let store = Store::open(path, options)?;
-            let texts = exchange::message_texts(&store, SESSION_JSONL_ID)?;
+            let texts = exchange::messages(&store, SESSION_JSONL_ID)?;
             anyhow::ensure!(!texts.is_empty(), "no messages derived");
         }
         [kind, path] if kind == "resume-dshdb-full" => {
@@ -233,8 +233,8 @@ pub fn cold_resume(work: &Path, events: usize) -> Result<String> {
     let store_mb = store_bytes as f64 / 1e6;
     let zstd_mb = zstd_bytes as f64 / 1e6;
     let rows = [
-        ("dshdb: open + derive messages as exact JSON texts (`exchange::message_texts`, streamed)", &texts, store_mb),
-        ("dshdb: open + derive messages as serde_json Values (`exchange::messages`, streamed)", &dshdb, store_mb),
+        ("dshdb: open + derive messages as exact JSON texts (`exchange::messages`, streamed)", &texts, store_mb),
+        ("dshdb: open + derive messages as serde_json Values (`exchange::message_values`, streamed)", &dshdb, store_mb),
         ("dshdb: open + full cold load, then derive (`exchange::messages_full`; the path before streaming)", &full, store_mb),
         ("DSH session.jsonl.zstd: zstd + serde_json Value per line, no derivation (baseline: separate crate, default serde_json features)", &baseline, zstd_mb),
         ("same, built in the workspace (serde_json `preserve_order` + `arbitrary_precision`)", &baseline_workspace, zstd_mb),

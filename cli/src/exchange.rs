@@ -331,8 +331,9 @@ fn export_canonical(
 
 pub fn messages(store_path: &Path, session: &str, out: &mut impl Write) -> Result<()> {
     let store = super::open_read_only(store_path)?;
+    // The messages' exact JSON texts: an escape such as `\ud800` stays as in the events.
     let messages = exchange::messages(&store, session)?;
-    writeln!(out, "{}", serde_json::to_string(&Value::Array(messages))?)?;
+    writeln!(out, "[{}]", messages.join(","))?;
     Ok(())
 }
 

@@ -1,19 +1,12 @@
 //! `dshdb prune | spill get|ls|gc | compact | project` against a real store directory.
 
-mod common;
+use crate::common;
+use crate::common::TempDir;
 
 use dshdb::projection::synthetic::turn_events;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-
-fn temp_dir(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("cli-above-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&path);
-    std::fs::create_dir_all(&path).expect("create temp dir");
-    path
-}
 
 fn dshdb(args: &[&str], stdin: &[u8]) -> Output {
     let output = common::run_dshdb(args, stdin);
@@ -55,7 +48,8 @@ fn session_lines() -> String {
 
 #[test]
 fn prune_spill_compact_and_project_from_the_command_line() {
-    let dir = temp_dir("flow");
+    let scratch = TempDir::new("above-flow");
+    let dir = scratch.path().to_path_buf();
     let store = dir.join("store");
     let store = store.to_str().expect("utf-8 path");
     dshdb(

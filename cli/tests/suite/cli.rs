@@ -1,63 +1,9 @@
 //! Runs the built `dshdb` binary against stores in temporary directories.
 
-mod common;
+use crate::common::*;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// A directory under the target's test scratch space, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let unique = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("cli-{name}-{}-{unique}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
-    }
-
-    fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dshdb(args: &[&str], stdin: impl AsRef<[u8]>) -> Output {
-    common::run_dshdb(args, stdin.as_ref())
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8(output.stdout.clone()).expect("stdout is UTF-8")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Runs dshdb and asserts it exits 0; returns stdout.
-fn ok(args: &[&str], stdin: &str) -> String {
-    let output = dshdb(args, stdin);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "dshdb {args:?} failed: {}",
-        stderr(&output)
-    );
-    stdout(&output)
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("UTF-8 temp path")
-}
 
 #[test]
 fn quickstart_writes_realistic_sessions_and_prints_them() {

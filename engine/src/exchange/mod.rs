@@ -503,21 +503,14 @@ pub fn restore(store: &Store, id: &str) -> Result<RestoredSession> {
     Ok(restore_session(id, &events, now_millis())?)
 }
 
-/// DSH's `deriveMessages()` after a cold load. Streams the log ([`cold::stream_messages`]) and
-/// falls back to the full cold load ([`messages_full`]) when the log needs what only that
-/// does (legacy migration, a refusal to report); the result is identical either way.
-pub fn messages(store: &Store, id: &str) -> Result<Vec<Value>> {
-    match cold::stream_messages(store, id)? {
-        cold::Streamed::Messages(messages) => Ok(messages),
-        cold::Streamed::NeedsFullLoad(_) => messages_full(store, id),
-    }
-}
-
-/// DSH's `deriveMessages()` after a cold load, as the messages' exact JSON texts (what
-/// [`SurfaceFold::derive_message_texts`](crate::session::SurfaceFold::derive_message_texts)
-/// gives after the full load). Streams the log like [`messages`], building no `Value` of
-/// any message; falls back to the full cold load like it.
-pub fn message_texts(store: &Store, id: &str) -> Result<Vec<String>> {
+/// DSH's `deriveMessages()` after a cold load: each message as its exact JSON text, as
+/// lossless as the events it comes from (a lone-surrogate escape such as `\ud800` stays the
+/// escape it is in the event's data, where a `serde_json::Value` would hold U+FFFD). The same
+/// texts as [`SurfaceFold::derive_message_texts`](crate::session::SurfaceFold::derive_message_texts)
+/// after the full load: streams the log ([`cold::stream_message_texts`], building no `Value`
+/// of any message) and falls back to the full cold load ([`restore`]) when the log needs what
+/// only that does (legacy migration, a refusal to report); the result is identical either way.
+pub fn messages(store: &Store, id: &str) -> Result<Vec<String>> {
     match cold::stream_message_texts(store, id)? {
         cold::Streamed::Messages(texts) => Ok(texts),
         cold::Streamed::NeedsFullLoad(_) => Ok(restore(store, id)?
@@ -529,8 +522,20 @@ pub fn message_texts(store: &Store, id: &str) -> Result<Vec<String>> {
     }
 }
 
-/// DSH's `deriveMessages()` after the full cold load ([`restore`]): every event materialised
-/// and validated, then the surface derived. The reference [`messages`] is tested against.
+/// DSH's `deriveMessages()` after a cold load as `serde_json::Value`s, streamed like
+/// [`messages`] ([`cold::stream_messages`], falling back to [`messages_full`]). Lossy where a
+/// `Value` must be: a lone surrogate becomes U+FFFD. Use [`messages`] for the exact texts.
+pub fn message_values(store: &Store, id: &str) -> Result<Vec<Value>> {
+    match cold::stream_messages(store, id)? {
+        cold::Streamed::Messages(messages) => Ok(messages),
+        cold::Streamed::NeedsFullLoad(_) => messages_full(store, id),
+    }
+}
+
+/// DSH's `deriveMessages()` after the full cold load ([`restore`]) as values: every event
+/// materialised and validated, then the surface derived. Lossy where a `Value` must be (a lone
+/// surrogate becomes U+FFFD); the reference the streamed values of
+/// [`cold::stream_messages`] are tested against. Use [`messages`] for the exact texts.
 pub fn messages_full(store: &Store, id: &str) -> Result<Vec<Value>> {
     Ok(restore(store, id)?.surface.derive_messages())
 }

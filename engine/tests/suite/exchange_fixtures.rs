@@ -253,7 +253,8 @@ fn derived_views_match_dsh() {
         let bytes = fs::read(fixture_path(&name, "input.jsonl")).expect("input");
         let store = new_store();
         let report = import_dsh_jsonl(&store, &bytes).expect("import");
-        let ours = Value::Array(messages(&store, &report.session_id).expect("messages"));
+        let texts = messages(&store, &report.session_id).expect("messages");
+        let ours = value_lossy(&format!("[{}]", texts.join(","))).expect("messages parse");
         let theirs = value_lossy(&dsh_messages).expect("messages.json");
         assert_eq!(
             js_normalized(&ours),
