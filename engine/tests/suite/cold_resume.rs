@@ -700,3 +700,52 @@ fn mutated_logs_give_the_full_loads_result_or_error() {
         "{streamed} of {MUTATION_CASES} mutated logs streamed"
     );
 }
+
+/// `exchange::messages` is as lossless as the events: lone-surrogate escapes in a message's
+/// text come out as the escapes they are in the event, on the streamed path and on the full
+/// load it hands over to; only the `Value` form (`message_values`) must turn them into U+FFFD.
+#[test]
+fn messages_keep_lone_surrogate_escapes_streamed_and_handed_over() {
+    const ODD: &str = r"a\ud800b\udfff c\udc00\ud800";
+    let store = new_store();
+    let mut writer = store.create_session_with_id("streamed").expect("create");
+    let user = format!(
+        r#"{{"role":"user","content":[{{"type":"text","text":"{ODD}"}}],"source":{{"kind":"user"}},"id":"u"}}"#
+    );
+    append(
+        &mut writer,
+        "user/message",
+        &user,
+        r#""surfaceOp":"append""#,
+    );
+    drop(writer);
+    // A legacy replacement result that inherits the id it replaces: handed over to the full
+    // load (see `logs_the_stream_cannot_take_are_handed_over_...`).
+    let mut writer = store.create_session_with_id("handed-over").expect("create");
+    append(
+        &mut writer,
+        "tool/result",
+        r#"{"callId":"c","content":[]}"#,
+        r#""surfaceOp":"append""#,
+    );
+    let replacement = format!(r#"{{"callId":"c","content":[{{"type":"text","text":"{ODD}"}}]}}"#);
+    append(
+        &mut writer,
+        "tool/result",
+        &replacement,
+        r#""sourceEventSeqs":[0],"surfaceOp":{"op":"replace","start":0,"end":0}"#,
+    );
+    drop(writer);
+    assert!(assert_stream_agrees(&store, "streamed", "streamed"));
+    assert!(!assert_stream_agrees(&store, "handed-over", "handed-over"));
+    for id in ["streamed", "handed-over"] {
+        let texts = messages(&store, id).expect("messages");
+        assert_eq!(texts.len(), 1, "{id}");
+        assert!(texts[0].contains(ODD), "{id}: {}", texts[0]);
+        let values = dshdb::exchange::message_values(&store, id).expect("values");
+        assert!(
+            values[0].to_string().contains('\u{fffd}'),
+            "{id}: lossy by type"
+        );
+    }
+}

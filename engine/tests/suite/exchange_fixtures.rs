@@ -18,7 +18,6 @@ use dshdb::exchange::{
 };
 use dshdb::io::sim::SimStorage;
 use dshdb::session::json::value_lossy;
-use serde_json::Value;
 use std::fs;
 
 fn new_store() -> Store {
