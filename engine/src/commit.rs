@@ -830,3 +830,7 @@ fn write_chunks(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "commit_tests.rs"]
+mod tests;
