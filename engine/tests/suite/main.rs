@@ -22,6 +22,7 @@ mod format_vectors_07;
 mod fuzz_replay;
 mod kill;
 mod projection_cache;
+mod recovery_table;
 mod retention;
 mod run_vectors;
 mod runs;
