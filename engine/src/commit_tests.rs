@@ -108,7 +108,12 @@ fn a_seal_closes_its_chunk_and_another_segment_or_a_gap_starts_a_new_one() {
         .collect();
     assert_eq!(
         starts,
-        [(SEGMENT, 64), (SEGMENT, 80), (SEGMENT + 1, 64), (SEGMENT + 1, 100)]
+        [
+            (SEGMENT, 64),
+            (SEGMENT, 80),
+            (SEGMENT + 1, 64),
+            (SEGMENT + 1, 100)
+        ]
     );
     assert_eq!(state.queued_bytes, 40);
 }
@@ -135,7 +140,11 @@ fn after_a_busy_group_a_sync_waits_for_the_others_at_most_the_gather_time() {
     submit(&mut state, Durability::Sync, 10, since);
     let gather_end = since + MAX_GROUP_GATHER;
     assert_eq!(state.due(since), (false, Some(gather_end)));
-    assert_eq!(state.due(gather_end), (true, None), "never longer than the gather time");
+    assert_eq!(
+        state.due(gather_end),
+        (true, None),
+        "never longer than the gather time"
+    );
     // The group is due as soon as as many appenders as last time have submitted.
     submit(&mut state, Durability::Sync, 10, since);
     assert!(!state.due(since).0);
@@ -165,7 +174,9 @@ fn batched_is_due_at_its_deadline_not_before() {
     let max_delay = Duration::from_millis(5);
     let now = Instant::now();
     submit(&mut state, batched(max_delay, 1 << 20), 10, now);
-    let deadline = state.batched_deadline.expect("a batched append sets a deadline");
+    let deadline = state
+        .batched_deadline
+        .expect("a batched append sets a deadline");
     assert!(deadline >= now + max_delay);
     assert_eq!(state.due(now), (false, Some(deadline)));
     assert_eq!(state.due(deadline), (true, None));
@@ -187,7 +198,11 @@ fn batched_is_due_once_max_bytes_are_queued_with_the_smallest_budget_winning() {
     // A batch asking for a 80-byte budget lowers it for the whole pending group.
     submit(&mut state, batched(max_delay, 80), 20, now);
     assert_eq!(state.batched_max_bytes, 80);
-    assert_eq!(state.due(now), (true, None), "80 bytes queued reach the budget");
+    assert_eq!(
+        state.due(now),
+        (true, None),
+        "80 bytes queued reach the budget"
+    );
 }
 
 #[test]
@@ -196,7 +211,10 @@ fn buffered_wants_a_write_but_no_sync() {
     let now = Instant::now();
     let ticket = submit(&mut state, Durability::Buffered, 10, now);
     assert_eq!(state.write_wanted, ticket);
-    assert_eq!(state.sync_wanted, 0, "buffered never asks for a sync by itself");
+    assert_eq!(
+        state.sync_wanted, 0,
+        "buffered never asks for a sync by itself"
+    );
     assert_eq!(state.due(now), (true, None), "due to be written");
     // Once written, nothing more is due: its sync waits for a flush, a Sync append or close.
     state.queue.clear();
@@ -225,8 +243,5 @@ fn waiters_finish_on_their_kind_of_progress_or_on_poison() {
         state.wait_outcome(durable, true),
         Some(Err(Error::Poisoned { operation: "sync" }))
     ));
-    assert!(matches!(
-        state.check_usable(),
-        Err(Error::Poisoned { .. })
-    ));
+    assert!(matches!(state.check_usable(), Err(Error::Poisoned { .. })));
 }

@@ -5,7 +5,6 @@ use crate::common::TempDir;
 
 use dshdb::projection::synthetic::turn_events;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 use std::process::Output;
 
 fn dshdb(args: &[&str], stdin: &[u8]) -> Output {

@@ -2,8 +2,7 @@
 
 use crate::common::*;
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::path::PathBuf;
 
 #[test]
 fn quickstart_writes_realistic_sessions_and_prints_them() {
