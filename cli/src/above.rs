@@ -23,12 +23,18 @@ pub enum AboveCommand {
     /// Compact the surface span --start..=--end of SESSION into the summary text in
     /// --summary-file (one atomic batch of compaction/start, summary, checkpoint, end).
     Compact {
+        /// Store directory.
         store: PathBuf,
+        /// Session to compact.
         session: String,
-        #[arg(long)]
+        /// First surface seq of the span: the seq of a visible surface node (see
+        /// `dshdb surface`), inclusive.
+        #[arg(long, value_name = "SEQ")]
         start: u64,
-        #[arg(long)]
+        /// Last surface seq of the span, inclusive.
+        #[arg(long, value_name = "SEQ")]
         end: u64,
+        /// File holding the summary text (trailing whitespace is trimmed).
         #[arg(long, value_name = "F")]
         summary_file: PathBuf,
         /// Provider recorded in compaction/summary.
@@ -41,7 +47,9 @@ pub enum AboveCommand {
     /// Prune oversized tool results of SESSION (DSH defaults 8192/4096/1024 code points),
     /// spilling their full text.
     Prune {
+        /// Store directory.
         store: PathBuf,
+        /// Session to prune.
         session: String,
         /// Do not keep the full text as a spill blob.
         #[arg(long)]
@@ -49,10 +57,12 @@ pub enum AboveCommand {
     },
     /// Print SESSION's projections from the cache (surface size, tokens, stats, turns).
     Project {
+        /// Store directory.
         store: PathBuf,
+        /// Session to project.
         session: String,
-        /// Token encoding of the meter: o200k_base (default) or cl100k_base.
-        #[arg(long, default_value = "o200k_base")]
+        /// Token encoding of the meter.
+        #[arg(long, default_value = "o200k_base", value_parser = ["o200k_base", "cl100k_base"])]
         encoding: String,
     },
 }
@@ -61,20 +71,30 @@ pub enum AboveCommand {
 pub enum SpillCommand {
     /// Write a blob (whole, or --length bytes from --offset) to stdout or -o FILE.
     Get {
+        /// Store directory.
         store: PathBuf,
         /// `dshdb-spill:<hash>` or the 64-digit hash.
         locator: String,
+        /// First byte of the blob to write.
         #[arg(long, default_value_t = 0)]
         offset: u64,
+        /// Bytes to write (default: to the end of the blob).
         #[arg(long)]
         length: Option<u64>,
+        /// Write to FILE instead of stdout.
         #[arg(short = 'o', long = "output", value_name = "FILE")]
         output: Option<PathBuf>,
     },
     /// List blobs: locator, raw bytes, stored bytes.
-    Ls { store: PathBuf },
+    Ls {
+        /// Store directory.
+        store: PathBuf,
+    },
     /// Remove blobs no event cites.
-    Gc { store: PathBuf },
+    Gc {
+        /// Store directory.
+        store: PathBuf,
+    },
 }
 
 pub fn run(command: AboveCommand, out: &mut impl Write) -> Result<()> {
@@ -196,8 +216,12 @@ fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
             Ok(())
         }
         SpillCommand::Ls { store } => {
-            let store = open_existing(&store, true)?;
-            for blob in SpillStore::new_read_only(store.storage()).list()? {
+            let store_handle = open_existing(&store, true)?;
+            let blobs = SpillStore::new_read_only(store_handle.storage()).list()?;
+            if blobs.is_empty() {
+                eprintln!("dshdb: no spill blobs in {}", store.display());
+            }
+            for blob in blobs {
                 let locator = blob.hash.locator();
                 writeln!(out, "{locator}\t{}\t{}", blob.raw_bytes, blob.stored_bytes)?;
             }

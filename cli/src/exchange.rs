@@ -332,8 +332,9 @@ fn export_canonical(
 
 pub fn messages(store_path: &Path, session: &str, out: &mut impl Write) -> Result<()> {
     let store = super::open_read_only(store_path)?;
-    let messages = derive::messages(&store, session)?;
-    writeln!(out, "{}", serde_json::to_string(&Value::Array(messages))?)?;
+    // The messages' exact JSON texts: an escape such as `\ud800` stays as in the events.
+    let messages = derive::message_texts(&store, session)?;
+    writeln!(out, "[{}]", messages.join(","))?;
     Ok(())
 }
 

@@ -2,6 +2,8 @@
 
 mod above;
 mod exchange;
+#[cfg(test)]
+mod help_texts;
 mod input;
 mod quickstart;
 mod sqlite_import;
@@ -49,7 +51,9 @@ enum Command {
     /// Append events read from stdin, one JSON object per line:
     /// {"type":..,"data":..,"time"?:..,"surfaceOp"?:..,"sourceEventSeqs"?:..,"ignorable"?:..}
     Append {
+        /// Store directory (must hold a store unless --create).
         store: PathBuf,
+        /// Session to append to.
         session: String,
         /// Create the store and the session (with a minimal header) if missing.
         #[arg(long)]
@@ -63,7 +67,9 @@ enum Command {
     },
     /// Print a session's events as DSH JSON lines.
     Events {
+        /// Store directory.
         store: PathBuf,
+        /// Session to print.
         session: String,
         /// First seq to print (inclusive).
         #[arg(long, default_value_t = 0)]
@@ -80,25 +86,35 @@ enum Command {
     },
     /// List sessions with their event counts.
     Ls {
+        /// Store directory.
         store: PathBuf,
         /// Print a JSON array of {"id","events","header"}.
         #[arg(long)]
         json: bool,
     },
     /// Check every segment of a store (read-only). Exit 0 when readable, 3 on corruption.
-    Verify { store: PathBuf },
+    Verify {
+        /// Store directory.
+        store: PathBuf,
+    },
     /// Import DSH session logs (`.jsonl` / `.jsonl.zstd` files or DSH sessions directories)
     /// or dshdb-json files (`export --format json`; recognized by their first line).
     Import {
+        /// Store directory (created if missing).
         store: PathBuf,
+        /// DSH session logs (`session.jsonl`, `session.jsonl.zstd`), DSH sessions
+        /// directories, or dshdb-json files.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
     /// Export a session as a DSH session log (byte-identical for imported logs) or as
     /// dshdb's canonical, versioned JSONL (`--format json`).
     Export {
+        /// Store directory.
         store: PathBuf,
+        /// Session to export.
         session: String,
+        /// Output format: a DSH session log, zstd-framed or plain, or dshdb's canonical JSONL.
         #[arg(long, value_enum, default_value_t = exchange::ExportFormat::DshJsonl)]
         format: exchange::ExportFormat,
         /// Write to FILE instead of stdout.
@@ -106,35 +122,66 @@ enum Command {
         output: Option<PathBuf>,
     },
     /// Print DSH's derived model messages of a session (JSON array).
-    Messages { store: PathBuf, session: String },
+    Messages {
+        /// Store directory.
+        store: PathBuf,
+        /// Session to derive the messages of.
+        session: String,
+    },
     /// Print the DSH surface of a session (JSON).
-    Surface { store: PathBuf, session: String },
+    Surface {
+        /// Store directory.
+        store: PathBuf,
+        /// Session to print the surface of.
+        session: String,
+    },
     /// Append DSH's interrupted-turn closers to one session or to every session.
     Repair {
+        /// Store directory.
         store: PathBuf,
+        /// Session to repair (default: every session of the store).
         session: Option<String>,
     },
     /// Fork PARENT into CHILD sharing the events up to and including seq --at.
     Fork {
+        /// Store directory.
         store: PathBuf,
+        /// Session to fork.
         parent: String,
+        /// Id of the new session.
         child: String,
+        /// Last seq of PARENT that CHILD shares (inclusive).
         #[arg(long)]
         at: u64,
     },
     /// Print a session's header, event counts by type and lineage (JSON).
-    Info { store: PathBuf, session: String },
+    Info {
+        /// Store directory.
+        store: PathBuf,
+        /// Session to describe.
+        session: String,
+    },
     /// Rewrite every sealed write-ahead segment into compressed run files and checkpoint
     /// the seq index (what the background maintenance does).
-    Maintain { store: PathBuf },
+    Maintain {
+        /// Store directory.
+        store: PathBuf,
+    },
     /// Delete a session (durable tombstone). Its space is reclaimed by the next `maintain`,
     /// except the prefix a live fork still reads.
     #[command(alias = "delete")]
-    Rm { store: PathBuf, session: String },
+    Rm {
+        /// Store directory.
+        store: PathBuf,
+        /// Session to delete.
+        session: String,
+    },
     /// Print events, bytes on disk, compression ratio, runs and segments of the store or of
     /// one session.
     Stats {
+        /// Store directory.
         store: PathBuf,
+        /// Give the figures of this session only (default: the whole store).
         session: Option<String>,
         /// Print one JSON object.
         #[arg(long)]
@@ -517,7 +564,42 @@ fn events(
     if json {
         writeln!(out, "{}]", if first { "" } else { "\n" })?;
     }
+    if first {
+        out.flush()?;
+        eprintln!(
+            "dshdb: {}",
+            no_events_reason(session, length, from, to, event_type)
+        );
+    }
     Ok(())
+}
+
+/// Why `events` printed nothing, for stderr: an empty result must not look like a failure.
+fn no_events_reason(
+    session: &str,
+    length: u64,
+    from: u64,
+    to: Option<u64>,
+    event_type: Option<&str>,
+) -> String {
+    let end = to.unwrap_or(length).min(length);
+    if length == 0 {
+        return format!("no events: session {session:?} has none");
+    }
+    if from >= end {
+        return match to {
+            Some(to) if to <= from => {
+                format!("no events: --from {from} is not below --to {to} (--to is exclusive)")
+            }
+            _ => format!("no events: session {session:?} has {length} events (seqs 0..{length}); --from {from} is past its end"),
+        };
+    }
+    match event_type {
+        Some(wanted) => format!(
+            "no events of type {wanted:?} in session {session:?} between seq {from} and {end} (exclusive)"
+        ),
+        None => format!("no events in session {session:?} between seq {from} and {end}"),
+    }
 }
 
 fn ls(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {

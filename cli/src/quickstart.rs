@@ -305,12 +305,7 @@ pub fn run(dir: &Path, out: &mut impl Write) -> Result<()> {
         ..Options::default()
     };
     let store = Store::open(dir, options).context("reopening the store")?;
-    let report = store.recovery_report();
-    writeln!(
-        out,
-        "recovered: {} segments scanned, {} events in {} batches",
-        report.segments_scanned, report.events, report.batches
-    )?;
+    writeln!(out, "{}", read_back_line(&store))?;
     for id in &written {
         let summary = store.session(id)?;
         writeln!(out)?;
@@ -323,14 +318,67 @@ pub fn run(dir: &Path, out: &mut impl Write) -> Result<()> {
         }
     }
     let example = written.first().map(String::as_str).unwrap_or("SESSION");
+    let dshdb = invocation();
     writeln!(out)?;
     writeln!(out, "next:")?;
-    writeln!(out, "  dshdb ls {}", dir.display())?;
+    writeln!(out, "  {dshdb} ls {}", dir.display())?;
     writeln!(
         out,
-        "  dshdb events {} {example} --type tool/result",
+        "  {dshdb} events {} {example} --type tool/result",
         dir.display()
     )?;
-    writeln!(out, "  dshdb verify {}", dir.display())?;
+    writeln!(out, "  {dshdb} verify {}", dir.display())?;
+    if dshdb != "dshdb" {
+        writeln!(
+            out,
+            "(`cargo install --path cli` puts `dshdb` on your PATH; until then run {dshdb})"
+        )?;
+    }
     Ok(())
+}
+
+/// What the read-only reopen found, and from where: after a clean close the seq index comes
+/// from its checkpoint, so recovery scans no segment and the counts come from the catalog.
+fn read_back_line(store: &Store) -> String {
+    let sessions = store.sessions();
+    let events: u64 = sessions.iter().map(|session| session.events).sum();
+    let report = store.recovery_report();
+    let source = if report.checkpoint_used {
+        format!(
+            "the seq-index checkpoint (it covers {} sealed segment(s), so recovery scanned {})",
+            report.segments_covered, report.segments_scanned
+        )
+    } else {
+        format!(
+            "recovery ({} segments scanned, {} runs decoded)",
+            report.segments_scanned, report.runs_replayed
+        )
+    };
+    format!(
+        "read back: {} sessions, {events} events, indexed from {source}",
+        sessions.len()
+    )
+}
+
+/// How to run this binary again: `dshdb` when it is the one on PATH, else its own path.
+fn invocation() -> String {
+    let Ok(executable) = std::env::current_exe() else {
+        return "dshdb".to_owned();
+    };
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|directory| {
+            let candidate = directory.join("dshdb");
+            candidate.canonicalize().ok() == executable.canonicalize().ok() && candidate.is_file()
+        })
+    });
+    if on_path {
+        return "dshdb".to_owned();
+    }
+    let relative = std::env::current_dir()
+        .ok()
+        .and_then(|current| executable.strip_prefix(current).ok().map(Path::to_path_buf));
+    match relative {
+        Some(relative) => relative.display().to_string(),
+        None => executable.display().to_string(),
+    }
 }

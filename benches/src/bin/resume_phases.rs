@@ -1,7 +1,7 @@
 //! Profiling aid for the cold-resume benchmark: builds (once) a store holding the generated
 //! 1.3M-event session at `DIR/store` and its DSH `session.jsonl.zstd`, then times the phases
 //! of a cold resume. `resume_phases DIR [EVENTS]`. One path alone (for `perf` or
-//! `valgrind --tool=callgrind`): `TEXTS_ONLY=1` (`message_texts`), `STREAM_ONLY=1`
+//! `valgrind --tool=callgrind`): `TEXTS_ONLY=1` (`messages`), `STREAM_ONLY=1`
 //! (`cold::stream_messages`), `FULL_ONLY=1` (`messages_full`), `READ_ONLY=1` (the chunked
 //! `Store::read` alone); `MAINTAIN=1` seals the store into runs first.
 
@@ -90,7 +90,7 @@ fn main() -> Result<()> {
     if std::env::var_os("TEXTS_ONLY").is_some() {
         let texts = derive::message_texts(&store, SESSION_JSONL_ID)?;
         println!(
-            "open + message_texts {:?} ({} messages)",
+            "open + messages (texts) {:?} ({} messages)",
             started.elapsed(),
             texts.len()
         );

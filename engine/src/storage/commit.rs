@@ -832,3 +832,7 @@ fn write_chunks(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "commit_tests.rs"]
+mod tests;
