@@ -126,8 +126,7 @@ impl Source {
 
 /// DSH binds a stored header to its path before loading; so does a directory import.
 fn check_identity(artifact: &layout::SessionArtifact) -> Result<()> {
-    let bytes = std::fs::read(&artifact.path)
-        .with_context(|| format!("cannot read {}", artifact.path.display()))?;
+    let bytes = read_input(&artifact.path)?;
     layout::check_artifact(artifact, &bytes)
         .with_context(|| format!("cannot import {}", artifact.path.display()))
 }
@@ -138,8 +137,23 @@ enum Imported {
     Canonical(exchange::CanonicalImport),
 }
 
+/// Reads an input file whole, refusing one larger than the plaintext an import may hold.
+fn read_input(path: &Path) -> Result<Vec<u8>> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if size > exchange::MAX_IMPORT_PLAINTEXT_BYTES {
+        bail!(
+            "cannot import {}: the file is {size} bytes; the import limit is {} bytes",
+            path.display(),
+            exchange::MAX_IMPORT_PLAINTEXT_BYTES
+        );
+    }
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
 fn import_file(store: &Store, path: &Path) -> Result<Imported> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = read_input(path)?;
     let first_line = bytes
         .split(|&byte| byte == b'\n')
         .next()
@@ -242,11 +256,7 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
                 }
                 writeln!(out, ") from {}", path.display())?;
                 if let Some(tail) = &report.dropped {
-                    writeln!(
-                        out,
-                        "  dropped tail: {} bytes at offset {}: {}",
-                        tail.bytes, tail.offset, tail.reason
-                    )?;
+                    print_dropped_tail(tail, out)?;
                 }
             }
             Err(error) => {
@@ -258,6 +268,24 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
     store.close()?;
     if failures > 0 {
         bail!("{failures} of {} files were not imported", files.len());
+    }
+    Ok(())
+}
+
+/// One line saying what an import dropped and why: the plaintext tail, and the torn zstd
+/// frame it ends in.
+pub fn print_dropped_tail(tail: &exchange::DroppedTail, out: &mut impl Write) -> Result<()> {
+    match &tail.torn_frame {
+        Some(frame) => writeln!(
+            out,
+            "  dropped tail: torn zstd frame of {} bytes at file byte {}; {} bytes of plaintext at offset {} dropped: {}",
+            frame.file_bytes, frame.file_offset, tail.bytes, tail.offset, tail.reason
+        )?,
+        None => writeln!(
+            out,
+            "  dropped tail: {} bytes at offset {}: {}",
+            tail.bytes, tail.offset, tail.reason
+        )?,
     }
     Ok(())
 }

@@ -1,11 +1,52 @@
 //! Parsing of `dshdb append` input lines: `{"type":..,"data":..,"time"?:..,"surfaceOp"?:..,
 //! "sourceEventSeqs"?:..,"ignorable"?:..}`. Values are kept as their exact JSON text.
 
+use dshdb::exchange::MAX_IMPORT_LINE_BYTES;
 use dshdb::store::{NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::fmt;
+use std::io::{BufRead, Read};
+
+/// Longest input line `append` reads, in bytes: the largest event the store holds plus its
+/// envelope, the same bound a DSH log line has on import.
+pub const MAX_INPUT_LINE_BYTES: usize = MAX_IMPORT_LINE_BYTES;
+
+/// One read from the input.
+pub enum InputLine {
+    /// A line (without its `\n`).
+    Line(String),
+    /// The input ended.
+    End,
+}
+
+/// Reads the next line, never holding more than `limit` bytes of it: a longer line is an
+/// error, so an endless line is refused instead of exhausting memory.
+pub fn read_line(input: &mut impl BufRead, limit: usize) -> Result<InputLine, String> {
+    let mut bytes = Vec::new();
+    let read = input
+        .by_ref()
+        .take(limit as u64 + 1)
+        .read_until(b'\n', &mut bytes)
+        .map_err(|error| format!("cannot read input: {error}"))?;
+    if read == 0 {
+        return Ok(InputLine::End);
+    }
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    } else if bytes.len() > limit {
+        return Err(format!(
+            "more than {limit} bytes without a newline (the largest event plus its envelope)"
+        ));
+    }
+    String::from_utf8(bytes)
+        .map(InputLine::Line)
+        .map_err(|_| "cannot read input: stream did not contain valid UTF-8".to_owned())
+}
 
 /// The members of one JSON object, in the order they appear, values as raw JSON text.
 struct Members(Vec<(String, Box<RawValue>)>);
@@ -165,6 +206,15 @@ mod tests {
             event.envelope,
             r#""sourceEventSeqs":[3],"surfaceOp":"append""#
         );
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_refused_without_reading_it_all() {
+        let mut input = std::io::Cursor::new(b"12345\n123456789\nrest".to_vec());
+        assert!(matches!(read_line(&mut input, 5), Ok(InputLine::Line(line)) if line == "12345"));
+        assert!(read_line(&mut input, 5).is_err());
+        // At most the limit plus one byte of the long line was consumed.
+        assert_eq!(input.position(), 12);
     }
 
     #[test]

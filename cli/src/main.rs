@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use dshdb::storage::commit::Durability;
 use dshdb::store::{Options, SessionWriter, Store, MANIFEST};
 use dshdb::Error;
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -453,13 +453,14 @@ fn append_lines(
     let first_unacked = next_seq;
     let mut acked_to = next_seq;
     let stdin = std::io::stdin();
+    let mut stdin = stdin.lock();
     let mut failure = None;
-    for (index, line) in stdin.lock().lines().enumerate() {
-        let number = index + 1;
-        let line = match line {
-            Ok(line) => line,
-            Err(error) => {
-                failure = Some(anyhow::anyhow!("line {number}: cannot read input: {error}"));
+    for number in 1.. {
+        let line = match input::read_line(&mut stdin, input::MAX_INPUT_LINE_BYTES) {
+            Ok(input::InputLine::Line(line)) => line,
+            Ok(input::InputLine::End) => break,
+            Err(reason) => {
+                failure = Some(anyhow::anyhow!("line {number}: {reason}"));
                 break;
             }
         };

@@ -30,6 +30,9 @@ fn import(store: &Store, path: &Path, out: &mut impl Write) -> Result<()> {
             report.rows,
             path.display()
         )?;
+        if let Some(tail) = &report.dropped {
+            crate::exchange::print_dropped_tail(tail, out)?;
+        }
     }
     Ok(())
 }

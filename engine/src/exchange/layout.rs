@@ -338,16 +338,12 @@ pub fn check_identity(
 
 /// The header line of a session log's bytes: the first line, or the first zstd frame.
 fn header_line(bytes: &[u8], zstd: bool) -> Option<String> {
-    let plaintext;
-    let text: &[u8] = if zstd {
-        let size = zstd::zstd_safe::find_frame_compressed_size(bytes).ok()?;
-        plaintext = zstd::stream::decode_all(bytes.get(..size)?).ok()?;
-        &plaintext
-    } else {
-        bytes
-    };
-    let end = text.iter().position(|&byte| byte == b'\n')?;
-    String::from_utf8(text[..end].to_vec()).ok()
+    if zstd {
+        // Bounded: a bomb in the first frame decodes no further than one line's limit.
+        return String::from_utf8(super::bounded::first_frame_line(bytes)?).ok();
+    }
+    let end = bytes.iter().position(|&byte| byte == b'\n')?;
+    String::from_utf8(bytes[..end].to_vec()).ok()
 }
 
 /// Checks a discovered log's identity from its bytes. A header DSH would refuse anyway is

@@ -14,6 +14,7 @@
 //! `{"dshdb:hex":"…"}`; an original line that itself starts that way is hex-encoded too, so
 //! decoding is unambiguous.
 
+mod bounded;
 pub mod canonical;
 pub mod layout;
 pub(crate) mod scan;
@@ -31,11 +32,14 @@ use crate::store::{now_millis, Event, NewEvent, Store};
 use scan::{pack_row, Record, Scanned};
 use serde_json::Value;
 
+pub use bounded::{
+    ImportLimits, IMPORT_LINE_ENVELOPE_BYTES, MAX_IMPORT_LINE_BYTES, MAX_IMPORT_PLAINTEXT_BYTES,
+};
 pub use canonical::{
     export_canonical, import_canonical, import_canonical_with_progress, is_canonical,
     write_canonical, CanonicalError, CanonicalImport, CANONICAL_FORMAT, CANONICAL_VERSION,
 };
-pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd};
+pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_jsonl_zstd_limited};
 
 /// Bytes of events per append batch on import: half the default batch limit, leaving room
 /// for framing, so a session log of up to 512 MiB of events imports as one atomic batch
@@ -68,6 +72,9 @@ pub enum ExchangeError {
     /// Zstandard compression failed.
     #[error("zstd compression failed: {0}")]
     Compress(String),
+    /// The input exceeds an import bound ([`ImportLimits`]); nothing was written.
+    #[error("{reason}")]
+    TooLarge { reason: String },
 }
 
 pub type Result<T, E = ExchangeError> = std::result::Result<T, E>;
@@ -79,6 +86,17 @@ pub struct DroppedTail {
     pub offset: u64,
     pub bytes: u64,
     pub reason: String,
+    /// The torn final zstd frame the tail ends in, if any.
+    pub torn_frame: Option<TornFrame>,
+}
+
+/// A torn final zstd frame: where it starts in the file, how long it is there, and how much
+/// plaintext its complete blocks gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TornFrame {
+    pub file_offset: u64,
+    pub file_bytes: u64,
+    pub recovered_bytes: u64,
 }
 
 /// What an import did.
@@ -101,6 +119,17 @@ pub struct ImportReport {
 /// Imports a DSH `session.jsonl` (its bytes). Validates like DSH's cold load first; on a
 /// refusal nothing is written.
 pub fn import_dsh_jsonl(store: &Store, bytes: &[u8]) -> Result<ImportReport> {
+    import_dsh_jsonl_limited(store, bytes, &ImportLimits::default())
+}
+
+/// [`import_dsh_jsonl`] under explicit bounds: a line or a log past `limits` is refused
+/// ([`ExchangeError::TooLarge`]) before anything is parsed or written.
+pub fn import_dsh_jsonl_limited(
+    store: &Store,
+    bytes: &[u8],
+    limits: &ImportLimits,
+) -> Result<ImportReport> {
+    bounded::LineGuard::new(*limits).feed(bytes)?;
     let scanned = scan::scan(bytes)?;
     import_scanned(store, &scanned, &[], 0)
 }

@@ -219,6 +219,7 @@ pub(crate) fn scan(bytes: &[u8]) -> Result<Scanned<'_>, ExchangeError> {
                     offset: committed as u64,
                     bytes: (bytes.len() - committed) as u64,
                     reason: gap,
+                    torn_frame: None,
                 }),
             });
         }
@@ -239,6 +240,7 @@ pub(crate) fn scan(bytes: &[u8]) -> Result<Scanned<'_>, ExchangeError> {
         offset: committed as u64,
         bytes: (bytes.len() - committed) as u64,
         reason,
+        torn_frame: None,
     });
     Ok(Scanned {
         header,

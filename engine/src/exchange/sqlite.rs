@@ -10,9 +10,9 @@
 //! All sessions are validated before any is written: an invalid session refuses the whole
 //! import with DSH's text and nothing is stored.
 
-use super::{import_scanned, scan, ExchangeError, ImportReport};
+use super::{import_scanned, scan, DroppedTail, ExchangeError, ImportReport};
 use crate::session::restore_session;
-use crate::store::{now_millis, Store};
+use crate::store::{now_millis, Store, MAX_EVENT_DATA_BYTES};
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags};
 use std::io::Read;
@@ -138,7 +138,9 @@ pub fn import_dsh_sqlite(store: &Store, path: &Path) -> Result<Vec<ImportReport>
         };
         let scanned =
             scan::scan(log.text.as_bytes()).map_err(|error| refused(log.physical_error(error)))?;
-        reports.push(import_scanned(store, &scanned, &[], 0).map_err(refused)?);
+        let mut report = import_scanned(store, &scanned, &[], 0).map_err(refused)?;
+        report.dropped = report.dropped.map(|tail| log.physical_tail(tail));
+        reports.push(report);
     }
     conn.execute_batch("COMMIT")?;
     Ok(reports)
@@ -158,6 +160,29 @@ struct SessionLog {
 }
 
 impl SessionLog {
+    /// Restates a dropped tail of the rendered plaintext as the physical rows it stands for:
+    /// DSH's `scanRows` drops every row from the first bad one after the last `turn/end`
+    /// (§5.4), and the user should learn which rows and why.
+    fn physical_tail(&self, tail: DroppedTail) -> DroppedTail {
+        let offset = usize::try_from(tail.offset).unwrap_or(usize::MAX);
+        let lines_before = self
+            .text
+            .as_bytes()
+            .get(..offset)
+            .map_or(0, |head| head.iter().filter(|&&byte| byte == b'\n').count());
+        // The header is the first line; record lines follow it.
+        let first_row = lines_before.saturating_sub(1);
+        let rows = self.line_seqs.len().saturating_sub(first_row);
+        let reason = match self.line_seqs.get(first_row) {
+            Some(seq) => format!(
+                "{rows} physical rows from seq {seq} dropped (torn tail): {}",
+                tail.reason
+            ),
+            None => tail.reason.clone(),
+        };
+        DroppedTail { reason, ..tail }
+    }
+
     /// Rewrites a scan refusal naming a line into scanRows' physical-row text (§5.4).
     fn physical_error(&self, error: ExchangeError) -> ExchangeError {
         let ExchangeError::Refused(text) = &error else {
@@ -256,6 +281,17 @@ fn session_log(conn: &Connection, id: &str) -> Result<SessionLog> {
             _ => text.push('{'),
         }
         text.push('\n');
+        if text.len() as u64 > super::MAX_IMPORT_PLAINTEXT_BYTES {
+            return Err(SqliteImportError::Session {
+                session: id.to_owned(),
+                source: ExchangeError::TooLarge {
+                    reason: format!(
+                        "the session's rows exceed the import limit of {} bytes",
+                        super::MAX_IMPORT_PLAINTEXT_BYTES
+                    ),
+                },
+            });
+        }
     }
     Ok(SessionLog { text, line_seqs })
 }
@@ -280,7 +316,7 @@ fn row_line(row: &rusqlite::Row<'_>) -> Option<String> {
         {
             return None;
         }
-        let data = data_text(data, Some(MAX_PACKED_DATA_BYTES))?;
+        let data = data_text(data, MAX_PACKED_DATA_BYTES)?;
         if data.len() as u64 > MAX_PACKED_DATA_BYTES || !packed_size_ok(&data) {
             return None;
         }
@@ -289,7 +325,8 @@ fn row_line(row: &rusqlite::Row<'_>) -> Option<String> {
             json_string(event_type)
         ));
     }
-    let data = data_text(data, None)?;
+    // A scalar row holds one event: its data is bounded like every stored event's.
+    let data = data_text(data, MAX_EVENT_DATA_BYTES as u64)?;
     let mut line = format!(
         "{{\"type\":{},\"seq\":{seq},\"time\":{time},\"data\":{data}",
         json_string(event_type)
@@ -320,21 +357,16 @@ fn row_line(row: &rusqlite::Row<'_>) -> Option<String> {
     Some(line)
 }
 
-/// A row's `data` text: TEXT as is, a BLOB zstd-decompressed (bounded by `limit`); strict UTF-8.
-fn data_text(data: ValueRef<'_>, limit: Option<u64>) -> Option<String> {
+/// A row's `data` text: TEXT as is, a BLOB zstd-decompressed (bounded by `limit` bytes);
+/// strict UTF-8.
+fn data_text(data: ValueRef<'_>, limit: u64) -> Option<String> {
     let bytes = match data {
         ValueRef::Text(bytes) => bytes.to_vec(),
         ValueRef::Blob(compressed) => {
             let decoder = zstd::stream::read::Decoder::new(compressed).ok()?;
             let mut out = Vec::new();
-            match limit {
-                Some(limit) => decoder.take(limit + 1).read_to_end(&mut out).ok()?,
-                None => {
-                    let mut decoder = decoder;
-                    decoder.read_to_end(&mut out).ok()?
-                }
-            };
-            if limit.is_some_and(|limit| out.len() as u64 > limit) {
+            decoder.take(limit + 1).read_to_end(&mut out).ok()?;
+            if out.len() as u64 > limit {
                 return None;
             }
             out

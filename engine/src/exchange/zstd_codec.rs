@@ -1,9 +1,11 @@
 //! `session.jsonl.zstd` (persistence §2.7, §5.3): concatenated zstd frames, frame 1 = the
 //! header line, every later frame = one durable append batch.
 
-use super::{export_lines, import_scanned, scan, ExchangeError, ImportReport, Result};
+use super::bounded::{decode_frame, FrameEnd, ImportLimits, LineGuard};
+use super::{
+    export_lines, import_scanned, scan, DroppedTail, ExchangeError, ImportReport, Result, TornFrame,
+};
 use crate::store::Store;
-use std::io::Read;
 
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 /// DSH compresses with Node's default zstd level.
@@ -21,18 +23,26 @@ struct Decoded {
     /// Plaintext length covered by complete frames.
     complete_end: usize,
     complete_frames: u64,
-    /// Byte offset of a torn final frame in the file.
-    torn_start: Option<usize>,
+    /// A torn final frame: where it starts in the file and how long it is there.
+    torn: Option<(usize, usize)>,
 }
 
-fn decode_frames(bytes: &[u8]) -> Result<Decoded> {
+fn frame_failed(at: usize) -> ExchangeError {
+    refused(format!(
+        "corrupt Zstandard session log: frame at byte {at} failed validation"
+    ))
+}
+
+/// Walks the frames of a zstd session file, decoding each within `limits`.
+fn decode_frames(bytes: &[u8], limits: &ImportLimits) -> Result<Decoded> {
     let mut decoded = Decoded {
         plaintext: Vec::new(),
         frame_starts: Vec::new(),
         complete_end: 0,
         complete_frames: 0,
-        torn_start: None,
+        torn: None,
     };
+    let mut guard = LineGuard::new(*limits);
     let mut at = 0;
     while at < bytes.len() {
         let rest = &bytes[at..];
@@ -41,28 +51,29 @@ fn decode_frames(bytes: &[u8]) -> Result<Decoded> {
                 "corrupt Zstandard session log: invalid frame magic at byte {at}"
             )));
         }
+        if decoded.complete_frames > 0 {
+            decoded.frame_starts.push(decoded.plaintext.len());
+        }
         let size = match zstd::zstd_safe::find_frame_compressed_size(rest) {
             Ok(size) if size <= rest.len() => size,
             _ => {
-                // Torn final frame: recover what a flushing decoder yields, errors ignored.
-                decoded.torn_start = Some(at);
-                let mut partial = Vec::new();
-                if let Ok(mut decoder) = zstd::stream::read::Decoder::with_buffer(rest) {
-                    let _ = decoder.read_to_end(&mut partial);
+                // Torn final frame: keep what its complete blocks decode to, errors ignored
+                // (persistence §2.7), still within the bounds.
+                decoded.torn = Some((at, rest.len()));
+                decode_frame(rest, &mut guard, &mut decoded.plaintext)?;
+                if decoded.complete_frames == 0 {
+                    decoded.frame_starts.clear();
                 }
-                if decoded.complete_frames > 0 {
-                    decoded.frame_starts.push(decoded.plaintext.len());
-                }
-                decoded.plaintext.extend_from_slice(&partial);
                 break;
             }
         };
-        let frame = zstd::stream::decode_all(&rest[..size]).map_err(|_| {
-            refused(format!(
-                "corrupt Zstandard session log: frame at byte {at} failed validation"
-            ))
-        })?;
+        let frame_start = decoded.plaintext.len();
+        match decode_frame(&rest[..size], &mut guard, &mut decoded.plaintext)? {
+            FrameEnd::Complete => {}
+            FrameEnd::Failed => return Err(frame_failed(at)),
+        }
         if decoded.complete_frames == 0 {
+            let frame = &decoded.plaintext[frame_start..];
             let newline = frame.iter().position(|byte| *byte == b'\n');
             if newline != Some(frame.len().wrapping_sub(1)) {
                 return Err(refused(
@@ -70,10 +81,7 @@ fn decode_frames(bytes: &[u8]) -> Result<Decoded> {
                         .to_owned(),
                 ));
             }
-        } else {
-            decoded.frame_starts.push(decoded.plaintext.len());
         }
-        decoded.plaintext.extend_from_slice(&frame);
         decoded.complete_end = decoded.plaintext.len();
         decoded.complete_frames += 1;
         at += size;
@@ -89,7 +97,19 @@ fn decode_frames(bytes: &[u8]) -> Result<Decoded> {
 /// Imports a DSH `session.jsonl.zstd`. The first event of each frame after the header frame
 /// is flagged as a batch start, so export reproduces the frame boundaries.
 pub fn import_dsh_jsonl_zstd(store: &Store, bytes: &[u8]) -> Result<ImportReport> {
-    let decoded = decode_frames(bytes)?;
+    import_dsh_jsonl_zstd_limited(store, bytes, &ImportLimits::default())
+}
+
+/// [`import_dsh_jsonl_zstd`] under explicit bounds: decoding stops, and the import is refused
+/// ([`ExchangeError::TooLarge`]), as soon as a line or the plaintext passes `limits`.
+/// A torn final frame is dropped as DSH drops it (the complete lines its complete blocks
+/// give are kept) and reported in [`ImportReport::dropped`].
+pub fn import_dsh_jsonl_zstd_limited(
+    store: &Store,
+    bytes: &[u8],
+    limits: &ImportLimits,
+) -> Result<ImportReport> {
+    let decoded = decode_frames(bytes, limits)?;
     let scanned = scan::scan(&decoded.plaintext)?;
     if scanned.committed < decoded.complete_end {
         return Err(refused(
@@ -102,10 +122,49 @@ pub fn import_dsh_jsonl_zstd(store: &Store, bytes: &[u8]) -> Result<ImportReport
         &decoded.frame_starts,
         decoded.complete_frames,
     )?;
-    if let (Some(tail), Some(torn_start)) = (report.dropped.as_mut(), decoded.torn_start) {
-        tail.reason = format!("{} (torn zstd frame at byte {torn_start})", tail.reason);
+    if let Some((file_offset, file_bytes)) = decoded.torn {
+        report.dropped = Some(torn_frame_tail(
+            report.dropped.take(),
+            &decoded,
+            file_offset,
+            file_bytes,
+        ));
     }
     Ok(report)
+}
+
+/// The dropped tail of a log whose last frame is torn: the whole frame is gone from the
+/// file's point of view, whatever of its plaintext the scan kept or dropped.
+fn torn_frame_tail(
+    scanned: Option<DroppedTail>,
+    decoded: &Decoded,
+    file_offset: usize,
+    file_bytes: usize,
+) -> DroppedTail {
+    let torn_frame = TornFrame {
+        file_offset: file_offset as u64,
+        file_bytes: file_bytes as u64,
+        recovered_bytes: (decoded.plaintext.len() - decoded.complete_end) as u64,
+    };
+    let frame_text = match torn_frame.recovered_bytes {
+        0 => "torn final zstd frame (no complete block to recover)".to_owned(),
+        recovered => format!(
+            "torn final zstd frame ({recovered} bytes of plaintext recovered from its complete blocks)"
+        ),
+    };
+    match scanned {
+        Some(tail) => DroppedTail {
+            reason: format!("{}; {frame_text}", tail.reason),
+            torn_frame: Some(torn_frame),
+            ..tail
+        },
+        None => DroppedTail {
+            offset: decoded.plaintext.len() as u64,
+            bytes: 0,
+            reason: frame_text,
+            torn_frame: Some(torn_frame),
+        },
+    }
 }
 
 fn compress(compressor: &mut zstd::bulk::Compressor<'_>, plain: &[u8]) -> Result<Vec<u8>> {

@@ -20,6 +20,7 @@ mod faults;
 mod format_vectors;
 mod format_vectors_07;
 mod fuzz_replay;
+mod hostile_input;
 mod kill;
 mod projection_cache;
 mod recovery_table;
