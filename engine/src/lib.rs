@@ -26,4 +26,9 @@ pub mod segment;
 pub mod session;
 pub mod spill;
 
+pub use commit::Durability;
+pub use db::{
+    Event, EventView, NewEvent, Options, PendingReceipt, Receipt, SessionSummary, SessionWriter,
+    Store,
+};
 pub use error::{Error, Result};
