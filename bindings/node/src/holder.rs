@@ -47,7 +47,9 @@ pub fn locked_message(path: &str) -> String {
 
 /// The pid holding the flock on `<store>/LOCK`, from `/proc/locks` (Linux).
 fn lock_holder(store: &Path) -> Option<u32> {
-    let inode = std::fs::metadata(store.join(dshdb::db::LOCK_FILE)).ok()?.ino();
+    let inode = std::fs::metadata(store.join(dshdb::db::LOCK_FILE))
+        .ok()?
+        .ino();
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
     locks.lines().find_map(|line| {
         // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"

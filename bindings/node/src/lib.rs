@@ -75,7 +75,11 @@ fn seq_from(value: i64, what: &str) -> Result<u64> {
     u64::try_from(value)
         .ok()
         .filter(|seq| *seq < dshdb::db::MAX_SAFE_INTEGER_EXCLUSIVE)
-        .ok_or_else(|| invalid(format!("{what} must be a non-negative safe integer, got {value}")))
+        .ok_or_else(|| {
+            invalid(format!(
+                "{what} must be a non-negative safe integer, got {value}"
+            ))
+        })
 }
 
 /// The open store and the binding's state around it.
@@ -294,6 +298,28 @@ impl Task for ImportTask {
     }
 }
 
+/// One maintenance pass.
+pub struct MaintainTask {
+    shared: Arc<Shared>,
+}
+
+impl Task for MaintainTask {
+    type Output = ();
+    type JsValue = ();
+
+    fn compute(&mut self) -> Result<Self::Output> {
+        self.shared
+            .store
+            .maintain()
+            .map(|_| ())
+            .map_err(|error| engine_error(&error))
+    }
+
+    fn resolve(&mut self, _env: Env, _output: Self::Output) -> Result<Self::JsValue> {
+        Ok(())
+    }
+}
+
 /// Drains the receipts, releases the writers and closes the store (final sync, lock freed).
 pub struct CloseTask {
     shared: Option<Arc<Shared>>,
@@ -331,7 +357,11 @@ impl NativeStore {
     pub fn revision(&self, id: String) -> Result<Option<String>> {
         let shared = self.open()?;
         match shared.store.session(&id) {
-            Ok(summary) => Ok(Some(shared.revision(&id, &summary.header_json, summary.events))),
+            Ok(summary) => Ok(Some(shared.revision(
+                &id,
+                &summary.header_json,
+                summary.events,
+            ))),
             Err(dshdb::Error::UnknownSession { .. }) => Ok(None),
             Err(error) => Err(engine_error(&error)),
         }
@@ -409,9 +439,7 @@ impl NativeStore {
         let shared = self.open()?;
         let first_seq = seq_from(first_seq, "firstSeq")?;
         let pending = match closers.as_deref() {
-            Some(lines) if !lines.is_empty() => {
-                Some(submit(&shared, &id, None, first_seq, lines)?)
-            }
+            Some(lines) if !lines.is_empty() => Some(submit(&shared, &id, None, first_seq, lines)?),
             _ => None,
         };
         shared.torn.lock().remove(&id);
@@ -444,6 +472,15 @@ impl NativeStore {
         }))
     }
 
+    /// Runs the engine's maintenance once (seals write-ahead segments into run files and
+    /// checkpoints the seq index). Revisions do not change.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn maintain(&self) -> Result<AsyncTask<MaintainTask>> {
+        Ok(AsyncTask::new(MaintainTask {
+            shared: self.open()?,
+        }))
+    }
+
     /// Closes the store: every pending append settles, the log is synced and the writer
     /// lock released. Later calls on this handle fail; closing twice is a no-op.
     #[napi(ts_return_type = "Promise<void>")]
@@ -471,7 +508,8 @@ fn submit(
     first_seq: u64,
     lines: &str,
 ) -> Result<PendingReceipt> {
-    let stored = lines::split_batch(lines, first_seq).map_err(|error| invalid(error.to_string()))?;
+    let stored =
+        lines::split_batch(lines, first_seq).map_err(|error| invalid(error.to_string()))?;
     let events: Vec<_> = stored.iter().map(lines::StoredLine::as_new).collect();
     let mut writers = shared.writers.lock();
     if let Some(header) = header {

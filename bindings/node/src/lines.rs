@@ -205,14 +205,7 @@ fn render_canonical(
 /// (imported logs) render as plain events; a verbatim line as its original text.
 pub fn render_event(out: &mut String, event: &EventView<'_>) {
     if event.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
-        render_canonical(
-            out,
-            event.event_type,
-            event.seq,
-            event.time,
-            event.data,
-            "",
-        );
+        render_canonical(out, event.event_type, event.seq, event.time, event.data, "");
     } else if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
         match decode_hex(event.envelope) {
             Some(bytes) => out.push_str(&String::from_utf8_lossy(&bytes)),

@@ -241,6 +241,21 @@ export class DshdbSessionPersistence extends SessionPersistence implements Persi
     return { meta: logicalHeader(stored.header), filename: RAW_FILENAME, content: bytes.toString('utf8') }
   }
 
+  /**
+   * Imports one DSH session log (`session.jsonl` or `session.jsonl.zstd` bytes) into the
+   * store, validated as DSH's cold load does (nothing is written on a refusal); the same
+   * import as `dshdb import`. Resolves with the session id.
+   */
+  async importLog(bytes: Uint8Array): Promise<SessionId> {
+    const store = await this.store()
+    return (await store.importJsonl(Buffer.from(bytes))) as SessionId
+  }
+
+  /** Runs the store's maintenance once (compaction of the write-ahead log into runs). */
+  async maintain(): Promise<void> {
+    await (await this.store()).maintain()
+  }
+
   /** After DSH's dispose drain: settles every append, syncs and releases the store. */
   async close(): Promise<void> {
     const opening = this.opening
