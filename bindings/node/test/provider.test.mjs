@@ -150,18 +150,16 @@ test('crash repair: inspect leaves the revision, load commits the closers, appen
     await third.dispose()
   }))
 
-// TODO: the file-surgery hook (testTearLastBatch) does not yet leave a torn tail that the
-// next open reports on a real-file store; the engine side is tested in
-// engine/tests/binding_support.rs on the simulated disk.
-test('torn tail: reported as a torn marker until commitRepair, inspect and readFrom leave it', { todo: 'torn-tail hook on a real store' }, () =>
+test('torn tail: reported as a torn marker until commitRepair, inspect and readFrom leave it', () =>
   withStore(async (dir) => {
     const first = await mountDshdb(dir)
     await first.persistence.create({ version: 0, id: 'torn', createdAt: T0 })
     await first.persistence.append('torn', completedTurn(0, 1))
     await first.persistence.append('torn', completedTurn(3, 2).slice(0, 2))
     await first.dispose()
-    // A crash while the last batch was being written: its commit record is cut short.
-    assert.ok(testTearLastBatch(dir, 5) > 0)
+    // A crash while the last batch was being written: its commit record is cut short (20
+    // bytes reach into its seq and count; its last bytes are often zero already).
+    assert.ok(testTearLastBatch(dir, 20) > 0)
 
     const second = await mountDshdb(dir)
     const persistence = second.persistence
