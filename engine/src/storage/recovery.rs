@@ -25,6 +25,9 @@ pub struct TornTail {
     pub bytes: u64,
     /// Events of incomplete batches that were dropped.
     pub dropped_events: u64,
+    /// Sessions (numbers, ascending) that dropped events had: a binding reports the torn
+    /// tail to them (DSH's torn marker) until they are repaired.
+    pub dropped_sessions: Vec<u32>,
     pub reason: String,
 }
 
@@ -187,12 +190,23 @@ pub fn recover(
             .iter()
             .filter(|(_, record)| matches!(record, Record::Event(_)))
             .count() as u64;
+        let mut dropped_sessions: Vec<u32> = replay
+            .pending
+            .iter()
+            .filter_map(|(_, record)| match record {
+                Record::Event(event) => Some(event.session),
+                _ => None,
+            })
+            .collect();
+        dropped_sessions.sort_unstable();
+        dropped_sessions.dedup();
         if wipe_end > replay.committed_end {
             report.torn_tail = Some(TornTail {
                 segment: entry.id,
                 offset: replay.committed_end,
                 bytes: wipe_end - replay.committed_end,
                 dropped_events,
+                dropped_sessions,
                 reason: scan
                     .stop
                     .map(|stop| stop.reason)

@@ -90,17 +90,7 @@ impl Store {
         for event in initial {
             validate_event(event)?;
         }
-        let number = {
-            let mut catalog = self.inner.catalog.write();
-            if catalog.by_id.contains_key(&id) {
-                return Err(Error::DuplicateSession { id });
-            }
-            let number = catalog.reserve_session(id.clone(), seed, header_json.to_string());
-            if let Some(entry) = catalog.sessions.get_mut(&number) {
-                entry.has_writer = true;
-            }
-            number
-        };
+        let number = self.reserve(&id, seed, header_json)?;
         let writer = SessionWriter {
             store: self.clone(),
             number,
@@ -111,17 +101,71 @@ impl Store {
             .commit_batch(number, initial, durability)
             .and_then(PendingReceipt::wait);
         if let Err(error) = committed {
-            // Refused before anything was queued: forget the reservation. Otherwise (a
-            // poisoned log) the outcome is unknown and the next open decides.
-            if matches!(
-                error,
-                Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed | Error::Io { .. }
-            ) {
-                self.inner.catalog.write().unreserve_session(number);
-            }
+            self.forget_if_refused(number, &error);
             return Err(error);
         }
         Ok(writer)
+    }
+
+    /// Creates a session like [`Store::create_session_with_events`] (header and `events` in
+    /// one atomic batch, `events` not empty) without waiting for the commit: the returned
+    /// receipt's [`PendingReceipt::wait`] returns once the batch is as durable as
+    /// `durability` says, so many sessions' first batches can share one group commit. The
+    /// session is readable at once. If the wait fails, the session stays reserved in this
+    /// handle (the log is poisoned; the next open decides whether it exists).
+    pub fn submit_session_with_events(
+        &self,
+        header_json: &str,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<(SessionWriter, PendingReceipt)> {
+        if events.is_empty() {
+            return Err(Error::invalid("an empty batch"));
+        }
+        self.log()?;
+        let id = validate_header(header_json)?;
+        for event in events {
+            validate_event(event)?;
+        }
+        let number = self.reserve(&id, None, header_json)?;
+        let writer = SessionWriter {
+            store: self.clone(),
+            number,
+            id,
+            durability,
+        };
+        match self.commit_batch(number, events, durability) {
+            Ok(pending) => Ok((writer, pending)),
+            Err(error) => {
+                self.forget_if_refused(number, &error);
+                Err(error)
+            }
+        }
+    }
+
+    /// Reserves session `id` in the catalog with its writer slot taken.
+    fn reserve(&self, id: &str, seed: Option<Seed>, header_json: &str) -> Result<u32> {
+        let mut catalog = self.inner.catalog.write();
+        if catalog.by_id.contains_key(id) {
+            return Err(Error::DuplicateSession { id: id.to_string() });
+        }
+        let number = catalog.reserve_session(id.to_string(), seed, header_json.to_string());
+        if let Some(entry) = catalog.sessions.get_mut(&number) {
+            entry.has_writer = true;
+        }
+        Ok(number)
+    }
+
+    /// Forgets a new session's reservation when its first commit was refused before
+    /// anything was queued. Otherwise (a poisoned log) the outcome is unknown and the next
+    /// open decides.
+    fn forget_if_refused(&self, number: u32, error: &Error) {
+        if matches!(
+            error,
+            Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed | Error::Io { .. }
+        ) {
+            self.inner.catalog.write().unreserve_session(number);
+        }
     }
 
     /// Forks `parent` after seq `at` (inclusive) into a new session `child` (DSH `fork`): the

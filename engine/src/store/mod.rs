@@ -376,6 +376,21 @@ impl Store {
         &self.inner.report
     }
 
+    /// Ids of the sessions that lost unacknowledged events in the torn tail this open
+    /// discarded (sessions defined only inside it are gone and not named).
+    pub fn torn_sessions(&self) -> Vec<String> {
+        let Some(torn) = &self.inner.report.torn_tail else {
+            return Vec::new();
+        };
+        let catalog = self.inner.catalog.read();
+        torn.dropped_sessions
+            .iter()
+            .filter_map(|number| catalog.sessions.get(number))
+            .filter(|entry| !entry.deleted)
+            .map(|entry| entry.id.clone())
+            .collect()
+    }
+
     fn log(&self) -> Result<&Log> {
         if *self.inner.closed.lock() {
             return Err(Error::Closed);

@@ -37,6 +37,16 @@ impl SessionWriter {
         self.submit_with(events, Durability::Sync)
     }
 
+    /// [`SessionWriter::submit_batch`] with the durability `wait` is to reach
+    /// (`Buffered`: written to the operating system).
+    pub fn submit_batch_as(
+        &mut self,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<PendingReceipt> {
+        self.submit_with(events, durability)
+    }
+
     fn submit_with(
         &mut self,
         events: &[NewEvent<'_>],

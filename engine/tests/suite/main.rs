@@ -10,6 +10,7 @@
 mod common;
 
 mod above_properties;
+mod binding_support;
 mod bitflip;
 mod canonical_json;
 mod cold_resume;
