@@ -12,3 +12,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== cargo test (release)"
 cargo test --workspace --release
+
+echo "== Node provider (bindings/node: Node 22 from the npm registry, DSH's packages, node --test)"
+bash bindings/node/scripts/test.sh
