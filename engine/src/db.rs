@@ -339,6 +339,10 @@ pub struct Store {
 }
 
 /// The one writer of a session inside this process.
+#[path = "db_staging.rs"]
+mod staging;
+pub use staging::STAGING_PREFIX;
+
 pub struct SessionWriter {
     store: Store,
     number: u32,
@@ -430,6 +434,8 @@ impl Store {
             }),
         };
         if store.inner.log.is_some() {
+            // Unpublished (or published, not yet deleted) staged imports: module `staging`.
+            store.drop_stages()?;
             if write_fresh_checkpoint {
                 // Derived data (F-06-22): a failure here only costs the next open a rebuild.
                 let _ = store.write_runs_checkpoint();
@@ -1017,7 +1023,7 @@ impl Store {
         let mut list: Vec<SessionSummary> = catalog
             .sessions
             .values()
-            .filter(|entry| !entry.deleted)
+            .filter(|entry| !entry.deleted && !staging::is_staging_id(&entry.id))
             .map(|entry| SessionSummary {
                 id: entry.id.clone(),
                 header_json: entry.header_json.to_string(),

@@ -43,6 +43,7 @@
 
 use super::scan::{decode_record, Record, RowTag};
 use super::skeleton::{self, Skeleton};
+use super::streaming::{EventCheck, HandOver};
 use super::{event_line, row_line, Result};
 use crate::db::{Event, EventView, Store};
 use crate::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE};
@@ -166,6 +167,8 @@ fn stream(store: &Store, id: &str, form: Form) -> Result<Streamed<Kept>> {
 enum Form {
     Values,
     Texts,
+    /// The checks alone (an import): no message is kept.
+    Check,
 }
 
 /// A projected message in its form.
@@ -190,8 +193,8 @@ struct Last {
 }
 
 /// The cold load's state while the log streams by.
-struct StreamLoad<'a> {
-    session_id: &'a str,
+struct StreamLoad {
+    session_id: String,
     form: Form,
     /// Index in the log of the next event (the seq it must carry).
     next_index: u64,
@@ -211,10 +214,10 @@ fn fallback(seq: u64, reason: &'static str) -> Fallback {
     Fallback { seq, reason }
 }
 
-impl<'a> StreamLoad<'a> {
-    fn new(session_id: &'a str, form: Form) -> Self {
+impl StreamLoad {
+    fn new(session_id: &str, form: Form) -> Self {
         Self {
-            session_id,
+            session_id: session_id.to_owned(),
             form,
             next_index: 0,
             fold: SurfaceFold::new(),
@@ -263,7 +266,7 @@ impl<'a> StreamLoad<'a> {
             return Ok(());
         }
         let seq = row[0].seq;
-        let line = row_line(self.session_id, row).map_err(|_| fallback(seq, "row"))?;
+        let line = row_line(&self.session_id, row).map_err(|_| fallback(seq, "row"))?;
         row.clear();
         self.decoded_line(&line, seq)
     }
@@ -286,7 +289,7 @@ impl<'a> StreamLoad<'a> {
         if event.flags & EVENT_FLAG_VERBATIM_LINE != 0
             || RowTag::from_tag(&event.event_type).is_some()
         {
-            let line = event_line(self.session_id, &event).map_err(|_| fallback(seq, "line"))?;
+            let line = event_line(&self.session_id, &event).map_err(|_| fallback(seq, "line"))?;
             return self.decoded_line(&line, seq);
         }
         // The envelope rules of the line parser on the stored values.
@@ -302,7 +305,7 @@ impl<'a> StreamLoad<'a> {
             // The store validated the payload as JSON when it was appended (as a `RawValue`,
             // like the line parser), so one parse here serves every check.
             let parsed = match self.form {
-                Form::Values => value_lossy(&data).ok().map(Parsed::Value),
+                Form::Values | Form::Check => value_lossy(&data).ok().map(Parsed::Value),
                 Form::Texts => skeleton::scan(&head.event_type, &data)
                     .or_else(|| skeleton::parse(&head.event_type, &data))
                     .map(Parsed::Skeleton),
@@ -354,7 +357,7 @@ impl<'a> StreamLoad<'a> {
         // event reaches here only in current shape, which migration leaves as it is, and
         // closers are written in current shape.)
         if parsed.is_none() && !closer {
-            match migrate_next(self.session_id, event) {
+            match migrate_next(&self.session_id, event) {
                 Some(Ok(Some(migrated))) => return self.admit_current(&migrated, None, closer),
                 Some(Ok(None)) => {}
                 None | Some(Err(_)) => return Err(fallback(event.seq, "legacy")),
@@ -419,7 +422,7 @@ impl<'a> StreamLoad<'a> {
         // The rewrite key of a tool result; in text form its payload is not needed after it.
         let (rewrite_key, data) = match (event.event_type.as_str(), self.form) {
             (TOOL_RESULT, Form::Texts) => (Some(rewrite_key_from(data)), Value::Null),
-            (TOOL_RESULT, Form::Values) => (Some(rewrite_key(&data)), data),
+            (TOOL_RESULT, Form::Values | Form::Check) => (Some(rewrite_key(&data)), data),
             _ => (None, data),
         };
         let change = self
@@ -435,6 +438,7 @@ impl<'a> StreamLoad<'a> {
             self.messages.remove(seq);
         }
         let kept = match (self.form, message_text) {
+            (Form::Check, _) => None,
             (Form::Values, _) => projected_value(&event.event_type, data).map(Kept::Value),
             (Form::Texts, Some(text)) => {
                 projected_text(&event.event_type, &data, text).map(Kept::Text)
@@ -468,6 +472,75 @@ impl<'a> StreamLoad<'a> {
             .filter_map(|seq| self.messages.remove(seq))
             .collect())
     }
+}
+
+/// DSH's cold-load checks over a log being imported, event by event: the streaming load in
+/// a form that keeps no message (its memory is the surface fold and the repair scan). The
+/// streaming import ([`super::streaming`]) takes it as an [`EventCheck`]; [`HandOver`] means
+/// the in-memory import must decide (DSH refuses the log, or a legacy shape hands over).
+pub struct ImportCheck {
+    load: StreamLoad,
+}
+
+impl ImportCheck {
+    pub fn new(session_id: &str) -> Self {
+        Self {
+            load: StreamLoad::new(session_id, Form::Check),
+        }
+    }
+
+    /// A [`super::streaming::CheckFactory`] making these checks.
+    pub fn boxed(session_id: &str) -> Box<dyn EventCheck> {
+        Box::new(Self::new(session_id))
+    }
+}
+
+impl EventCheck for ImportCheck {
+    fn admit(&mut self, event: &SessionEvent) -> std::result::Result<(), HandOver> {
+        self.load.admit(event, None, false).map_err(hand_over)
+    }
+
+    fn finish(self: Box<Self>) -> std::result::Result<(), HandOver> {
+        self.load.finish().map(drop).map_err(hand_over)
+    }
+}
+
+fn hand_over(fallback: Fallback) -> HandOver {
+    HandOver {
+        seq: fallback.seq,
+        reason: fallback.reason,
+    }
+}
+
+/// Imports a DSH session log file in bounded memory, all or nothing
+/// ([`super::streaming`]), checked with [`ImportCheck`]: `session.jsonl`, or
+/// `session.jsonl.zstd` when the name ends in `.zstd`. `progress` gets the file bytes read.
+pub fn import_dsh_file(
+    store: &Store,
+    path: &std::path::Path,
+    progress: super::streaming::Progress<'_>,
+) -> Result<super::ImportReport> {
+    let zstd = path.to_string_lossy().ends_with(".zstd");
+    let cannot_read = |error: std::io::Error| {
+        super::ExchangeError::Refused(format!("cannot read \"{}\": {error}", path.display()))
+    };
+    let file = std::fs::File::open(path).map_err(cannot_read)?;
+    super::streaming::import_stream(
+        store,
+        file,
+        zstd,
+        super::streaming::StreamLimits::default(),
+        &ImportCheck::boxed,
+        progress,
+        || {
+            let bytes = std::fs::read(path).map_err(cannot_read)?;
+            if zstd {
+                super::import_dsh_jsonl_zstd(store, &bytes)
+            } else {
+                super::import_dsh_jsonl(store, &bytes)
+            }
+        },
+    )
 }
 
 /// A plain stored event (not verbatim, not a packed row) as its line parser would see it:
