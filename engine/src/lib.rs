@@ -19,6 +19,7 @@ pub mod fuzzing;
 pub mod index;
 pub mod io;
 pub mod manifest;
+pub mod multi;
 pub mod projection;
 pub mod recovery;
 pub mod run;
