@@ -9,6 +9,9 @@ use crate::error::{Error, Result};
 use crate::frame::Record;
 use crate::io::{Storage, StorageFile};
 use crate::manifest::{Manifest, RunEntry, SegmentEntry};
+use crate::multi::lock::{ByteLock, DURABLE_LOCK, MANIFEST_LOCK, WRITE_LOCK};
+use crate::multi::tail::{LogPosition, Tail, TailIndex};
+use crate::multi::{LockMode, SharedFile};
 use crate::segment::{create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
@@ -104,7 +107,27 @@ struct State {
     queued_since: Option<Instant>,
     /// A flush or a reader waits: write without gathering.
     urgent: bool,
+    /// Many-process mode: the `WRITE` lock, held from the first batch queued until the
+    /// queue is written and published (F-08-6).
+    write_lock: Option<ByteLock>,
+    /// Many-process mode: how far this process's catalog reflects the log.
+    applied: LogPosition,
 }
+
+/// Applies to the process's catalog what other processes published after `from`, up to
+/// the tail (F-08-6 step 3, F-08-11); returns how far it applied.
+pub type CatchUp = dyn Fn(LogPosition, &Tail) -> Result<LogPosition> + Send + Sync;
+
+/// The log's side of many-process mode (format-spec/08-many-processes.md).
+pub struct SharedLog {
+    pub file: Arc<dyn SharedFile>,
+    pub tail: TailIndex,
+    pub catch_up: Box<CatchUp>,
+}
+
+/// Marks `in_progress_end` while a group that rolls to a new segment is being written:
+/// the next `WRITE` holder then completes the roll (F-08-8, F-08-9 row 4).
+const ROLLING: u64 = u64::MAX;
 
 /// One sleeping appender. The committer wakes exactly the appenders a group finished, so a
 /// group costs one wake-up per finished appender rather than one per sleeping thread.
@@ -118,6 +141,7 @@ struct Waiter {
 struct Shared {
     storage: Arc<dyn Storage>,
     options: LogOptions,
+    multi: Option<SharedLog>,
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
@@ -174,6 +198,7 @@ pub fn new_salt() -> u64 {
 
 impl Log {
     /// Starts the log on an open active segment (its data ends at `tail`, durable up to there).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         storage: Arc<dyn Storage>,
         options: LogOptions,
@@ -182,6 +207,7 @@ impl Log {
         segment: u64,
         salt: u64,
         tail: u64,
+        multi: Option<SharedLog>,
     ) -> Log {
         let state = State {
             active: Active {
@@ -216,10 +242,16 @@ impl Log {
             queued_waitable: 0,
             queued_since: None,
             urgent: false,
+            write_lock: None,
+            applied: LogPosition {
+                segment,
+                offset: tail,
+            },
         };
         let shared = Arc::new(Shared {
             storage,
             options,
+            multi,
             state: Mutex::new(state),
             work: Condvar::new(),
             done: Condvar::new(),
@@ -252,6 +284,9 @@ impl Log {
                 break;
             }
             shared.space.wait(&mut state);
+        }
+        if shared.multi.is_some() && state.write_lock.is_none() {
+            shared.take_write_lock(&mut state)?;
         }
         let mut bytes = Vec::new();
         let mut context_snapshot = state.active.context.clone_sets();
@@ -356,6 +391,13 @@ impl Log {
 
     /// Waits until the bytes up to (`segment`, `end`) are written, so a reader can read them.
     pub fn wait_written(&self, segment: u64, end: u64) -> Result<()> {
+        if let Some(multi) = &self.shared.multi {
+            // Bytes another process published are written.
+            let tail = multi.tail.read();
+            if (segment, end) <= (tail.segment, tail.written_end) {
+                return Ok(());
+            }
+        }
         let mut state = self.shared.state.lock();
         loop {
             if state.written_position >= (segment, end) {
@@ -396,7 +438,16 @@ impl Log {
     /// The oldest live segment if it is not the one taking appends (so it is sealed; its
     /// seal is durable once a `flush` returned after the roll that queued it).
     pub fn oldest_sealed_segment(&self) -> Option<SegmentEntry> {
-        let state = self.shared.state.lock();
+        let mut state = self.shared.state.lock();
+        if let Some(multi) = &self.shared.multi {
+            // Another process may have rolled or sealed: the disk manifest and the
+            // published tail decide (F-08-12).
+            let manifest = Manifest::read(self.shared.storage.as_ref()).ok()??;
+            let tail = multi.tail.read();
+            let oldest = *manifest.segments.first()?;
+            state.manifest = manifest;
+            return (oldest.id < tail.segment).then_some(oldest);
+        }
         let oldest = *state.manifest.segments.first()?;
         (oldest.id != state.active.context.segment && state.written_position.0 > oldest.id)
             .then_some(oldest)
@@ -407,6 +458,17 @@ impl Log {
     pub fn allocate_file_id(&self) -> Result<u64> {
         let mut state = self.shared.state.lock();
         state.check_usable()?;
+        if self.shared.multi.is_some() {
+            // Another process may take the next id for a segment: the id is reserved by a
+            // manifest write before the run file is created (F-08-12).
+            let mut id = 0;
+            self.shared.change_manifest(&mut state, |manifest| {
+                id = manifest.next_segment_id;
+                manifest.next_segment_id += 1;
+                Ok(())
+            })?;
+            return Ok(id);
+        }
         let id = state.manifest.next_segment_id;
         state.manifest.next_segment_id += 1;
         Ok(id)
@@ -418,17 +480,21 @@ impl Log {
     pub fn replace_segment_with_run(&self, segment: u64, run: Option<RunEntry>) -> Result<()> {
         let mut state = self.shared.state.lock();
         state.check_usable()?;
-        if state.manifest.segments.first().map(|entry| entry.id) != Some(segment)
-            || segment == state.active.context.segment
-        {
-            return Err(Error::invalid(
-                "only the oldest sealed segment can become a run",
-            ));
-        }
-        let mut manifest = state.manifest.clone();
-        manifest.segments.remove(0);
-        manifest.runs.extend(run);
-        self.install_manifest(&mut state, manifest)
+        let active = match &self.shared.multi {
+            Some(multi) => multi.tail.read().segment,
+            None => state.active.context.segment,
+        };
+        self.shared.change_manifest(&mut state, |manifest| {
+            if manifest.segments.first().map(|entry| entry.id) != Some(segment) || segment >= active
+            {
+                return Err(Error::invalid(
+                    "only the oldest sealed segment can become a run",
+                ));
+            }
+            manifest.segments.remove(0);
+            manifest.runs.extend(run);
+            Ok(())
+        })
     }
 
     /// Makes a manifest naming `new` where it named run `old` (same place in the log
@@ -436,26 +502,54 @@ impl Log {
     pub fn replace_run(&self, old: u64, new: RunEntry) -> Result<()> {
         let mut state = self.shared.state.lock();
         state.check_usable()?;
-        let mut manifest = state.manifest.clone();
-        let slot = manifest
-            .runs
-            .iter_mut()
-            .find(|run| run.id == old)
-            .ok_or_else(|| Error::invalid("the run to replace is not in the manifest"))?;
-        *slot = new;
-        self.install_manifest(&mut state, manifest)
+        self.shared.change_manifest(&mut state, |manifest| {
+            let slot = manifest
+                .runs
+                .iter_mut()
+                .find(|run| run.id == old)
+                .ok_or_else(|| Error::invalid("the run to replace is not in the manifest"))?;
+            *slot = new;
+            Ok(())
+        })
     }
 
-    /// Writes `manifest` and puts it in force; a failure after its rename poisons the log
-    /// (the file on disk may then be either manifest).
-    fn install_manifest(&self, state: &mut State, manifest: Manifest) -> Result<()> {
-        if let Err(failure) = manifest.write_reporting_stage(self.shared.storage.as_ref()) {
-            if failure.after_rename {
-                state.poisoned = Some("manifest sync");
-            }
-            return Err(failure.error);
+    /// Many-process mode: what this process knows of the others (F-08-5).
+    pub fn shared_tail(&self) -> Option<&TailIndex> {
+        self.shared.multi.as_ref().map(|multi| &multi.tail)
+    }
+
+    /// Many-process mode: applies what others published since this process last looked
+    /// (F-08-11). Serialized with appends, so that the catalog never applies a batch twice.
+    pub fn catch_up(&self) -> Result<()> {
+        let Some(multi) = &self.shared.multi else {
+            return Ok(());
+        };
+        let mut state = self.shared.state.lock();
+        if state.write_lock.is_some() {
+            // This process holds the tail: nobody else published since it caught up.
+            return Ok(());
         }
-        state.manifest = manifest;
+        let tail = multi.tail.read();
+        if tail.in_progress_end != 0 && tail.written_end == state.applied.offset {
+            // Nothing published past us; a dead writer's remains are the next holder's.
+            return Ok(());
+        }
+        state.applied = (multi.catch_up)(state.applied, &tail)?;
+        let published = (tail.segment, tail.written_end);
+        if published > state.written_position {
+            state.written_position = published;
+        }
+        Ok(())
+    }
+
+    /// Many-process mode: takes the tail (the `WRITE` lock) with nothing to write, so that
+    /// a close can seal the segment where every process left it (F-08-4). Returns with the
+    /// lock held until [`Log::close`].
+    pub fn take_tail(&self) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        if self.shared.multi.is_some() && state.write_lock.is_none() {
+            self.shared.take_write_lock(&mut state)?;
+        }
         Ok(())
     }
 
@@ -487,6 +581,11 @@ impl Log {
         }
         if let Some(operation) = state.poisoned {
             return Err(Error::Poisoned { operation });
+        }
+        if self.shared.multi.is_some() && state.write_lock.is_none() {
+            // Others may still append to this segment: leave it open (F-08-4).
+            state.sealed = true;
+            return Ok(());
         }
         let result = self.shared.seal_active(&state);
         state.sealed = true;
@@ -653,6 +752,22 @@ impl Shared {
     /// Starts a new segment: creates and syncs it, names it in the manifest, and queues the
     /// seal of the old one. Runs under the state lock; rolls are rare (one per segment).
     fn roll(&self, state: &mut State, capacity_bytes: u64) -> Result<()> {
+        // With other processes the manifest is taken from the disk under its lock (F-08-8);
+        // the lock is held until the new manifest is in force.
+        let manifest_lock = match &self.multi {
+            Some(multi) => Some(
+                ByteLock::wait(&multi.file, MANIFEST_LOCK, LockMode::Exclusive)
+                    .map_err(|error| Error::io("manifest lock", error))?,
+            ),
+            None => None,
+        };
+        if manifest_lock.is_some() {
+            state.manifest =
+                Manifest::read(self.storage.as_ref())?.ok_or_else(|| Error::CorruptFile {
+                    file: crate::manifest::MANIFEST_FILE.to_string(),
+                    reason: "removed while the store is open".to_string(),
+                })?;
+        }
         let id = state.manifest.next_segment_id;
         let salt = new_salt();
         let file = create_segment(self.storage.as_ref(), id, salt, capacity_bytes)?;
@@ -670,6 +785,10 @@ impl Shared {
             return Err(failure.error);
         }
         state.manifest = manifest;
+        drop(manifest_lock);
+        if let Some(multi) = &self.multi {
+            multi.tail.bump_manifest_generation();
+        }
         let old = &state.active.context;
         let mut seal = Vec::new();
         Record::Seal {
@@ -746,6 +865,15 @@ impl Shared {
         let sync = state.sync_wanted > state.durable_ticket || batched_due || state.closing;
         let active_file = state.active.file.clone();
         let active_segment = state.active.context.segment;
+        if self.multi.is_some() {
+            return self.commit_shared_group(
+                state,
+                chunks,
+                (last_ticket, group_waitable),
+                sync,
+                &active_file,
+            );
+        }
         drop(state);
         let outcome = write_chunks(&chunks, sync, &active_file);
         let mut state = self.state.lock();
@@ -780,6 +908,243 @@ impl Shared {
         self.state.lock()
     }
 
+    /// A group in many-process mode (F-08-6 steps 5–6, F-08-7): announce, write, publish
+    /// and release the tail, and only then sync, so that other processes write meanwhile
+    /// and one `fdatasync` covers them too.
+    fn commit_shared_group<'a>(
+        &'a self,
+        state: parking_lot::MutexGuard<'a, State>,
+        chunks: Vec<Chunk>,
+        (last_ticket, group_waitable): (u64, usize),
+        sync: bool,
+        active_file: &Arc<dyn StorageFile>,
+    ) -> parking_lot::MutexGuard<'a, State> {
+        let Some(multi) = &self.multi else {
+            return state;
+        };
+        let rolls = chunks.iter().any(|chunk| chunk.trim_to.is_some());
+        if let Some(last) = chunks.last() {
+            let end = last.offset + last.bytes.len() as u64;
+            multi.tail.publish(|tail| {
+                tail.in_progress_end = if rolls { ROLLING } else { end };
+            });
+        }
+        drop(state);
+        let outcome = write_chunks(&chunks, false, active_file);
+        let mut state = self.state.lock();
+        let written_bytes: usize = chunks.iter().map(|chunk| chunk.bytes.len()).sum();
+        state.queued_bytes -= written_bytes;
+        if let Err(operation) = outcome {
+            // The `WRITE` lock stays with the poisoned log until it is dropped; the next
+            // holder then finds the announced range and repairs it (F-08-9).
+            state.poisoned = Some(operation);
+            return self.finish_group(state, group_waitable);
+        }
+        state.written_ticket = last_ticket;
+        if let Some(last) = chunks.last() {
+            let end = last.offset + last.bytes.len() as u64;
+            let segment = last.segment;
+            let salt = state.active.context.salt;
+            state.written_position = (segment, end);
+            state.applied = LogPosition {
+                segment,
+                offset: end,
+            };
+            multi.tail.publish(|tail| {
+                tail.segment = segment;
+                tail.salt = salt;
+                tail.written_end = end;
+                tail.in_progress_end = 0;
+            });
+            if rolls {
+                // The old segment was sealed and synced before the new one took a byte.
+                if let Err(error) = raise_durable(multi, segment, SEGMENT_HEADER_BYTES) {
+                    let _ = error;
+                    state.poisoned = Some("durable lock");
+                }
+            }
+            multi.tail.bump_store_generation();
+            multi.tail.notify();
+        }
+        if state.queue.is_empty() {
+            state.write_lock = None;
+        }
+        if !sync {
+            return self.finish_group(state, group_waitable);
+        }
+        let target = LogPosition {
+            segment: state.written_position.0,
+            offset: state.written_position.1,
+        };
+        let file = state.active.file.clone();
+        drop(state);
+        let synced = sync_shared(multi, &file, target);
+        let mut state = self.state.lock();
+        match synced {
+            Ok(durable) => {
+                state.durable_ticket = last_ticket;
+                state.batched_deadline = None;
+                state.batched_bytes = 0;
+                state.batched_max_bytes = usize::MAX;
+                let context = &mut state.active.context;
+                if durable.segment == context.segment {
+                    context.durable_offset = context.durable_offset.max(durable.offset);
+                }
+            }
+            Err(operation) => state.poisoned = Some(operation),
+        }
+        self.finish_group(state, group_waitable)
+    }
+
+    /// Wakes the appenders a group finished.
+    fn finish_group<'a>(
+        &'a self,
+        mut state: parking_lot::MutexGuard<'a, State>,
+        group_waitable: usize,
+    ) -> parking_lot::MutexGuard<'a, State> {
+        let finished = state.finished_waiters();
+        state.last_group_tickets = group_waitable;
+        self.done.notify_all();
+        self.space.notify_all();
+        drop(state);
+        wake(finished);
+        self.state.lock()
+    }
+
+    /// Takes the `WRITE` lock and makes the active segment the published tail (F-08-6 steps
+    /// 1–3): completes a roll or repairs the range a dead holder announced, follows a roll
+    /// another process made, and catches the catalog up.
+    fn take_write_lock(&self, state: &mut State) -> Result<()> {
+        let Some(multi) = &self.multi else {
+            return Ok(());
+        };
+        let lock = ByteLock::wait(&multi.file, WRITE_LOCK, LockMode::Exclusive)
+            .map_err(|error| Error::io("write lock", error))?;
+        let mut tail = multi.tail.read();
+        if tail.in_progress_end != 0 {
+            self.repair_dead_writer(multi, &tail)?;
+            tail = multi.tail.read();
+        }
+        if tail.segment != state.active.context.segment {
+            let file = self
+                .storage
+                .open(&segment_path(tail.segment), false)
+                .map_err(|error| Error::io("segment open", error))?;
+            if let Some(manifest) = Manifest::read(self.storage.as_ref())? {
+                state.manifest = manifest;
+            }
+            state.active = Active {
+                file,
+                context: SegmentContext {
+                    segment: tail.segment,
+                    salt: tail.salt,
+                    base_offset: tail.written_end,
+                    durable_offset: SEGMENT_HEADER_BYTES,
+                    defined_sessions: HashSet::new(),
+                    defined_types: HashSet::new(),
+                },
+            };
+        }
+        let context = &mut state.active.context;
+        context.base_offset = tail.written_end;
+        let durable = multi.tail.durable();
+        if durable.segment == tail.segment {
+            context.durable_offset = context
+                .durable_offset
+                .max(durable.offset.min(tail.written_end));
+        }
+        let published = (tail.segment, tail.written_end);
+        if published > state.written_position {
+            state.written_position = published;
+        }
+        state.applied = (multi.catch_up)(state.applied, &tail)?;
+        state.write_lock = Some(lock);
+        Ok(())
+    }
+
+    /// F-08-9: the previous `WRITE` holder died after announcing bytes. Keeps the whole
+    /// batches it wrote, zeroes the rest, completes an interrupted roll, and publishes.
+    fn repair_dead_writer(&self, multi: &SharedLog, tail: &Tail) -> Result<()> {
+        let storage = self.storage.as_ref();
+        let manifest = Manifest::read(storage)?.ok_or_else(|| Error::CorruptFile {
+            file: crate::manifest::MANIFEST_FILE.to_string(),
+            reason: "removed while the store is open".to_string(),
+        })?;
+        let rolled_to = manifest
+            .segments
+            .iter()
+            .find(|entry| entry.id > tail.segment)
+            .copied();
+        let file = storage
+            .open(&segment_path(tail.segment), false)
+            .map_err(|error| Error::io("segment open", error))?;
+        let repaired =
+            crate::multi::repair::repair_announced_range(file.as_ref(), tail, rolled_to.is_some())?;
+        match rolled_to {
+            Some(next) => {
+                // Finish the roll (F-08-8 steps 3–4): the old segment is sealed and synced
+                // now; the new one never took a published byte, so stale bytes in it are a
+                // dead writer's and are zeroed.
+                let next_file = storage
+                    .open(&segment_path(next.id), false)
+                    .map_err(|error| Error::io("segment open", error))?;
+                crate::multi::repair::zero_unpublished(next_file.as_ref())?;
+                multi.tail.publish(|published| {
+                    published.segment = next.id;
+                    published.salt = next.salt;
+                    published.written_end = SEGMENT_HEADER_BYTES;
+                    published.in_progress_end = 0;
+                });
+                raise_durable(multi, next.id, SEGMENT_HEADER_BYTES)
+                    .map_err(|error| Error::io("durable lock", error))?;
+                multi.tail.bump_manifest_generation();
+            }
+            None => multi.tail.publish(|published| {
+                published.written_end = repaired;
+                published.in_progress_end = 0;
+            }),
+        }
+        multi.tail.bump_store_generation();
+        multi.tail.notify();
+        Ok(())
+    }
+
+    /// Replaces the manifest by `change` applied to the one in force: in many-process mode
+    /// the one on disk, read under the `MANIFEST` lock (F-08-12). A failure after the
+    /// rename poisons the log (the file on disk may then be either manifest).
+    fn change_manifest(
+        &self,
+        state: &mut State,
+        change: impl FnOnce(&mut Manifest) -> Result<()>,
+    ) -> Result<()> {
+        let _manifest_lock = match &self.multi {
+            Some(multi) => {
+                let lock = ByteLock::wait(&multi.file, MANIFEST_LOCK, LockMode::Exclusive)
+                    .map_err(|error| Error::io("manifest lock", error))?;
+                if let Some(manifest) = Manifest::read(self.storage.as_ref())? {
+                    state.manifest = manifest;
+                }
+                Some(lock)
+            }
+            None => None,
+        };
+        let mut manifest = state.manifest.clone();
+        change(&mut manifest)?;
+        if let Err(failure) = manifest.write_reporting_stage(self.storage.as_ref()) {
+            if failure.after_rename {
+                state.poisoned = Some("manifest sync");
+            }
+            return Err(failure.error);
+        }
+        state.manifest = manifest;
+        if let Some(multi) = &self.multi {
+            multi.tail.bump_manifest_generation();
+            multi.tail.bump_store_generation();
+            multi.tail.notify();
+        }
+        Ok(())
+    }
+
     fn seal_active(&self, state: &State) -> Result<()> {
         let context = &state.active.context;
         let mut seal = Vec::new();
@@ -796,6 +1161,42 @@ impl Shared {
             .map_err(io("seal trim"))?;
         file.sync_data().map_err(io("seal sync"))
     }
+}
+
+/// Raises the shared durable position under the `DURABLE` lock (F-08-7).
+fn raise_durable(multi: &SharedLog, segment: u64, offset: u64) -> std::io::Result<()> {
+    let _durable = ByteLock::wait(&multi.file, DURABLE_LOCK, LockMode::Exclusive)?;
+    multi.tail.raise_durable(LogPosition { segment, offset });
+    Ok(())
+}
+
+/// Makes `target` durable (F-08-7): nothing to do when another process's sync already
+/// covered it; else one `fdatasync` of the tail segment, which covers every byte published
+/// before it began, and the durable position raised to that published end.
+fn sync_shared(
+    multi: &SharedLog,
+    file: &Arc<dyn StorageFile>,
+    target: LogPosition,
+) -> std::result::Result<LogPosition, &'static str> {
+    let durable = multi.tail.durable();
+    if durable >= target {
+        return Ok(durable);
+    }
+    let published = multi.tail.read();
+    // Every byte below the published end was written before this sync starts. After a roll
+    // by another process the target's segment is no longer the tail: the roll syncs it
+    // whole, but this sync covers the target too, whichever finishes first.
+    let covered = if published.segment == target.segment {
+        LogPosition {
+            segment: published.segment,
+            offset: published.written_end.max(target.offset),
+        }
+    } else {
+        target
+    };
+    file.sync_data().map_err(|_| "sync")?;
+    raise_durable(multi, covered.segment, covered.offset).map_err(|_| "durable lock")?;
+    Ok(multi.tail.durable())
 }
 
 fn wake(finished: Vec<Waiter>) {

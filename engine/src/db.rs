@@ -33,6 +33,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod processes;
+pub use processes::{Subscription, FOLLOW_POLL};
+
 /// The writer lock file.
 pub const LOCK_FILE: &str = "LOCK";
 /// Default preallocated segment size, in bytes (64 MiB).
@@ -77,6 +80,11 @@ pub struct Options {
     /// Run [`Store::maintain`] on a background thread this often; `None` (the default)
     /// leaves sealing to explicit `maintain` calls.
     pub maintenance_interval: Option<Duration>,
+    /// Share the store with other writer processes on this host
+    /// (format-spec/08-many-processes.md). Off (the default for now: the shared path is
+    /// built but not yet covered by the crash enumeration), a writable open takes the store
+    /// exclusively (F-01-2), as older builds do.
+    pub shared: bool,
 }
 
 impl Default for Options {
@@ -91,6 +99,7 @@ impl Default for Options {
             block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
             use_checkpoint: true,
             maintenance_interval: None,
+            shared: false,
         }
     }
 }
@@ -272,6 +281,8 @@ struct Inner {
     /// exclusively while it moves positions from a segment to its run.
     read_gate: RwLock<()>,
     maintenance: Arc<MaintenanceSignal>,
+    /// Many-process mode (format-spec/08): what this process shares with the others.
+    processes: Option<processes::Processes>,
 }
 
 /// Stops the background maintenance thread.
@@ -344,6 +355,8 @@ pub struct SessionWriter {
     number: u32,
     id: String,
     durability: Durability,
+    /// Ticket of the last batch queued: the lease is given back only once it is written.
+    last_ticket: u64,
 }
 
 fn io_error(operation: &'static str) -> impl FnOnce(std::io::Error) -> Error {
@@ -375,6 +388,26 @@ impl Store {
 
     /// Opens a store on any storage (the simulator in tests). `label` names it in errors.
     pub fn open_on(storage: Arc<dyn Storage>, options: Options, label: &Path) -> Result<Store> {
+        if options.shared && !options.read_only {
+            return Store::open_shared(storage, options, label);
+        }
+        let follower = if options.read_only && options.shared {
+            processes::follow_read_only(&storage, &options)?
+        } else {
+            None
+        };
+        if let Some((recovered, processes)) = follower {
+            let manifest = processes.manifest();
+            return Ok(Store::assemble(
+                storage,
+                options,
+                &manifest,
+                recovered,
+                None,
+                None,
+                Some(processes),
+            ));
+        }
         let lock = if options.read_only {
             None
         } else {
@@ -395,22 +428,61 @@ impl Store {
             }
         };
         let mut recovered = recover(storage.as_ref(), &manifest, options.use_checkpoint)?;
+        let log = if options.read_only {
+            None
+        } else {
+            remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
+            Some(
+                start_log(
+                    &storage,
+                    &options,
+                    manifest.clone(),
+                    recovered.tail.clone(),
+                    None,
+                )?
+                .0,
+            )
+        };
+        let store = Store::assemble(storage, options, &manifest, recovered, log, lock, None);
+        store.after_open();
+        Ok(store)
+    }
+
+    /// Opens the store as one of many writer processes (F-08-4).
+    fn open_shared(storage: Arc<dyn Storage>, options: Options, label: &Path) -> Result<Store> {
+        let opened = processes::open_shared_writer(&storage, &options, label)?;
+        let store = Store::assemble(
+            storage,
+            options,
+            &opened.manifest,
+            opened.recovered,
+            Some(opened.log),
+            None,
+            Some(opened.processes),
+        );
+        // The log's catch-up reaches the catalog through this (the log exists first).
+        let _ = opened.inner_cell.set(Arc::downgrade(&store.inner));
+        store.after_open();
+        Ok(store)
+    }
+
+    fn assemble(
+        storage: Arc<dyn Storage>,
+        options: Options,
+        manifest: &Manifest,
+        recovered: crate::recovery::Recovered,
+        log: Option<Log>,
+        lock: Option<Box<dyn LockGuard>>,
+        processes: Option<processes::Processes>,
+    ) -> Store {
         let salts = manifest
             .segments
             .iter()
             .map(|entry| (entry.id, entry.salt))
             .collect();
         let run_entries = manifest.runs.iter().map(|run| (run.id, *run)).collect();
-        let write_fresh_checkpoint = !recovered.report.checkpoint_used && !manifest.runs.is_empty();
-        let log = if options.read_only {
-            None
-        } else {
-            remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
-            Some(start_log(&storage, &options, manifest, recovered.tail)?)
-        };
         let cache = BlockCache::new(options.block_cache_bytes);
-        let interval = options.maintenance_interval;
-        let store = Store {
+        Store {
             inner: Arc::new(Inner {
                 storage,
                 options,
@@ -427,8 +499,19 @@ impl Store {
                 maintaining: Mutex::new(None),
                 read_gate: RwLock::new(()),
                 maintenance: Arc::new(MaintenanceSignal::default()),
+                processes,
             }),
-        };
+        }
+    }
+
+    /// A fresh checkpoint when the open could not use one, and the maintenance thread.
+    fn after_open(&self) {
+        let inner = &self.inner;
+        let write_fresh_checkpoint = !inner.report.checkpoint_used
+            && !inner.run_entries.read().is_empty()
+            && inner.processes.is_none();
+        let interval = inner.options.maintenance_interval;
+        let store = self;
         if store.inner.log.is_some() {
             if write_fresh_checkpoint {
                 // Derived data (F-06-22): a failure here only costs the next open a rebuild.
@@ -438,7 +521,6 @@ impl Store {
                 store.start_maintenance_thread(interval);
             }
         }
-        Ok(store)
     }
 
     fn start_maintenance_thread(&self, interval: Duration) {
@@ -486,6 +568,10 @@ impl Store {
     pub fn maintain(&self) -> Result<MaintenanceReport> {
         let log = self.log()?;
         let mut reclaimed_at = self.inner.maintaining.lock();
+        // One process at a time (F-08-12); another one's pass makes this one unneeded.
+        let Some(_maintenance_turn) = self.maintenance_turn()? else {
+            return Ok(MaintenanceReport::default());
+        };
         let mut report = MaintenanceReport::default();
         // With only the segment taking appends nothing is sealed, nothing to flush for.
         if log.manifest().segments.len() >= 2 {
@@ -714,7 +800,12 @@ impl Store {
     /// Checkpoints the seq index as of every run and segment, after a clean close sealed
     /// them all (F-06-20).
     fn write_closing_checkpoint(&self, log: &Log) -> Result<()> {
-        let manifest = log.manifest();
+        let manifest = if self.is_shared() {
+            // Others may have sealed since this process's log last read it.
+            Manifest::read(self.inner.storage.as_ref())?.unwrap_or_else(|| log.manifest())
+        } else {
+            log.manifest()
+        };
         let mut covered = Vec::with_capacity(manifest.segments.len());
         for segment in &manifest.segments {
             let end = self
@@ -798,29 +889,39 @@ impl Store {
         for event in initial {
             validate_event(event)?;
         }
-        let number = {
-            let mut catalog = self.inner.catalog.write();
-            if catalog.by_id.contains_key(&id) {
-                return Err(Error::DuplicateSession { id });
+        // Another process may be creating the same id: its lease decides (F-08-10).
+        let leased = self.lease_and_refresh(&id)?;
+        let release = |store: &Store| {
+            if leased {
+                store.release_lease(&id);
             }
-            let number = catalog.reserve_session(id.clone(), seed, header_json.to_string());
-            if let Some(entry) = catalog.sessions.get_mut(&number) {
-                entry.has_writer = true;
+        };
+        if self.inner.catalog.read().by_id.contains_key(&id) {
+            release(self);
+            return Err(Error::DuplicateSession { id });
+        }
+        let target = BatchTarget::Create {
+            id: &id,
+            seed,
+            header_json,
+        };
+        let (pending, number) = match self.commit_batch(target, initial, durability) {
+            Ok(queued) => queued,
+            Err(error) => {
+                release(self);
+                return Err(error);
             }
-            number
         };
         let writer = SessionWriter {
             store: self.clone(),
             number,
             id,
             durability,
+            last_ticket: pending.ticket,
         };
-        let committed = self
-            .commit_batch(number, initial, durability)
-            .and_then(PendingReceipt::wait);
-        if let Err(error) = committed {
-            // Refused before anything was queued: forget the reservation. Otherwise (a
-            // poisoned log) the outcome is unknown and the next open decides.
+        if let Err(error) = pending.wait() {
+            // Not written: forget the reservation. Otherwise (a poisoned log) the outcome
+            // is unknown and the next open decides.
             if matches!(
                 error,
                 Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed | Error::Io { .. }
@@ -881,34 +982,49 @@ impl Store {
         self.create_with_seed(&header_json, seed, initial, self.inner.options.durability)
     }
 
-    /// Commits `events` (possibly none, for a new session's header) to session `number`.
+    /// Commits `events` (possibly none, for a new session's header) to a session. Session
+    /// and type numbers are taken inside the log's encoder, after it caught up on what
+    /// other processes published (F-08-6 step 4), so that no two processes pick the same.
     fn commit_batch(
         &self,
-        number: u32,
+        target: BatchTarget<'_>,
         events: &[NewEvent<'_>],
         durability: Durability,
-    ) -> Result<PendingReceipt> {
+    ) -> Result<(PendingReceipt, u32)> {
         let inner = &self.inner;
         let log = self.log()?;
-        let now = now_millis();
-        let (type_numbers, first_seq, seed, header_json) = {
-            let mut catalog = inner.catalog.write();
-            let type_numbers: Vec<u32> = events
-                .iter()
-                .map(|event| catalog.intern_type(event.event_type))
-                .collect();
-            let entry = catalog
+        let header_bytes = match &target {
+            BatchTarget::Create { header_json, .. } => header_json.len(),
+            BatchTarget::Session(number) => inner
+                .catalog
+                .read()
                 .sessions
-                .get(&number)
-                .ok_or_else(|| Error::invalid("session vanished"))?;
-            (
-                type_numbers,
-                entry.length(),
-                entry.seed,
-                entry.header_json.clone(),
-            )
+                .get(number)
+                .map_or(MAX_HEADER_BYTES, |entry| entry.header_json.len()),
         };
-        let (submitted, positions) = log.submit(durability, |context, out| {
+        check_batch_estimate(header_bytes, events, inner.options.max_batch_bytes)?;
+        let now = now_millis();
+        let mut reserved: Option<u32> = None;
+        let submitted = log.submit(durability, |context, out| {
+            let (number, type_numbers, first_seq, seed, header_json) = {
+                let mut catalog = inner.catalog.write();
+                let number = target.number(&mut catalog, &mut reserved)?;
+                let type_numbers: Vec<u32> = events
+                    .iter()
+                    .map(|event| catalog.intern_type(event.event_type))
+                    .collect();
+                let entry = catalog
+                    .sessions
+                    .get(&number)
+                    .ok_or_else(|| Error::invalid("session vanished"))?;
+                (
+                    number,
+                    type_numbers,
+                    entry.length(),
+                    entry.seed,
+                    entry.header_json.clone(),
+                )
+            };
             encode_header_if_new(context, out, number, seed, &header_json);
             for (event, type_number) in events.iter().zip(&type_numbers) {
                 if context.defined_types.insert(*type_number) {
@@ -940,21 +1056,32 @@ impl Store {
             }
             let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
             encode_commit(context, out, number, first_seq, count);
-            Ok(positions)
-        })?;
+            Ok((number, first_seq, positions))
+        });
+        let (submitted, (number, first_seq, positions)) = match submitted {
+            Ok(submitted) => submitted,
+            Err(error) => {
+                // Refused before anything was queued: forget the reservation.
+                if let Some(number) = reserved {
+                    inner.catalog.write().unreserve_session(number);
+                }
+                return Err(error);
+            }
+        };
         if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
             for position in positions {
                 entry.events.push_frame(position);
             }
             entry.defined_in.get_or_insert(submitted.segment);
         }
-        Ok(PendingReceipt {
+        let pending = PendingReceipt {
             store: self.clone(),
             ticket: submitted.ticket,
             first_seq,
             end_seq: first_seq + events.len() as u64,
             durability,
-        })
+        };
+        Ok((pending, number))
     }
 
     /// Deletes session `id` (F-02-18): logs a tombstone and returns once it is durable.
@@ -964,6 +1091,15 @@ impl Store {
     /// A session whose writer handle is alive is refused (`SessionBusy`), changing nothing.
     pub fn delete_session(&self, id: &str) -> Result<()> {
         let log = self.log()?;
+        let leased = self.lease_and_refresh(id)?;
+        let outcome = self.delete_leased(log, id);
+        if leased {
+            self.release_lease(id);
+        }
+        outcome
+    }
+
+    fn delete_leased(&self, log: &Log, id: &str) -> Result<()> {
         let (number, header_json, seed, length) = {
             let mut catalog = self.inner.catalog.write();
             // Holds off writers and a second delete while the tombstone is on its way.
@@ -999,16 +1135,29 @@ impl Store {
     }
 
     /// Takes the writer handle of an existing session.
+    /// With other processes, the session's lease is taken first (`SessionBusy` naming the
+    /// holder's pid while another process writes it) and the catalog catches up, so that
+    /// appends continue after every event the previous holder committed (F-08-10).
     pub fn writer(&self, id: &str) -> Result<SessionWriter> {
         self.log()?;
-        let mut catalog = self.inner.catalog.write();
-        let (number, _) = claim_writer_slot(&mut catalog, id)?;
-        Ok(SessionWriter {
-            store: self.clone(),
-            number,
-            id: id.to_string(),
-            durability: self.inner.options.durability,
-        })
+        let leased = self.lease_and_refresh(id)?;
+        let claimed =
+            claim_writer_slot(&mut self.inner.catalog.write(), id).map(|(number, _)| number);
+        match claimed {
+            Ok(number) => Ok(SessionWriter {
+                store: self.clone(),
+                number,
+                id: id.to_string(),
+                durability: self.inner.options.durability,
+                last_ticket: 0,
+            }),
+            Err(error) => {
+                if leased {
+                    self.release_lease(id);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Every session, ordered by id.
@@ -1108,6 +1257,25 @@ impl Store {
     /// Calls `visit` with every event of `from..to` in seq order, its type name and its
     /// position (for [`event_text`]).
     fn for_each_event(
+        &self,
+        id: &str,
+        from: u64,
+        to: u64,
+        mut visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+    ) -> Result<()> {
+        // A file another process's maintenance removed is read again from where the walk
+        // stopped, after a refresh (F-08-12).
+        let mut next = from;
+        self.retry_unlinked(|| {
+            self.for_each_event_once(id, next, to, |event, event_type, position| {
+                visit(event, event_type, position)?;
+                next = event.seq + 1;
+                Ok(())
+            })
+        })
+    }
+
+    fn for_each_event_once(
         &self,
         id: &str,
         from: u64,
@@ -1445,6 +1613,7 @@ impl Store {
         }
         *closed = true;
         let outcome = match &self.inner.log {
+            Some(log) if self.is_shared() => self.close_shared(log),
             Some(log) => log.close().inspect(|()| {
                 // Derived data (F-06-22): a failure only costs the next open a replay.
                 let _ = self.write_closing_checkpoint(log);
@@ -1453,6 +1622,25 @@ impl Store {
         };
         self.inner.lock.lock().take();
         outcome
+    }
+
+    /// Closes one of many writer processes (F-08-4): everything queued is made durable;
+    /// the last process to leave also takes the tail, seals it and checkpoints, as a single
+    /// writer does; the others leave the segment open for those still writing.
+    fn close_shared(&self, log: &Log) -> Result<()> {
+        let flushed = log.flush();
+        let last = self.last_writer();
+        let took_tail = match (&last, &flushed) {
+            (Some(_), Ok(())) => log.take_tail(),
+            _ => Ok(()),
+        };
+        let closed = log.close();
+        if last.is_some() && took_tail.is_ok() && closed.is_ok() {
+            // Derived data (F-06-22): a failure only costs the next open a replay.
+            let _ = self.write_closing_checkpoint(log);
+        }
+        drop(last);
+        flushed.and(took_tail).and(closed)
     }
 }
 
@@ -1512,12 +1700,23 @@ impl SessionWriter {
         for event in events {
             validate_event(event)?;
         }
-        self.store.commit_batch(self.number, events, durability)
+        let (pending, _) =
+            self.store
+                .commit_batch(BatchTarget::Session(self.number), events, durability)?;
+        self.last_ticket = pending.ticket;
+        Ok(pending)
     }
 }
 
 impl Drop for SessionWriter {
     fn drop(&mut self) {
+        if self.store.is_shared() {
+            // The next holder must find every batch of this one written (F-08-10).
+            if let (Some(log), true) = (&self.store.inner.log, self.last_ticket > 0) {
+                let _ = log.wait(self.last_ticket, false);
+            }
+            self.store.release_lease(&self.id);
+        }
         if let Some(entry) = self
             .store
             .inner
@@ -1541,7 +1740,10 @@ fn claim_writer_slot<'catalog>(
     let number = *catalog.by_id.get(id).ok_or_else(unknown)?;
     let entry = catalog.sessions.get_mut(&number).ok_or_else(unknown)?;
     if entry.has_writer {
-        return Err(Error::SessionBusy { id: id.to_string() });
+        return Err(Error::SessionBusy {
+            session: id.to_string(),
+            pid: Some(std::process::id()),
+        });
     }
     entry.has_writer = true;
     Ok((number, entry))
@@ -1602,6 +1804,72 @@ fn wait_for(log: &Log, ticket: u64, durability: Durability) -> Result<bool> {
         Durability::Buffered => log.wait(ticket, false).map(|()| false),
         Durability::Batched { .. } => Ok(false),
     }
+}
+
+/// The session a batch goes to: an existing one, or one it creates.
+enum BatchTarget<'a> {
+    Session(u32),
+    Create {
+        id: &'a str,
+        seed: Option<Seed>,
+        header_json: &'a str,
+    },
+}
+
+impl BatchTarget<'_> {
+    /// The session's number; a new session is reserved once (the encoder may run twice).
+    fn number(&self, catalog: &mut Catalog, reserved: &mut Option<u32>) -> Result<u32> {
+        match self {
+            BatchTarget::Session(number) => Ok(*number),
+            BatchTarget::Create { .. } if reserved.is_some() => {
+                reserved.ok_or_else(|| Error::invalid("session vanished"))
+            }
+            BatchTarget::Create {
+                id,
+                seed,
+                header_json,
+            } => {
+                if catalog.by_id.contains_key(*id) {
+                    return Err(Error::DuplicateSession { id: id.to_string() });
+                }
+                let number =
+                    catalog.reserve_session(id.to_string(), *seed, header_json.to_string());
+                if let Some(entry) = catalog.sessions.get_mut(&number) {
+                    entry.has_writer = true;
+                }
+                *reserved = Some(number);
+                Ok(number)
+            }
+        }
+    }
+}
+
+/// Refuses a batch whose encoding could exceed `limit` before any number is taken for it:
+/// a type number interned for a refused batch would never reach the log, and another
+/// process could give that number to another type (F-08-6).
+fn check_batch_estimate(header_bytes: usize, events: &[NewEvent<'_>], limit: u64) -> Result<()> {
+    const FRAME_AND_FIXED_BYTES: u64 =
+        (crate::frame::FRAME_HEADER_BYTES + EVENT_FIXED_BYTES) as u64;
+    // A session header, a type definition and a commit frame, beyond their texts.
+    const RECORD_OVERHEAD_BYTES: u64 = 64;
+    let header = header_bytes as u64;
+    let events_bytes: u64 = events
+        .iter()
+        .map(|event| {
+            FRAME_AND_FIXED_BYTES
+                + RECORD_OVERHEAD_BYTES
+                + (event.data.len() + event.envelope.len() + event.event_type.len()) as u64
+        })
+        .sum();
+    let size = events_bytes + header + 2 * RECORD_OVERHEAD_BYTES;
+    if size > limit {
+        return Err(Error::TooLarge {
+            what: "batch",
+            size,
+            limit,
+        });
+    }
+    Ok(())
 }
 
 fn encode_header_if_new(
@@ -1714,7 +1982,14 @@ fn validate_event(event: &NewEvent<'_>) -> Result<()> {
 
 fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
     let existing = storage.list("").map_err(io_error("store list"))?;
-    let store_names = [LOCK_FILE, MANIFEST_TEMP_FILE, WAL_DIR, RUNS_DIR, INDEX_DIR];
+    let store_names = [
+        LOCK_FILE,
+        MANIFEST_TEMP_FILE,
+        WAL_DIR,
+        RUNS_DIR,
+        INDEX_DIR,
+        crate::multi::SHARED_FILE,
+    ];
     let foreign = existing
         .iter()
         .any(|name| !store_names.contains(&name.as_str()));
@@ -1831,17 +2106,31 @@ fn write_run_file(storage: &dyn Storage, id: u64, bytes: &[u8]) -> Result<()> {
 
 /// Continues the log where recovery left it: wipes a torn tail, seals a torn segment that is
 /// no longer the last, or starts a fresh segment after a clean close.
+/// The settings of the log, from the store's options.
+fn log_options(options: &Options) -> LogOptions {
+    LogOptions {
+        segment_bytes: options.segment_bytes,
+        max_pending_bytes: options.max_pending_bytes,
+        max_batch_bytes: options.max_batch_bytes,
+    }
+}
+
+/// Where a started log takes its first append.
+#[derive(Debug, Clone, Copy)]
+struct LogStart {
+    segment: u64,
+    salt: u64,
+    offset: u64,
+}
+
 fn start_log(
     storage: &Arc<dyn Storage>,
     options: &Options,
     mut manifest: Manifest,
     tail: Option<LogTail>,
-) -> Result<Log> {
-    let log_options = LogOptions {
-        segment_bytes: options.segment_bytes,
-        max_pending_bytes: options.max_pending_bytes,
-        max_batch_bytes: options.max_batch_bytes,
-    };
+    multi: Option<crate::commit::SharedLog>,
+) -> Result<(Log, LogStart)> {
+    let log_options = log_options(options);
     if let Some(tail) = tail.filter(|tail| !tail.sealed) {
         let file = storage
             .open(&segment_path(tail.segment), false)
@@ -1857,7 +2146,12 @@ fn start_log(
         for torn in &tail.seal_earlier {
             seal_torn_segment(storage.as_ref(), torn)?;
         }
-        return Ok(Log::start(
+        let start = LogStart {
+            segment: tail.segment,
+            salt: tail.salt,
+            offset: tail.offset,
+        };
+        let log = Log::start(
             storage.clone(),
             log_options,
             manifest,
@@ -1865,7 +2159,9 @@ fn start_log(
             tail.segment,
             tail.salt,
             tail.offset,
-        ));
+            multi,
+        );
+        return Ok((log, start));
     }
     let id = manifest.next_segment_id;
     let salt = new_salt();
@@ -1879,7 +2175,7 @@ fn start_log(
         }
         return Err(failure.error);
     }
-    Ok(Log::start(
+    let log = Log::start(
         storage.clone(),
         log_options,
         manifest,
@@ -1887,7 +2183,14 @@ fn start_log(
         id,
         salt,
         SEGMENT_HEADER_BYTES,
-    ))
+        multi,
+    );
+    let start = LogStart {
+        segment: id,
+        salt,
+        offset: SEGMENT_HEADER_BYTES,
+    };
+    Ok((log, start))
 }
 
 /// Recovery found the tail in an older segment than the newest one (a crash right after a

@@ -63,9 +63,10 @@ pub enum Error {
     /// A session with that id already exists.
     #[error("session {id:?} already exists")]
     DuplicateSession { id: String },
-    /// Another writer handle for that session is alive in this process.
-    #[error("session {id:?} already has a writer handle")]
-    SessionBusy { id: String },
+    /// Another writer holds the session: a handle in this process, or another process's
+    /// lease (F-08-10), whose pid is named when known.
+    #[error("session {session:?} is being written by {}", match pid { Some(pid) => format!("process {pid}"), None => "another process".to_string() })]
+    SessionBusy { session: String, pid: Option<u32> },
     /// The caller's input is malformed; nothing was written.
     #[error("invalid input: {reason}")]
     InvalidInput { reason: String },

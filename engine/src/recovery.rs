@@ -8,10 +8,11 @@ use crate::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
 use crate::index::{load_checkpoint, CoveredSegment};
 use crate::io::Storage;
 use crate::manifest::{Manifest, RunEntry};
+use crate::multi::tail::LogPosition;
 use crate::run::{run_path, walk_block, RunReader, DEFINITIONS_SESSION};
 use crate::segment::{
     check_header, durable_evidence_after, has_valid_frame, nonzero_end, read_segment, scan_frames,
-    SEGMENT_HEADER_BYTES,
+    scan_frames_at, SEGMENT_HEADER_BYTES,
 };
 use std::collections::HashSet;
 
@@ -87,6 +88,67 @@ struct SegmentReplay<'a> {
     defined_sessions: HashSet<u32>,
     defined_types: HashSet<u32>,
     committed_end: u64,
+    /// Catching up from the middle of a segment (F-08-11): the records that defined its
+    /// sessions and types in this segment may lie before the range, so "held in this
+    /// segment" (F-05-4) is not checked; everything else is.
+    mid_segment: bool,
+}
+
+/// What [`apply_published`] applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppliedRange {
+    /// Offset just past the last batch applied (past the seal when `sealed`).
+    pub end: u64,
+    /// Whether the range ended with the segment's seal.
+    pub sealed: bool,
+    /// Events applied.
+    pub events: u64,
+}
+
+/// Applies the committed batches of a published range of a segment to `catalog`
+/// (F-08-11): `bytes` are the segment's bytes from file offset `base` (a batch start) to a
+/// published end. Published bytes are whole batches (F-08-5), so a range that stops inside a
+/// batch, or at an invalid frame, is damage (`Error::Corrupt`), never a torn tail. With
+/// `to_seal` the range is a sealed segment's rest and must end with its seal.
+pub fn apply_published(
+    catalog: &mut Catalog,
+    bytes: &[u8],
+    base: u64,
+    segment: u64,
+    salt: u64,
+    to_seal: bool,
+) -> Result<AppliedRange> {
+    let mut replay = SegmentReplay {
+        committed_end: base,
+        mid_segment: true,
+        ..SegmentReplay::default()
+    };
+    let mut report = RecoveryReport::default();
+    let scan = scan_frames_at(bytes, base, segment, salt, |offset, record| {
+        replay.accept(catalog, &mut report, segment, offset, record)
+    })?;
+    if let Some(stop) = scan.stop {
+        return Err(corrupt(segment, stop.offset, &stop.reason));
+    }
+    if !replay.pending.is_empty() {
+        return Err(corrupt(
+            segment,
+            replay.committed_end,
+            "published range ends inside a batch",
+        ));
+    }
+    if to_seal && !scan.sealed {
+        return Err(corrupt(
+            segment,
+            scan.valid_end,
+            "a rolled segment ends without its seal",
+        ));
+    }
+    Ok(AppliedRange {
+        end: scan.valid_end,
+        sealed: scan.sealed,
+        events: report.events,
+    })
 }
 
 /// Replays the segments the manifest names.
@@ -97,6 +159,24 @@ pub fn recover(
     manifest: &Manifest,
     use_checkpoint: bool,
 ) -> Result<Recovered> {
+    recover_until(storage, manifest, use_checkpoint, None)
+}
+
+/// Like [`recover`], but reads the log only up to `limit`, the published end of a store
+/// other processes are writing (F-08-4 step 3): bytes at or past it in its segment, and
+/// segments after it, are left out, since they may be in the middle of being written.
+pub fn recover_until(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    use_checkpoint: bool,
+    limit: Option<LogPosition>,
+) -> Result<Recovered> {
+    let limit = limit.filter(|limit| {
+        manifest
+            .segments
+            .iter()
+            .any(|entry| entry.id == limit.segment)
+    });
     let mut report = RecoveryReport::default();
     let checkpoint = if use_checkpoint {
         load_checkpoint(storage, manifest)
@@ -125,11 +205,22 @@ pub fn recover(
     }
     report.segments_covered = covered_segments.len();
     let mut tail = covered_segments.last().map(sealed_tail);
-    let segments = &manifest.segments;
+    let segments_named = match limit {
+        Some(limit) => manifest
+            .segments
+            .iter()
+            .position(|entry| entry.id == limit.segment)
+            .map_or(manifest.segments.len(), |index| index + 1),
+        None => manifest.segments.len(),
+    };
+    let segments = &manifest.segments[..segments_named];
     let mut index = covered_segments.len();
     while index < segments.len() {
         let entry = segments[index];
-        let bytes = read_segment(storage, entry.id)?;
+        let mut bytes = read_segment(storage, entry.id)?;
+        if let Some(limit) = limit.filter(|limit| limit.segment == entry.id) {
+            bytes.truncate(usize::try_from(limit.offset).unwrap_or(usize::MAX));
+        }
         check_header(&bytes, entry.id, entry.salt)?;
         report.segments_scanned += 1;
         let mut replay = SegmentReplay {
@@ -463,7 +554,7 @@ impl<'a> SegmentReplay<'a> {
                 "commit count differs from its events",
             ));
         }
-        if !self.defined_sessions.contains(&session) {
+        if !self.mid_segment && !self.defined_sessions.contains(&session) {
             return Err(corrupt(
                 segment,
                 commit_offset,
@@ -484,6 +575,9 @@ impl<'a> SegmentReplay<'a> {
         }
         if event.seq != expected_seq {
             return Err("event seq is not the next in its batch");
+        }
+        if self.mid_segment {
+            return Ok(());
         }
         if !self.defined_sessions.contains(&event.session) {
             return Err("event before its session header in this segment");

@@ -151,11 +151,31 @@ pub fn scan_frames<'a>(
     bytes: &'a [u8],
     segment: u64,
     salt: u64,
+    on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
+) -> Result<SegmentScan> {
+    let start = (SEGMENT_HEADER_BYTES as usize).min(bytes.len());
+    scan_frames_at(
+        &bytes[start..],
+        SEGMENT_HEADER_BYTES,
+        segment,
+        salt,
+        on_record,
+    )
+}
+
+/// Like [`scan_frames`], over the bytes of a segment from file offset `base` on (`bytes[0]`
+/// is the byte at `base`, a frame start): what a process catching up on the tail that
+/// others appended reads (F-08-11). Offsets reported are file offsets.
+pub fn scan_frames_at<'a>(
+    bytes: &'a [u8],
+    base: u64,
+    segment: u64,
+    salt: u64,
     mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
 ) -> Result<SegmentScan> {
-    let mut offset = SEGMENT_HEADER_BYTES as usize;
+    let mut offset = 0usize;
     loop {
-        let position = offset as u64;
+        let position = base + offset as u64;
         let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {
             Ok(frame) => frame,
             Err(error) => {
@@ -199,7 +219,7 @@ pub fn scan_frames<'a>(
         on_record(position, record)?;
         if sealed {
             return Ok(SegmentScan {
-                valid_end: offset as u64,
+                valid_end: base + offset as u64,
                 sealed: true,
                 stop: None,
             });

@@ -14,6 +14,7 @@
 pub mod fs;
 pub mod lease;
 pub mod lock;
+pub mod repair;
 pub mod sim;
 pub mod tail;
 

@@ -93,15 +93,13 @@ impl TailIndex {
         // Dead holders may have left a seqlock odd: start both even.
         store(file, TAIL_SEQUENCE, 0);
         store(file, DURABLE_SEQUENCE, 0);
+        store(file, MANIFEST_GENERATION, manifest_generation + 1);
+        store(file, STORE_GENERATION, generation + 1);
         self.publish(|tail| {
-            *tail = Tail {
-                segment,
-                salt,
-                written_end: end,
-                in_progress_end: 0,
-                manifest_generation: manifest_generation + 1,
-                store_generation: generation + 1,
-            }
+            tail.segment = segment;
+            tail.salt = salt;
+            tail.written_end = end;
+            tail.in_progress_end = 0;
         });
         self.set_durable(LogPosition {
             segment,
@@ -132,7 +130,9 @@ impl TailIndex {
         }
     }
 
-    /// Changes the tail fields as one update. Only the `WRITE` holder calls it (F-08-5).
+    /// Changes the tail fields (segment, salt, written and in-progress ends) as one update;
+    /// the generations in the copy are ignored (they are bumped on their own). Only the
+    /// `WRITE` holder calls it (F-08-5).
     pub fn publish(&self, change: impl FnOnce(&mut Tail)) {
         let file = self.file.as_ref();
         let mut tail = Tail {
@@ -151,9 +151,22 @@ impl TailIndex {
         store(file, TAIL_SALT, tail.salt);
         store(file, WRITTEN_END, tail.written_end);
         store(file, IN_PROGRESS_END, tail.in_progress_end);
-        store(file, MANIFEST_GENERATION, tail.manifest_generation);
-        store(file, STORE_GENERATION, tail.store_generation);
         store(file, TAIL_SEQUENCE, sequence + 1);
+    }
+
+    /// Counts a manifest replacement (F-08-12); any process may, under `MANIFEST`.
+    pub fn bump_manifest_generation(&self) {
+        bump(self.file.as_ref(), MANIFEST_GENERATION);
+    }
+
+    /// Counts a publication (F-08-11).
+    pub fn bump_store_generation(&self) {
+        bump(self.file.as_ref(), STORE_GENERATION);
+    }
+
+    /// The manifest generation alone.
+    pub fn manifest_generation(&self) -> u64 {
+        load(self.file.as_ref(), MANIFEST_GENERATION)
     }
 
     /// The store generation alone: one load, what `refresh` with nothing new costs.
@@ -232,6 +245,19 @@ impl TailIndex {
     }
 }
 
+/// Adds one to word `index` atomically (the words are little-endian, F-08-5).
+fn bump(file: &dyn SharedFile, index: usize) {
+    let word = file.word(index);
+    let mut current = word.load(Ordering::Acquire);
+    loop {
+        let next = u64::from_le(current).wrapping_add(1).to_le();
+        match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
 /// Waits until seqlock word `index` is even and returns it. A word that stays odd belongs
 /// to a holder that died between its two stores; the next holder of the lock re-publishes
 /// (and an alone opener resets it, [`TailIndex::initialize`]), so readers only yield.
@@ -272,10 +298,8 @@ mod tests {
         let first = reader.read();
         assert_eq!((first.segment, first.salt, first.written_end), (3, 33, 64));
         let seen = reader.notify_count();
-        writer.publish(|tail| {
-            tail.written_end = 500;
-            tail.store_generation += 1;
-        });
+        writer.publish(|tail| tail.written_end = 500);
+        writer.bump_store_generation();
         writer.notify();
         assert_ne!(reader.notify_count(), seen);
         let second = reader.read();
