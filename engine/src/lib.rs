@@ -26,4 +26,6 @@ pub mod segment;
 pub mod session;
 pub mod spill;
 
+pub use commit::Durability;
+pub use db::{Event, NewEvent, Options, SessionWriter, Store};
 pub use error::{Error, Result};
