@@ -174,18 +174,16 @@ pub fn new_salt() -> u64 {
     hasher.finish()
 }
 
-impl Log {
-    /// Starts the log on an open active segment (its data ends at `tail`, durable up to there).
-    pub fn start(
-        storage: Arc<dyn Storage>,
-        options: LogOptions,
-        manifest: Manifest,
+impl State {
+    /// A log whose active segment's data ends at `tail`, durable up to there, nothing queued.
+    fn new(
         file: Arc<dyn StorageFile>,
+        manifest: Manifest,
         segment: u64,
         salt: u64,
         tail: u64,
-    ) -> Log {
-        let state = State {
+    ) -> State {
+        State {
             active: Active {
                 file,
                 context: SegmentContext {
@@ -218,7 +216,22 @@ impl Log {
             queued_waitable: 0,
             queued_since: None,
             urgent: false,
-        };
+        }
+    }
+}
+
+impl Log {
+    /// Starts the log on an open active segment (its data ends at `tail`, durable up to there).
+    pub fn start(
+        storage: Arc<dyn Storage>,
+        options: LogOptions,
+        manifest: Manifest,
+        file: Arc<dyn StorageFile>,
+        segment: u64,
+        salt: u64,
+        tail: u64,
+    ) -> Log {
+        let state = State::new(file, manifest, segment, salt, tail);
         let shared = Arc::new(Shared {
             storage,
             options,

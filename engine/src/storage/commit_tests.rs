@@ -16,41 +16,13 @@ fn file() -> Arc<dyn StorageFile> {
 
 /// The state of a log whose active segment ends at the 64-byte header, nothing queued.
 fn fresh_state() -> State {
-    let tail = SEGMENT_HEADER_BYTES;
-    State {
-        active: Active {
-            file: file(),
-            context: SegmentContext {
-                segment: SEGMENT,
-                salt: 7,
-                base_offset: tail,
-                durable_offset: tail,
-                defined_sessions: HashSet::new(),
-                defined_types: HashSet::new(),
-            },
-        },
-        manifest: Manifest::default(),
-        queue: VecDeque::new(),
-        queued_bytes: 0,
-        next_ticket: 1,
-        written_ticket: 0,
-        durable_ticket: 0,
-        sync_wanted: 0,
-        write_wanted: 0,
-        batched_deadline: None,
-        batched_bytes: 0,
-        batched_max_bytes: usize::MAX,
-        written_position: (SEGMENT, tail),
-        poisoned: None,
-        closing: false,
-        committer_done: false,
-        sealed: false,
-        waiters: Vec::new(),
-        last_group_tickets: 0,
-        queued_waitable: 0,
-        queued_since: None,
-        urgent: false,
-    }
+    State::new(
+        file(),
+        Manifest::default(),
+        SEGMENT,
+        7,
+        SEGMENT_HEADER_BYTES,
+    )
 }
 
 /// What `Log::submit` does to the state for a batch of `bytes` bytes, submitted at `at`.
