@@ -5,7 +5,7 @@
 use dshdb::derive::projection::synthetic::{turn_events, OwnedEvent};
 use dshdb::exchange::export_dsh_jsonl;
 use dshdb::store::{NewEvent, Options, Store};
-use dshdb_e2e::{arg, dshdb, dshdb_ok, text, Scratch};
+use dshdb_e2e::{arg, dshdb, dshdb_ok, scratch, text, Scratch};
 use std::path::Path;
 
 const SESSION: &str = "e2e-agent";
@@ -52,7 +52,7 @@ fn lines(bytes: &[u8]) -> Vec<serde_json::Value> {
 
 #[test]
 fn import_export_messages_repair_and_verify_an_interrupted_agent_log() {
-    let scratch = Scratch::new("agent-log");
+    let scratch = scratch("agent-log");
     let log_path = scratch.join("session.jsonl");
     let log = write_agent_log(&scratch, &log_path);
     let store = scratch.join("store");

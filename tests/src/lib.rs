@@ -6,16 +6,14 @@
 //! (which builds it for the CLI's tests), and never a stale binary when `cargo test -p
 //! dshdb-e2e` runs alone.
 
-use std::io::Write;
+use dshdb_test_support::run_with_input;
+pub use dshdb_test_support::TempDir;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 /// Points the suite at another `dshdb` binary.
 pub const BINARY_VARIABLE: &str = "DSHDB_BIN";
-/// Overrides where the DSH fixtures are looked for.
-pub const FIXTURES_VARIABLE: &str = "DSH_FIXTURES";
 
 /// The `dshdb` binary of this build: `$DSHDB_BIN`, else `dshdb` in the profile directory the
 /// test binary runs from (`target/<profile>/deps/..`), brought up to date by `cargo build`.
@@ -72,24 +70,7 @@ fn build_binary(profile_dir: &Path) {
 
 /// Runs `dshdb ARGS` with `stdin` as its input.
 pub fn dshdb_with_input(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(dshdb_binary())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dshdb");
-    let mut input = child.stdin.take().expect("stdin");
-    // A command that fails before reading its input closes the pipe early.
-    if let Err(error) = input.write_all(stdin) {
-        assert_eq!(
-            error.kind(),
-            std::io::ErrorKind::BrokenPipe,
-            "write stdin: {error}"
-        );
-    }
-    drop(input);
-    child.wait_with_output().expect("wait for dshdb")
+    run_with_input(dshdb_binary(), args, stdin)
 }
 
 /// Runs `dshdb ARGS` with no input.
@@ -119,74 +100,14 @@ pub fn arg(path: &Path) -> &str {
 }
 
 /// A fresh directory under the system's temporary directory, removed when dropped.
-pub struct Scratch(PathBuf);
+pub type Scratch = TempDir;
 
-impl Scratch {
-    pub fn new(name: &str) -> Scratch {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let unique = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let path =
-            std::env::temp_dir().join(format!("dshdb-e2e-{name}-{}-{unique}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create scratch directory");
-        Scratch(path)
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
+/// A fresh scratch directory for test `name`.
+pub fn scratch(name: &str) -> Scratch {
+    TempDir::new_in(&std::env::temp_dir(), "dshdb-e2e", name)
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Where the DSH oracle fixtures are: `$DSH_FIXTURES`, else `shared/fixtures/dsh` beside the
-/// repository.
-pub fn fixtures_dir() -> PathBuf {
-    match std::env::var_os(FIXTURES_VARIABLE) {
-        Some(path) => PathBuf::from(path),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/fixtures/dsh"
-        )),
-    }
-}
-
-/// Whether the environment says this is a CI run (`CI=true`).
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
-}
-
-/// Whether the DSH oracle fixtures are there. Without them the first call prints one line on
-/// stderr naming what is skipped and why, and the caller skips; under `CI=true` it panics.
-pub fn fixtures_present() -> bool {
-    let directory = fixtures_dir();
-    if directory.join("README.md").is_file() {
-        return true;
-    }
-    assert!(
-        !in_ci(),
-        "CI=true but the DSH oracle fixtures are missing at {}: the DSH conformance suite \
-         must run in CI (set {FIXTURES_VARIABLE} or put shared/fixtures/dsh beside the repository)",
-        directory.display()
-    );
-    static NOTICE: Once = Once::new();
-    NOTICE.call_once(|| {
-        // Straight to the stream, past the test harness's capture: a skip must be visible.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: the DSH conformance tests of this suite (they compare with DSH's oracle \
-             fixtures, which are not in the repository): no fixtures at {} (set \
-             {FIXTURES_VARIABLE}, or put shared/fixtures/dsh beside the repository; under \
-             CI=true this is an error)",
-            directory.display()
-        );
-    });
-    false
-}
+pub use dshdb_test_support::fixtures::{directory as fixtures_dir, present as fixtures_present};
 
 /// The path of fixture `NAME.input.jsonl`.
 pub fn fixture_input(name: &str) -> PathBuf {

@@ -1,7 +1,7 @@
 //! `dshdb prune | spill get|ls|gc | compact | project` against a real store directory.
 
 use crate::common;
-use crate::common::TempDir;
+use crate::common::temp_dir;
 
 use dshdb::derive::projection::synthetic::turn_events;
 use serde_json::Value;
@@ -47,7 +47,7 @@ fn session_lines() -> String {
 
 #[test]
 fn prune_spill_compact_and_project_from_the_command_line() {
-    let scratch = TempDir::new("above-flow");
+    let scratch = temp_dir("above-flow");
     let dir = scratch.path().to_path_buf();
     let store = dir.join("store");
     let store = store.to_str().expect("utf-8 path");

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 #[test]
 fn quickstart_writes_realistic_sessions_and_prints_them() {
-    let dir = TempDir::new("quickstart");
+    let dir = temp_dir("quickstart");
     let store = dir.join("demo-store");
     let store = path_str(&store);
     let out = ok(&["quickstart", store], "");
@@ -83,7 +83,7 @@ fn quickstart_writes_realistic_sessions_and_prints_them() {
 
 #[test]
 fn append_and_events_round_trip_exact_bytes() {
-    let dir = TempDir::new("roundtrip");
+    let dir = temp_dir("roundtrip");
     let store = dir.join("store");
     let store = path_str(&store);
     ok(&["init", store], "");
@@ -142,7 +142,7 @@ fn append_and_events_round_trip_exact_bytes() {
 
 #[test]
 fn append_with_ack_reports_each_durable_seq() {
-    let dir = TempDir::new("ack");
+    let dir = temp_dir("ack");
     let store = dir.join("store");
     let store = path_str(&store);
     let lines =
@@ -170,7 +170,7 @@ fn append_with_ack_reports_each_durable_seq() {
 
 #[test]
 fn bad_line_exits_1_names_the_line_and_appends_nothing_of_it() {
-    let dir = TempDir::new("badline");
+    let dir = temp_dir("badline");
     let store = dir.join("store");
     let store = path_str(&store);
     let bad_lines = [
@@ -217,7 +217,7 @@ fn bad_line_exits_1_names_the_line_and_appends_nothing_of_it() {
 
 #[test]
 fn verify_is_clean_on_a_good_store_and_exits_3_after_a_flipped_byte() {
-    let dir = TempDir::new("verify");
+    let dir = temp_dir("verify");
     let store_path = dir.join("store");
     let store = path_str(&store_path);
     ok(&["quickstart", store], "");
@@ -250,7 +250,7 @@ fn verify_is_clean_on_a_good_store_and_exits_3_after_a_flipped_byte() {
 
 #[test]
 fn verify_reports_a_missing_store_as_an_error_not_corruption() {
-    let dir = TempDir::new("missing");
+    let dir = temp_dir("missing");
     let missing = dir.join("nothing-here");
     for args in [
         vec!["verify", path_str(&missing)],
@@ -305,7 +305,7 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn ls_lists_sessions_with_event_counts() {
-    let dir = TempDir::new("ls");
+    let dir = temp_dir("ls");
     let store = dir.join("store");
     let store = path_str(&store);
     ok(&["init", store], "");
@@ -343,7 +343,7 @@ fn ls_lists_sessions_with_event_counts() {
 #[test]
 fn quickstart_sessions_pass_the_dsh_session_model_checks() {
     use dshdb::session::{parse_event_line, validate_seed, InvariantTracker, SeedMode};
-    let dir = TempDir::new("model");
+    let dir = temp_dir("model");
     let store = dir.join("store");
     let store = path_str(&store);
     ok(&["quickstart", store], "");
@@ -375,7 +375,7 @@ fn quickstart_sessions_pass_the_dsh_session_model_checks() {
 /// command works alongside; once the holder closes, the child can write.
 #[test]
 fn a_second_writer_process_is_refused_and_changes_nothing() {
-    let dir = TempDir::new("second-writer");
+    let dir = temp_dir("second-writer");
     let store_path = dir.join("store");
     let holder =
         dshdb::store::Store::open(&store_path, dshdb::store::Options::default()).expect("open");
@@ -416,7 +416,7 @@ fn a_second_writer_process_is_refused_and_changes_nothing() {
 
 #[test]
 fn maintain_seals_segments_into_runs_and_stats_reports_them() {
-    let dir = TempDir::new("maintain");
+    let dir = temp_dir("maintain");
     let store_path = dir.join("store");
     let store = path_str(&store_path);
     let line = |n: usize| format!("{{\"type\":\"assistant/chunk\",\"data\":{{\"n\":{n}}}}}\n");
@@ -456,7 +456,7 @@ fn maintain_seals_segments_into_runs_and_stats_reports_them() {
 
 #[test]
 fn rm_deletes_a_session_and_maintain_reclaims_its_events() {
-    let dir = TempDir::new("rm");
+    let dir = temp_dir("rm");
     let store_path = dir.join("store");
     let store = path_str(&store_path);
     let lines: String = (0..50)

@@ -23,7 +23,7 @@ fn store_with_one_message(dir: &TempDir) -> String {
 
 #[test]
 fn messages_keep_lone_surrogate_escapes_as_in_the_events() {
-    let dir = TempDir::new("surrogates");
+    let dir = temp_dir("surrogates");
     let store = store_with_one_message(&dir);
     let events = ok(&["events", &store, "chat"], "");
     assert!(events.contains(SURROGATE_TEXT), "{events}");
@@ -38,7 +38,7 @@ fn messages_keep_lone_surrogate_escapes_as_in_the_events() {
 
 #[test]
 fn an_unknown_token_encoding_is_a_usage_error() {
-    let dir = TempDir::new("encoding");
+    let dir = temp_dir("encoding");
     let store = store_with_one_message(&dir);
     let output = dshdb(&["project", &store, "chat", "--encoding", "gpt2"], "");
     assert_eq!(
@@ -60,7 +60,7 @@ fn an_unknown_token_encoding_is_a_usage_error() {
 
 #[test]
 fn quickstart_says_what_it_read_back_and_how_to_run_dshdb() {
-    let dir = TempDir::new("quickstart-read-back");
+    let dir = temp_dir("quickstart-read-back");
     let store = dir.join("store");
     let out = ok(&["quickstart", path_str(&store)], "");
     let written: u64 = out
@@ -98,7 +98,7 @@ fn quickstart_says_what_it_read_back_and_how_to_run_dshdb() {
 
 #[test]
 fn empty_results_are_said_on_stderr() {
-    let dir = TempDir::new("empty-results");
+    let dir = temp_dir("empty-results");
     let store = store_with_one_message(&dir);
     let cases: [(&[&str], &str); 4] = [
         (

@@ -10,7 +10,7 @@ use dshdb::Error;
 
 #[test]
 fn events_survive_close_and_reopen_byte_for_byte() {
-    let scratch = TempDir::new("basics");
+    let scratch = temp_dir("basics");
     let dir = scratch.path().to_path_buf();
     let store = Store::open(&dir, Options::default()).expect("open");
     let mut writer = store.create_session_with_id("s1").expect("create");
@@ -50,7 +50,7 @@ fn events_survive_close_and_reopen_byte_for_byte() {
 
 #[test]
 fn a_second_writer_on_the_same_store_is_refused_and_read_only_opens_work() {
-    let scratch = TempDir::new("basics");
+    let scratch = temp_dir("basics");
     let dir = scratch.path().to_path_buf();
     let store = Store::open(&dir, Options::default()).expect("open");
     store.create_session_with_id("a").expect("create");

@@ -8,8 +8,7 @@ pub mod dsh_fixtures;
 use dshdb::storage::commit::Durability;
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::store::{NewEvent, Options, Store};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::sync::Arc;
 
 /// Small segments so that tests roll segments often.
@@ -66,32 +65,10 @@ pub fn next_random(state: &mut u64) -> u64 {
     mixed ^ (mixed >> 31)
 }
 
+pub use dshdb_test_support::TempDir;
+
 /// A fresh directory under the target's scratch space (`CARGO_TARGET_TMPDIR`), removed when
-/// dropped. The name holds the process id and a counter, so parallel tests never share one.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(name: &str) -> TempDir {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let unique = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("engine-{name}-{}-{unique}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create scratch directory");
-        TempDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// dropped.
+pub fn temp_dir(name: &str) -> TempDir {
+    TempDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "engine", name)
 }
