@@ -8,6 +8,8 @@
 //! encoded like the engine's DSH importer does (`{"dshdb:hex":"…"}`), so reading it back
 //! always gives the exact text DSH wrote.
 
+use dshdb::exchange;
+use dshdb::session::line::push_event_line;
 use dshdb::storage::frame::{EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE};
 use dshdb::{EventView, NewEvent};
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -15,8 +17,6 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-/// Prefix of a hex-encoded verbatim line (the engine's importer uses the same form).
-const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
 /// Envelope members the store admits besides `type`, `seq`, `time` and `data`.
 const ENVELOPE_KEYS: [&str; 3] = ["surfaceOp", "sourceEventSeqs", "ignorable"];
 /// Type recorded for a verbatim line whose `type` the store cannot hold as text.
@@ -143,7 +143,7 @@ fn split_line(line: &str, index: usize, expected_seq: u64) -> Result<StoredLine,
         flags: 0,
     };
     let mut rendered = String::with_capacity(line.len());
-    render_canonical(
+    push_event_line(
         &mut rendered,
         &stored.event_type,
         expected_seq,
@@ -159,12 +159,7 @@ fn split_line(line: &str, index: usize, expected_seq: u64) -> Result<StoredLine,
 
 /// A line kept whole: its text is what reads give back.
 fn verbatim(line: &str, event_type: &str, time: i64) -> StoredLine {
-    let mut envelope = String::with_capacity(HEX_PREFIX.len() + line.len() * 2 + 2);
-    envelope.push_str(HEX_PREFIX);
-    for byte in line.bytes() {
-        let _ = write!(envelope, "{byte:02x}");
-    }
-    envelope.push_str("\"}");
+    let envelope = exchange::hex_verbatim_envelope(line.as_bytes());
     StoredLine {
         event_type: event_type.to_string(),
         time,
@@ -174,45 +169,18 @@ fn verbatim(line: &str, event_type: &str, time: i64) -> StoredLine {
     }
 }
 
-/// `{"type":..,"seq":..,"time":..,"data":..,<envelope>}`, the store's rendering.
-fn render_canonical(
-    out: &mut String,
-    event_type: &str,
-    seq: u64,
-    time: i64,
-    data: &str,
-    envelope: &str,
-) {
-    out.push_str("{\"type\":");
-    let plain = |byte: u8| byte >= 0x20 && byte != b'"' && byte != b'\\';
-    if event_type.bytes().all(plain) {
-        out.push('"');
-        out.push_str(event_type);
-        out.push('"');
-    } else {
-        out.push_str(&serde_json::Value::String(event_type.to_string()).to_string());
-    }
-    let _ = write!(out, ",\"seq\":{seq},\"time\":{time},\"data\":");
-    out.push_str(data);
-    if !envelope.is_empty() {
-        out.push(',');
-        out.push_str(envelope);
-    }
-    out.push('}');
-}
-
 /// Appends the DSH event line of a stored event to `out`. A packed chunk row's members
 /// (imported logs) render as plain events; a verbatim line as its original text.
 pub fn render_event(out: &mut String, event: &EventView<'_>) {
     if event.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
-        render_canonical(out, event.event_type, event.seq, event.time, event.data, "");
+        push_event_line(out, event.event_type, event.seq, event.time, event.data, "");
     } else if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
-        match decode_hex(event.envelope) {
+        match exchange::verbatim_bytes(event.envelope) {
             Some(bytes) => out.push_str(&String::from_utf8_lossy(&bytes)),
             None => out.push_str(event.envelope),
         }
     } else {
-        render_canonical(
+        push_event_line(
             out,
             event.event_type,
             event.seq,
@@ -221,16 +189,4 @@ pub fn render_event(out: &mut String, event: &EventView<'_>) {
             event.envelope,
         );
     }
-}
-
-/// The bytes of a hex-encoded verbatim line, `None` for a line stored as plain text.
-fn decode_hex(envelope: &str) -> Option<Vec<u8>> {
-    let hex = envelope.strip_prefix(HEX_PREFIX)?.strip_suffix("\"}")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(hex.get(at..at + 2)?, 16).ok())
-        .collect()
 }

@@ -40,7 +40,7 @@ test('a Rust panic becomes a rejected promise or a thrown error, never a dead pr
   await cleanup()
 })
 
-test('appends resolve while every libuv worker is busy, and many sessions share group commits', async () => {
+test('appends resolve while every libuv worker is busy', async () => {
   const { dir, cleanup } = await tempDir()
   const child = spawnSync(process.execPath, ['--input-type=module', '-e', `
     import { openStore } from ${JSON.stringify(NATIVE)}
@@ -68,7 +68,10 @@ test('appends resolve while every libuv worker is busy, and many sessions share 
   })
   const result = JSON.parse(child.stdout.trim().split('\n').pop())
   assert.equal(result.resolvedWhileBusy, true)
-  // 32 sequential durable appends pay 32 commits; 32 concurrent ones share a few.
-  assert.ok(result.concurrent * 3 < result.sequential, JSON.stringify(result))
+  // How much 32 concurrent appends gain over 32 sequential ones is a figure, not a pass/fail
+  // (wall time on a shared 2-core machine): reported here, measured in bench/compare.mjs. That
+  // batches submitted together share one sync is checked deterministically by the engine's
+  // store_basics::submitted_batches_from_one_thread_share_a_sync_and_are_durable_when_waited.
+  console.log(`32 sequential appends ${result.sequential.toFixed(1)} ms, 32 concurrent ${result.concurrent.toFixed(1)} ms`)
   await cleanup()
 })

@@ -358,6 +358,12 @@ fn verbatim_envelope(raw: &[u8]) -> String {
             return text.to_owned();
         }
     }
+    hex_verbatim_envelope(raw)
+}
+
+/// The original line as a hex-wrapped verbatim envelope (`{"dshdb:hex":"…"}`), whatever it
+/// holds: the form for bytes that are no JSON object, or that a writer wants kept exactly.
+pub fn hex_verbatim_envelope(raw: &[u8]) -> String {
     let mut hex = String::with_capacity(HEX_PREFIX.len() + raw.len() * 2 + 2);
     hex.push_str(HEX_PREFIX);
     for byte in raw {
@@ -367,8 +373,8 @@ fn verbatim_envelope(raw: &[u8]) -> String {
     hex
 }
 
-/// The original line bytes of a verbatim envelope.
-fn verbatim_bytes(envelope: &str) -> Option<Vec<u8>> {
+/// The original line bytes of a verbatim envelope (`None`: a malformed hex wrapper).
+pub fn verbatim_bytes(envelope: &str) -> Option<Vec<u8>> {
     let Some(hex) = envelope
         .strip_prefix(HEX_PREFIX)
         .and_then(|rest| rest.strip_suffix("\"}"))
