@@ -287,7 +287,7 @@ test('fresh unaliased events; lossless key order, numbers and lone surrogates; a
     const first = await mountDshdb(dir)
     const p = first.persistence
     const data = { z: 1, a: { y: [1e21, 1e-7, 0.1, -5, 123456789012345], x: 'lone \ud800 and \udc00 pair \ud83d\ude00' }, '7': 'integer key', m: 'line\nbreak "quoted" \u2028 \u0001' }
-    const ids = ['plain', '\ud800', 'x\udfffy', `${'dshdb-utf16:'}0041`, 'A', '', 'ünï/../cödé ☃']
+    const ids = ['plain', '\ud800', 'x\udfffy', `${'dshdb-utf16:'}0041`, 'A', '', 'line\nbreak', 'tab\t\u007f', 'ünï/../cödé ☃']
     for (const id of ids) {
       await p.create({ version: 0, id, createdAt: T0, cwd: '/w', parentSession: '\udbff' })
       await p.append(id, [...events(0, [['x/data', data], ['user/message', userMessage('hi'), { surfaceOp: 'append', sourceEventSeqs: [0] }]])])

@@ -2,10 +2,12 @@
  * How DSH session ids and headers map to the dshdb store.
  *
  * A DSH `SessionId` is any JavaScript string, lone surrogates included, but a store id is
- * UTF-8 text. A well-formed id is its own store id, so `dshdb ls` and `dshdb export` show
- * it as DSH does. Any other id (or one that starts with {@link ID_PREFIX}) is stored as
- * the prefix plus the hex of its UTF-16 code units, 4 digits each. The mapping is
- * injective: an unmapped id never starts with the prefix.
+ * UTF-8 text that is not empty and holds no control character (the engine refuses those,
+ * since they make `dshdb ls` ambiguous). A well-formed id without control characters is its
+ * own store id, so `dshdb ls` and `dshdb export` show it as DSH does. Any other id (or one
+ * that starts with {@link ID_PREFIX}) is stored as the prefix plus the hex of its UTF-16
+ * code units, 4 digits each. The mapping is injective: an unmapped id never starts with
+ * the prefix.
  * @module
  */
 import type { SessionHeader, SessionId } from '@deepseek-ai/dsh-session'
@@ -19,9 +21,13 @@ const UNIT_HEX_DIGITS = 4
 /** A JSON escape of a surrogate code unit (JSON.stringify emits one only for a lone one). */
 const SURROGATE_ESCAPE = /\\ud[89a-f]/i
 
+/** C0 controls and DEL: characters a store id may not hold. */
+const CONTROL_CHARACTER = /[\u0000-\u001f\u007f]/
+
 /** The store id of a DSH session id. */
 export function storeId(id: string): string {
-  if (id.isWellFormed() && !id.startsWith(ID_PREFIX)) return id
+  const storable = id.length > 0 && id.isWellFormed() && !CONTROL_CHARACTER.test(id)
+  if (storable && !id.startsWith(ID_PREFIX)) return id
   let hex = ID_PREFIX
   for (let index = 0; index < id.length; index++) {
     hex += id.charCodeAt(index).toString(16).padStart(UNIT_HEX_DIGITS, '0')
