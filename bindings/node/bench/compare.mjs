@@ -1,7 +1,8 @@
 // Throughput through DSH's API: DSH's SessionStore with the dshdb provider, DSH's JSONL
 // provider (zstd and none), and no provider (the ceiling), on one event stream: SESSIONS live
 // sessions appending 256-byte assistant/chunk events, (a) flushing after every event and
-// (b) appending freely under the 200 ms write-behind. Writes JSON results to the path in
+// (b) appending freely under the 200 ms write-behind; "coordinator-only" is DSH's coordinator
+// over a backend that drops batches (the ceiling of any provider). Writes JSON results to the path in
 // argv[2] (default bench-out/node-compare.json).
 // Usage: node bench/compare.mjs [out.json] [eventsPerSessionFlush] [eventsPerSessionFree]
 import { mkdirSync, writeFileSync } from 'node:fs'
@@ -16,8 +17,19 @@ const flushEvents = Number(process.argv[3] ?? 40)
 const freeEvents = Number(process.argv[4] ?? 2000)
 const text = 'x'.repeat(CHUNK_BYTES - 64)
 
+/**
+ * DSH's PersistenceCoordinator over a backend that drops every batch (the dshdb provider
+ * with `appendBatch` doing nothing): what DSH's own persistence JavaScript costs (its
+ * write-behind copies each event with structuredClone, checks it is lossless JSON, ...),
+ * the ceiling of any provider composed as DSH's JSONL and SQLite providers are.
+ */
+class DroppingPersistence extends DshdbSessionPersistence {
+  async appendBatch() {}
+}
+
 const providers = {
   dshdb: (dir) => [DshdbSessionPersistence, { path: dir }],
+  'coordinator-only': (dir) => [DroppingPersistence, { path: dir }],
   'jsonl-zstd': (dir) => [JsonlSessionPersistence, { root: dir, compression: 'zstd' }],
   'jsonl-none': (dir) => [JsonlSessionPersistence, { root: dir, compression: 'none' }],
   none: undefined,
