@@ -3,4 +3,5 @@
 
 pub mod baselines;
 pub mod chart;
+pub mod dsh_layout;
 pub mod workload;

@@ -1,4 +1,4 @@
-//! `dshdb-benches compare [--quick] [--only cold-resume] [--out DIR]`: dshdb against DSH JSONL, DSH SQLite and the
+//! `dshdb-benches compare [--quick] [--only cold-resume|dsh-layout] [--out DIR]`: dshdb against DSH JSONL, DSH SQLite and the
 //! raw `pwrite`+`fdatasync` floor, on the same machine and the same event stream.
 //! See BENCHMARKS.md at the repository root for the method.
 
@@ -16,6 +16,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 mod exchange_run;
+mod layout_run;
 mod resume_run;
 
 /// `std::sync::Mutex` without poisoning noise.
@@ -60,6 +61,8 @@ struct Config {
     exchange_only: bool,
     /// Only the cold-resume section (`compare --only cold-resume`).
     cold_resume_only: bool,
+    /// Only the DSH-files section on both layouts (`compare --only dsh-layout`).
+    layout_only: bool,
     reps: usize,
     /// Appends measured per interactive run (after a warm-up).
     interactive_appends: usize,
@@ -99,20 +102,22 @@ fn parse_args() -> Result<Config> {
             single = Some((system, sessions));
         }
         _ => bail!(
-            "usage: dshdb-benches compare [--quick] [--only cold-resume] [--out DIR]\n       \
+            "usage: dshdb-benches compare [--quick] [--only cold-resume|dsh-layout] [--out DIR]\n       \
              dshdb-benches fleet sync|batched|pipelined|jsonl|jsonl-zstd|sqlite|redb SESSIONS [--quick] [--out DIR]\n       \
              dshdb-benches exchange [--quick] [--out DIR]"
         ),
     }
     let mut quick = false;
     let mut cold_resume_only = false;
+    let mut layout_only = false;
     let mut out = PathBuf::from("bench-out");
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--only" => match args.next().as_deref() {
                 Some("cold-resume") => cold_resume_only = true,
-                other => bail!("--only takes cold-resume, not {other:?}"),
+                Some("dsh-layout") => layout_only = true,
+                other => bail!("--only takes cold-resume or dsh-layout, not {other:?}"),
             },
             "--out" => out = PathBuf::from(args.next().context("--out needs a directory")?),
             other => bail!("unknown argument {other:?}"),
@@ -124,6 +129,7 @@ fn parse_args() -> Result<Config> {
             single,
             exchange_only,
             cold_resume_only,
+            layout_only,
             reps: 1,
             interactive_appends: 300,
             warmup: 20,
@@ -138,6 +144,7 @@ fn parse_args() -> Result<Config> {
             single,
             exchange_only,
             cold_resume_only,
+            layout_only,
             reps: 5,
             interactive_appends: 600,
             warmup: 50,
@@ -177,6 +184,9 @@ fn main() -> Result<()> {
         exchange_run::run(&work, exchange_events(&config))
     } else if config.cold_resume_only {
         cold_resume_only(&work, exchange_events(&config))
+    } else if config.layout_only {
+        layout_run::run(&work, exchange_events(&config))
+            .map(|section| format!("## dshdb compare --only dsh-layout\n\n{section}"))
     } else {
         run(&config, &work)
     };
@@ -186,7 +196,13 @@ fn main() -> Result<()> {
         "{report}\nTotal run time: {:.0} s.\n",
         started.elapsed().as_secs_f64()
     );
-    let name = match (config.exchange_only, config.cold_resume_only, config.quick) {
+    let name = match (
+        config.exchange_only,
+        config.cold_resume_only || config.layout_only,
+        config.quick,
+    ) {
+        (false, true, true) if config.layout_only => "dsh-layout-quick.md",
+        (false, true, false) if config.layout_only => "dsh-layout.md",
         (true, _, true) => "exchange-quick.md",
         (true, _, false) => "exchange.md",
         (false, true, true) => "cold-resume-quick.md",
@@ -871,6 +887,7 @@ fn run(config: &Config, work: &Path) -> Result<String> {
     let (crash_sessions, crash_events) = crash_size(config);
     let crash_section = resume_run::crash_reopen(work, crash_sessions, crash_events)?;
     let exchange_section = exchange_run::run(work, exchange_events(config))?;
+    let layout_section = layout_run::run(work, exchange_events(config))?;
     let load_after = load_average();
 
     let lat: Vec<Vec<Latency>> = latencies
@@ -1049,6 +1066,7 @@ fn run(config: &Config, work: &Path) -> Result<String> {
     out.push_str(&resume_section);
     out.push_str(&crash_section);
     out.push_str(&exchange_section);
+    out.push_str(&layout_section);
 
     writeln!(out, "### Targets\n")?;
     writeln!(out, "| target | measured | verdict |")?;

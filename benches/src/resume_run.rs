@@ -29,12 +29,12 @@ const RESUME_RUNS: usize = 5;
 const CRASH_BATCH_EVENTS: usize = 16;
 
 /// What one child reports: wall time of the measured part and its peak RSS.
-struct ChildReport {
-    millis: f64,
-    peak_rss_mib: f64,
+pub(crate) struct ChildReport {
+    pub(crate) millis: f64,
+    pub(crate) peak_rss_mib: f64,
     /// CPU time the process spent running (`/proc/self/schedstat`), in ms: less moved than
     /// the wall time by other work on the machine.
-    cpu_millis: f64,
+    pub(crate) cpu_millis: f64,
 }
 
 /// The process's time on a CPU so far, in ms: its main thread's, the first field of
@@ -64,7 +64,12 @@ fn peak_rss_mib() -> f64 {
 /// The child side: `dshdb-benches child KIND ARGS...`; prints `millis peak_rss_mib`.
 pub fn child(args: &[String]) -> Result<()> {
     let started = Instant::now();
+    let layout_step = match args {
+        [kind, rest @ ..] if kind.starts_with("layout-") => crate::layout_run::child(kind, rest)?,
+        _ => false,
+    };
     match args {
+        _ if layout_step => {}
         [kind, path] if kind == "resume-dshdb" => {
             let options = Options {
                 read_only: true,
@@ -117,14 +122,14 @@ pub fn child(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn run_child(args: &[&str]) -> Result<ChildReport> {
+pub(crate) fn run_child(args: &[&str]) -> Result<ChildReport> {
     let mut command = Command::new(std::env::current_exe()?);
     command.arg("child").args(args);
     run_measured(command, args)
 }
 
 /// Runs a child that prints `millis peak_rss_mib` and reads its report.
-fn run_measured(mut command: Command, args: &[&str]) -> Result<ChildReport> {
+pub(crate) fn run_measured(mut command: Command, args: &[&str]) -> Result<ChildReport> {
     let output = command.output().context("spawn child")?;
     if !output.status.success() {
         bail!(
@@ -143,7 +148,7 @@ fn run_measured(mut command: Command, args: &[&str]) -> Result<ChildReport> {
     })
 }
 
-fn median_report(mut runs: Vec<ChildReport>) -> ChildReport {
+pub(crate) fn median_report(mut runs: Vec<ChildReport>) -> ChildReport {
     runs.sort_by(|a, b| a.millis.total_cmp(&b.millis));
     runs.swap_remove(runs.len() / 2)
 }
@@ -166,7 +171,7 @@ fn write_dsh_zstd(jsonl: &[u8], path: &Path) -> Result<u64> {
 const BASELINE_MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/resume-baseline/Cargo.toml");
 
 /// Builds the baseline crate (release) and returns its executable.
-fn build_baseline() -> Result<PathBuf> {
+pub(crate) fn build_baseline() -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
         .args(["build", "--release", "--quiet", "--message-format=json"])
