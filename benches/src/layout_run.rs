@@ -114,6 +114,43 @@ fn layouts(work: &Path, events: usize) -> Result<Vec<Layout>> {
     Ok(vec![line_per_event, packed])
 }
 
+/// Events of the session `dsh-layout-file` writes by default: the size of issue #14's
+/// measured DSH coding session.
+const PACKED_FILE_DEFAULT_EVENTS: u64 = 1_300_000;
+
+/// `dsh-layout-file DIR [EVENTS]`: writes a DSH packed-layout session as DIR/session.jsonl
+/// and DIR/session.jsonl.zstd (for benchmarks outside this runner, such as the Node
+/// provider's cold restore) and prints its id and counts.
+pub fn write_packed_files(args: &[String]) -> Result<()> {
+    let dir = PathBuf::from(args.first().context("dsh-layout-file needs a directory")?);
+    let events = match args.get(1) {
+        Some(text) => text.parse().context("EVENTS must be a count")?,
+        None => PACKED_FILE_DEFAULT_EVENTS,
+    };
+    let layout = dsh_layout::generate(0x5E55_10E5, events);
+    let zstd = layout.zstd()?;
+    let written = write_layout(
+        &dir,
+        "DSH packed",
+        dsh_layout::SESSION_ID,
+        &layout.jsonl,
+        &zstd,
+        (layout.events, layout.lines, layout.rows, layout.frames()),
+    )?;
+    println!(
+        "{} {} events, {} lines ({} packed rows), {} zstd frames; {} / {} bytes in {}",
+        written.id,
+        written.events,
+        written.lines,
+        written.rows,
+        written.frames,
+        written.plain_bytes,
+        written.zstd_bytes,
+        dir.display()
+    );
+    Ok(())
+}
+
 /// The child side: `child layout-KIND ARGS...`. Returns whether `kind` was one of these.
 pub fn child(kind: &str, args: &[String]) -> Result<bool> {
     match (kind, args) {

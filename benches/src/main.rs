@@ -104,7 +104,8 @@ fn parse_args() -> Result<Config> {
         _ => bail!(
             "usage: dshdb-benches compare [--quick] [--only cold-resume|dsh-layout] [--out DIR]\n       \
              dshdb-benches fleet sync|batched|pipelined|jsonl|jsonl-zstd|sqlite|redb SESSIONS [--quick] [--out DIR]\n       \
-             dshdb-benches exchange [--quick] [--out DIR]"
+             dshdb-benches exchange [--quick] [--out DIR]\n       \
+             dshdb-benches dsh-layout-file DIR [EVENTS]   (a DSH packed-layout session.jsonl and .jsonl.zstd)"
         ),
     }
     let mut quick = false;
@@ -160,6 +161,9 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("child") {
         return resume_run::child(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("dsh-layout-file") {
+        return layout_run::write_packed_files(&args[1..]);
     }
     let config = parse_args()?;
     std::fs::create_dir_all(&config.out)?;

@@ -10,8 +10,8 @@
 
 use dshdb::exchange;
 use dshdb::session::line::push_event_line;
-use dshdb::storage::frame::{EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE};
-use dshdb::{EventView, NewEvent};
+use dshdb::storage::frame::EVENT_FLAG_VERBATIM_LINE;
+use dshdb::NewEvent;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -166,27 +166,5 @@ fn verbatim(line: &str, event_type: &str, time: i64) -> StoredLine {
         data: "null".to_string(),
         envelope,
         flags: EVENT_FLAG_VERBATIM_LINE,
-    }
-}
-
-/// Appends the DSH event line of a stored event to `out`. A packed chunk row's members
-/// (imported logs) render as plain events; a verbatim line as its original text.
-pub fn render_event(out: &mut String, event: &EventView<'_>) {
-    if event.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
-        push_event_line(out, event.event_type, event.seq, event.time, event.data, "");
-    } else if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
-        match exchange::verbatim_bytes(event.envelope) {
-            Some(bytes) => out.push_str(&String::from_utf8_lossy(&bytes)),
-            None => out.push_str(event.envelope),
-        }
-    } else {
-        push_event_line(
-            out,
-            event.event_type,
-            event.seq,
-            event.time,
-            event.data,
-            event.envelope,
-        );
     }
 }

@@ -28,7 +28,7 @@ import type {
   StoredPrefix,
   StoredSuffix,
 } from '@deepseek-ai/dsh-session-persistence'
-import type { SessionEvent, SessionHeader, SessionId, SessionPreparation } from '@deepseek-ai/dsh-session'
+import { decodeStorageRecord, type SessionEvent, type SessionHeader, type SessionId, type SessionPreparation } from '@deepseek-ai/dsh-session'
 import { openStore, type NativeStore, type StoredRead } from '../native/index.js'
 import { logicalHeader, storedHeader, storeId } from './ids.js'
 
@@ -54,6 +54,18 @@ export interface DshdbPersistenceConfig {
  * (an interrupted write). The bytes are gone already; `commitRepair` records that DSH saw
  * it, which changes the revision.
  */
+/**
+ * Where the last `loadStored` spent its time, in milliseconds: the engine's read (off the
+ * JavaScript thread), the N-API boundary (the promise's round trip beyond the engine's time:
+ * thread hop and Buffer hand-over), and the `JSON.parse` of the events. Diagnostics for the
+ * cold-restore benchmark.
+ */
+export interface DshdbLoadTimings {
+  engineMs: number
+  boundaryMs: number
+  parseMs: number
+}
+
 export interface DshdbTornMarker {
   readonly discardedAtOpen: true
 }
@@ -66,7 +78,14 @@ const closing = new Map<string, Promise<void>>()
 
 /** Fresh, unaliased event objects from one JSON array text. */
 function parseEvents(read: StoredRead): SessionEvent[] {
-  return JSON.parse(read.events.toString('utf8')) as SessionEvent[]
+  const records = JSON.parse(read.events.toString('utf8')) as SessionEvent[]
+  if (!read.packed) return records
+  // Packed chunk rows of an imported log: DSH's own decoder expands them.
+  const events: SessionEvent[] = []
+  for (const record of records) {
+    for (const event of decodeStorageRecord(record)) events.push(event as SessionEvent)
+  }
+  return events
 }
 
 /** DSH event JSON texts joined by newlines (JSON.stringify never emits a raw newline). */
@@ -102,6 +121,8 @@ export class DshdbSessionPersistence extends SessionPersistence implements Persi
   readonly durability: Durability
   readonly coordinator: PersistenceCoordinator<DshdbTornMarker>
   private opening: Promise<NativeStore> | undefined
+  /** Where the last `loadStored` spent its time (see {@link DshdbLoadTimings}). */
+  lastLoadTimings: DshdbLoadTimings | undefined
 
   /** Synchronous: the store opens on first use. */
   constructor(ctx: Context, config: DshdbPersistenceConfig) {
@@ -161,12 +182,20 @@ export class DshdbSessionPersistence extends SessionPersistence implements Persi
     signal?.throwIfAborted()
     const store = await this.store()
     signal?.throwIfAborted()
+    const called = performance.now()
     const read = await store.load(storeId(id))
+    const returned = performance.now()
     signal?.throwIfAborted()
     if (read === null) return undefined
+    const events = parseEvents(read)
+    this.lastLoadTimings = {
+      engineMs: read.engineMillis,
+      boundaryMs: Math.max(0, returned - called - read.engineMillis),
+      parseMs: performance.now() - returned,
+    }
     const prefix: StoredPrefix<DshdbTornMarker> = {
       meta: logicalHeader(read.header),
-      events: parseEvents(read),
+      events,
       revision: SessionPersistenceRevision(read.revision),
     }
     if (read.torn) prefix.tornMarker = { discardedAtOpen: true }

@@ -16,6 +16,7 @@
 
 mod bounded;
 pub mod canonical;
+mod dsh_lines;
 pub mod layout;
 pub(crate) mod scan;
 pub mod spill_lines;
@@ -39,7 +40,11 @@ pub use canonical::{
     export_canonical, import_canonical, import_canonical_with_progress, is_canonical,
     write_canonical, CanonicalError, CanonicalImport, CANONICAL_FORMAT, CANONICAL_VERSION,
 };
-pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_jsonl_zstd_limited};
+pub use dsh_lines::{visit_dsh_lines, DshLine};
+pub use zstd_codec::{
+    export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_jsonl_zstd_limited,
+    write_dsh_jsonl_zstd,
+};
 
 /// Bytes of events per append batch on import: half the default batch limit, leaving room
 /// for framing, so a session log of up to 512 MiB of events imports as one atomic batch
@@ -427,40 +432,6 @@ fn header_line(header_json: &str) -> String {
     line
 }
 
-/// One exported line (no newline) and whether it starts a recorded batch.
-type ExportLine = (Vec<u8>, bool);
-
-/// The stored session as DSH lines (without newlines), each with whether it starts a
-/// recorded batch. The header line comes first.
-fn export_lines(store: &Store, id: &str) -> Result<(String, Vec<ExportLine>)> {
-    let summary = store.session(id)?;
-    let events = store.read(id, 0, summary.events)?;
-    let mut lines = Vec::with_capacity(events.len());
-    let mut position = 0;
-    while position < events.len() {
-        let event = &events[position];
-        let batch = event.flags & EVENT_FLAG_BATCH_START != 0;
-        if event.flags & EVENT_FLAG_ROW_START != 0 {
-            let end = row_end(&events, position);
-            lines.push((row_line(id, &events[position..end])?, batch));
-            position = end;
-            continue;
-        }
-        lines.push((event_line(id, event)?, batch));
-        position += 1;
-    }
-    Ok((header_line(&summary.header_json), lines))
-}
-
-/// One past the last member of the packed row that starts at `events[start]`.
-fn row_end(events: &[Event], start: usize) -> usize {
-    let mut end = start + 1;
-    while end < events.len() && events[end].flags & EVENT_FLAG_ROW_MEMBER != 0 {
-        end += 1;
-    }
-    end
-}
-
 fn unexportable(session: &str, seq: u64, reason: &str) -> ExchangeError {
     ExchangeError::Unexportable {
         session: session.to_owned(),
@@ -499,33 +470,46 @@ pub(crate) fn event_line(session: &str, event: &Event) -> Result<Vec<u8>> {
 
 /// Exports a session as DSH `session.jsonl` bytes (byte-identical to an imported file).
 pub fn export_dsh_jsonl(store: &Store, id: &str) -> Result<Vec<u8>> {
-    let (header, lines) = export_lines(store, id)?;
-    let mut out =
-        Vec::with_capacity(header.len() + 1 + lines.iter().map(|l| l.0.len() + 1).sum::<usize>());
-    out.extend_from_slice(header.as_bytes());
-    out.push(b'\n');
-    for (line, _) in lines {
-        out.extend_from_slice(&line);
-        out.push(b'\n');
-    }
+    let mut out = Vec::new();
+    write_dsh_jsonl(store, id, &mut out)?;
     Ok(out)
+}
+
+/// Writes a session as DSH `session.jsonl` to `out`, streamed: memory stays bounded by one
+/// packed row whatever the session's size. Returns the bytes written.
+pub fn write_dsh_jsonl(store: &Store, id: &str, out: &mut impl std::io::Write) -> Result<u64> {
+    let summary = store.session(id)?;
+    let write_error = |source| crate::Error::io("export write", source);
+    let header = header_line(&summary.header_json);
+    out.write_all(header.as_bytes()).map_err(write_error)?;
+    out.write_all(b"\n").map_err(write_error)?;
+    let mut written = header.len() as u64 + 1;
+    visit_dsh_lines(store, id, 0, summary.events, |line| {
+        out.write_all(line.bytes).map_err(write_error)?;
+        out.write_all(b"\n").map_err(write_error)?;
+        written += line.bytes.len() as u64 + 1;
+        Ok(())
+    })?;
+    Ok(written)
 }
 
 /// The stored events as DSH's session model sees them (decoded from the exported lines).
 pub fn session_events(store: &Store, id: &str) -> Result<Vec<SessionEvent>> {
-    let (_, lines) = export_lines(store, id)?;
-    let mut events = Vec::with_capacity(lines.len());
-    for (number, (line, _)) in lines.iter().enumerate() {
-        let record = scan::decode_record(line).map_err(|()| {
+    let summary = store.session(id)?;
+    let mut events = Vec::new();
+    let mut number = 0;
+    visit_dsh_lines(store, id, 0, summary.events, |line| {
+        number += 1;
+        let record = scan::decode_record(line.bytes).map_err(|()| {
             ExchangeError::Refused(format!(
-                "corrupt session log: unparsable committed event at line {}",
-                number + 1
+                "corrupt session log: unparsable committed event at line {number}"
             ))
         })?;
         match record {
             Record::Event(event) => events.push(event),
             Record::Row { members, .. } => events.extend(members),
         }
-    }
+        Ok(())
+    })?;
     Ok(events)
 }

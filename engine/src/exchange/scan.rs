@@ -450,52 +450,20 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
     })
 }
 
-type Members = Vec<(String, Box<RawValue>)>;
-
 /// Re-packs stored chunk events `(seq, time, data)` into one row line, or `None` when they
 /// do not form a row (different shape, non-chunk data).
+///
+/// Only the first member is parsed: it gives the row's shape, and every member must then be
+/// exactly the text that shape expands a payload into (`member_data`), i.e. the shape's
+/// prefix, one JSON string, and `}}`. So a read of a packed log pays a prefix comparison
+/// per member, not a parse.
 pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
     let (first_seq, first_time, first_data) = *members.first()?;
-    let mut shape_texts: Option<(Members, Members)> = None;
-    let mut payloads: Vec<String> = Vec::with_capacity(members.len());
-    let mut gaps = Vec::with_capacity(members.len());
-    let mut previous_time = first_time;
-    for (position, (_, time, data)) in members.iter().enumerate() {
-        let outer = object_members(data)?;
-        if !has_exact_keys(&outer, &["turn", "step", "chunk"], &[]) {
-            return None;
-        }
-        let chunk = object_members(raw_member(&outer, "chunk")?)?;
-        let chunk_type: String = serde_json::from_str(raw_member(&chunk, "type")?).ok()?;
-        let tag = RowTag::from_chunk_type(&chunk_type)?;
-        let payload_key = if tag == RowTag::ToolCall {
-            "argumentsDelta"
-        } else {
-            "text"
-        };
-        payloads.push(raw_member(&chunk, payload_key)?.to_owned());
-        if position > 0 {
-            gaps.push(time.checked_sub(previous_time)?);
-        }
-        previous_time = *time;
-        match &shape_texts {
-            None => shape_texts = Some((outer, chunk)),
-            Some((first_outer, first_chunk)) => {
-                let same = |a: &[(String, Box<RawValue>)], b: &[(String, Box<RawValue>)], key| {
-                    raw_member(a, key) == raw_member(b, key)
-                };
-                if !same(first_outer, &outer, "turn")
-                    || !same(first_outer, &outer, "step")
-                    || ["type", "index", "id", "name"]
-                        .iter()
-                        .any(|key| !same(first_chunk, &chunk, key))
-                {
-                    return None;
-                }
-            }
-        }
+    let outer = object_members(first_data)?;
+    if !has_exact_keys(&outer, &["turn", "step", "chunk"], &[]) {
+        return None;
     }
-    let (outer, chunk) = shape_texts?;
+    let chunk = object_members(raw_member(&outer, "chunk")?)?;
     let chunk_type: String = serde_json::from_str(raw_member(&chunk, "type")?).ok()?;
     let shape = RowShape {
         tag: RowTag::from_chunk_type(&chunk_type)?,
@@ -505,15 +473,45 @@ pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
         id: raw_member(&chunk, "id"),
         name: raw_member(&chunk, "name"),
     };
-    let payloads: Vec<&str> = payloads.iter().map(String::as_str).collect();
-    // Each member must be exactly what the row expands back into.
-    if members
-        .iter()
-        .zip(&payloads)
-        .any(|((_, _, data), payload)| shape.member_data(payload) != *data)
-    {
-        return None;
+    let template = shape.member_data("");
+    let prefix = template.strip_suffix(MEMBER_DATA_SUFFIX)?;
+    let mut payloads: Vec<&str> = Vec::with_capacity(members.len());
+    let mut gaps = Vec::with_capacity(members.len());
+    let mut previous_time = first_time;
+    for (position, (_, time, data)) in members.iter().enumerate() {
+        let payload = data
+            .strip_prefix(prefix)?
+            .strip_suffix(MEMBER_DATA_SUFFIX)?;
+        if !is_one_string_token(payload) {
+            return None;
+        }
+        payloads.push(payload);
+        if position > 0 {
+            gaps.push(time.checked_sub(previous_time)?);
+        }
+        previous_time = *time;
     }
-    let _ = first_data;
     Some(shape.row_line(first_seq, first_time, &gaps, &payloads))
+}
+
+/// How every member's `data` text ends (`member_data`): the chunk object, then the data
+/// object.
+const MEMBER_DATA_SUFFIX: &str = "}}";
+
+/// Whether `text` is exactly one JSON string token (so a member whose chunk carries more
+/// than its payload never packs).
+fn is_one_string_token(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    if bytes.len() < 2 || bytes[0] != b'"' {
+        return false;
+    }
+    let mut position = 1;
+    while position < bytes.len() {
+        match bytes[position] {
+            b'\\' => position += 2,
+            b'"' => return position == bytes.len() - 1,
+            _ => position += 1,
+        }
+    }
+    false
 }

@@ -3,9 +3,15 @@
 
 use super::bounded::{decode_frame, FrameEnd, ImportLimits, LineGuard};
 use super::{
-    export_lines, import_scanned, scan, DroppedTail, ExchangeError, ImportReport, Result, TornFrame,
+    header_line, import_scanned, scan, visit_dsh_lines, DroppedTail, ExchangeError, ImportReport,
+    Result, TornFrame,
 };
 use crate::store::Store;
+use std::io::Write;
+
+/// Plaintext bytes after which the export of a session with no recorded batch starts a new
+/// zstd frame (8 MiB: DSH's reader then holds one such frame at a time).
+pub const UNMARKED_FRAME_BYTES: usize = 8 * 1024 * 1024;
 
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 /// DSH compresses with Node's default zstd level.
@@ -173,28 +179,57 @@ fn compress(compressor: &mut zstd::bulk::Compressor<'_>, plain: &[u8]) -> Result
         .map_err(|error| ExchangeError::Compress(error.to_string()))
 }
 
-/// Exports a session as `session.jsonl.zstd`: frame 1 = the header line, then one frame per
-/// recorded batch (a new frame at each batch-start event; all events in one frame when none
-/// is recorded). Level 3, content checksums on.
+/// Exports a session as `session.jsonl.zstd` (see [`write_dsh_jsonl_zstd`]).
 pub fn export_dsh_jsonl_zstd(store: &Store, id: &str) -> Result<Vec<u8>> {
-    let (header, lines) = export_lines(store, id)?;
+    let mut out = Vec::new();
+    write_dsh_jsonl_zstd(store, id, &mut out)?;
+    Ok(out)
+}
+
+/// Writes a session as `session.jsonl.zstd` to `out`, streamed: frame 1 = the header line,
+/// then one frame per recorded batch (a new frame at each batch-start event). A session with
+/// no recorded batch (written live, not imported) gets a new frame every
+/// [`UNMARKED_FRAME_BYTES`] of plaintext, so memory stays bounded and DSH's reader, which
+/// decodes a frame at a time, is too. Level 3, content checksums on. Returns the bytes
+/// written.
+pub fn write_dsh_jsonl_zstd(store: &Store, id: &str, out: &mut impl Write) -> Result<u64> {
+    let summary = store.session(id)?;
     let mut compressor = zstd::bulk::Compressor::new(LEVEL)
         .map_err(|error| ExchangeError::Compress(error.to_string()))?;
     compressor
         .set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
         .map_err(|error| ExchangeError::Compress(error.to_string()))?;
-    let mut out = compress(&mut compressor, format!("{header}\n").as_bytes())?;
+    let mut written = 0u64;
+    let mut emit = |compressor: &mut zstd::bulk::Compressor<'_>, plain: &[u8]| -> Result<()> {
+        let frame = compress(compressor, plain)?;
+        out.write_all(&frame)
+            .map_err(|source| crate::Error::io("export write", source))?;
+        written += frame.len() as u64;
+        Ok(())
+    };
+    emit(
+        &mut compressor,
+        format!("{}\n", header_line(&summary.header_json)).as_bytes(),
+    )?;
     let mut frame: Vec<u8> = Vec::new();
-    for (line, batch_start) in lines {
-        if batch_start && !frame.is_empty() {
-            out.extend(compress(&mut compressor, &frame)?);
+    let mut batches_recorded = false;
+    visit_dsh_lines(store, id, 0, summary.events, |line| {
+        batches_recorded |= line.batch_start;
+        let cut = if batches_recorded {
+            line.batch_start
+        } else {
+            frame.len() >= UNMARKED_FRAME_BYTES
+        };
+        if cut && !frame.is_empty() {
+            emit(&mut compressor, &frame)?;
             frame.clear();
         }
-        frame.extend_from_slice(&line);
+        frame.extend_from_slice(line.bytes);
         frame.push(b'\n');
-    }
+        Ok(())
+    })?;
     if !frame.is_empty() {
-        out.extend(compress(&mut compressor, &frame)?);
+        emit(&mut compressor, &frame)?;
     }
-    Ok(out)
+    Ok(written)
 }
