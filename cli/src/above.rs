@@ -164,7 +164,8 @@ pub fn run(command: AboveCommand, out: &mut impl Write) -> Result<()> {
             let Some(encoding) = TokenEncoding::from_name(&encoding) else {
                 bail!("unknown token encoding {encoding:?} (o200k_base or cl100k_base)");
             };
-            let store = open_existing(&store, false)?;
+            // Read-only: a projection needs no writer lock (the cache is not written then).
+            let store = open_existing(&store, true)?;
             let units = BuiltinUnits {
                 tokens: TokenMeterUnit::new(encoding),
                 ..BuiltinUnits::default()

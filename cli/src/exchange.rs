@@ -103,7 +103,9 @@ pub enum ExportFormat {
     Json,
 }
 
-fn open_writable(path: &Path) -> Result<Store> {
+/// Opens the store an import writes to, creating it when missing (`import` is one of the
+/// commands that may create a store).
+fn open_or_create(path: &Path) -> Result<Store> {
     Store::open(path, Options::default())
         .with_context(|| format!("cannot open store {}", path.display()))
 }
@@ -213,7 +215,7 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
             files.push(Source::File(path.clone()));
         }
     }
-    let store = open_writable(store_path)?;
+    let store = open_or_create(store_path)?;
     if files.is_empty() {
         bail!("no DSH session files found");
     }
@@ -374,7 +376,7 @@ pub fn surface(store_path: &Path, session: &str, out: &mut impl Write) -> Result
 }
 
 pub fn repair(store_path: &Path, session: Option<&str>, out: &mut impl Write) -> Result<()> {
-    let store = open_writable(store_path)?;
+    let store = super::open_existing(store_path, false)?;
     let ids: Vec<String> = match session {
         Some(id) => vec![id.to_owned()],
         None => store
@@ -407,7 +409,7 @@ pub fn fork(
     at: u64,
     out: &mut impl Write,
 ) -> Result<()> {
-    let store = open_writable(store_path)?;
+    let store = super::open_existing(store_path, false)?;
     drop(store.fork(parent, at, child)?);
     let events = store.session(child)?.events;
     store.close()?;

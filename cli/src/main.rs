@@ -398,8 +398,18 @@ fn init(path: &Path, out: &mut impl Write) -> Result<()> {
         }
         .into());
     }
-    let store = Store::open(path, Options::default())
-        .with_context(|| format!("cannot create store {}", path.display()))?;
+    let store = match Store::open(path, Options::default()) {
+        Ok(store) => store,
+        // With creation allowed, "no store" can only mean a folder holding other things.
+        Err(Error::NotAStore { .. }) => bail!(
+            "cannot create store {}: the folder is not empty and holds no dshdb store \
+             (init needs a new or empty folder)",
+            path.display()
+        ),
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot create store {}", path.display()))
+        }
+    };
     store.close()?;
     writeln!(out, "created store {}", path.display())?;
     Ok(())
@@ -481,6 +491,10 @@ fn append_lines(
                 ));
                 break;
             }
+        }
+        if let Err(reason) = input::check_readable_by_session_views(&event, next_seq) {
+            failure = Some(anyhow::anyhow!("line {number}: {reason}"));
+            break;
         }
         match writer.append(event.as_new_event()) {
             Ok(receipt) => {
