@@ -225,14 +225,14 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
         if let Source::Artifact(artifact) = source {
             if let Err(error) = check_identity(artifact) {
                 failures += 1;
-                eprintln!("dshdb: {error:#}");
+                eprintln!("dshdb: {}", crate::error_chain_text(&error));
                 continue;
             }
         }
         if let Some(result) = crate::sqlite_import::try_import(&store, path, out) {
             if let Err(error) = result {
                 failures += 1;
-                eprintln!("dshdb: {error:#}");
+                eprintln!("dshdb: {}", crate::error_chain_text(&error));
             }
             continue;
         }
@@ -263,7 +263,7 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
             }
             Err(error) => {
                 failures += 1;
-                eprintln!("dshdb: {error:#}");
+                eprintln!("dshdb: {}", crate::error_chain_text(&error));
             }
         }
     }
@@ -299,6 +299,9 @@ pub fn export(
     output: Option<&Path>,
     out: &mut impl Write,
 ) -> Result<()> {
+    if let Some(path) = output {
+        crate::above::refuse_output_inside_store(store_path, path)?;
+    }
     let store = super::open_read_only(store_path)?;
     let bytes = match format {
         ExportFormat::DshJsonl => exchange::export_dsh_jsonl(&store, session)?,

@@ -3,6 +3,7 @@
 
 use dshdb::exchange::MAX_IMPORT_LINE_BYTES;
 use dshdb::session::event::{closest_known_event_type, is_known_event_type, parse_event_line};
+use dshdb::session::json::single_line_error;
 use dshdb::session::seed::{validate_seed_event, SeedMode};
 use dshdb::store::{check_data_depth, Event, NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -130,7 +131,7 @@ pub fn check_readable_by_session_views(event: &InputEvent, seq: u64) -> Result<(
 
 /// Parses one input line. The error says what is wrong (without the line number).
 pub fn parse_line(line: &str) -> Result<InputEvent, String> {
-    let Members(members) = serde_json::from_str(line).map_err(|error| error.to_string())?;
+    let Members(members) = serde_json::from_str(line).map_err(|error| single_line_error(&error))?;
     let mut event_type = None;
     let mut time = None;
     let mut seq = None;

@@ -225,10 +225,30 @@ fn main() -> ExitCode {
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             let _ = out.flush();
-            eprintln!("dshdb: error: {error:#}");
+            eprintln!("dshdb: error: {}", error_chain_text(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text the message
+/// before it already holds (an I/O error wrapped by an error that prints its source would
+/// otherwise read `Read-only file system (os error 30): Read-only file system (os error 30)`).
+pub(crate) fn error_chain_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    let mut previous = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if !previous.is_empty() && previous.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+        previous = message;
+    }
+    text
 }
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
@@ -534,7 +554,9 @@ fn append_lines(
         (None, flushed) => flushed.context("flushing the appended events"),
         (Some(error), Ok(())) => Err(error),
         (Some(error), Err(flush_error)) => Err(anyhow::anyhow!(
-            "{error:#}; flushing the events before it failed too: {flush_error:#}"
+            "{}; flushing the events before it failed too: {}",
+            error_chain_text(&error),
+            error_chain_text(&flush_error)
         )),
     }
 }

@@ -19,6 +19,7 @@
 //! materialized (every event it reads); `lineage` repeats the header's `parentSession` /
 //! `seedLength` for readers and is checked on import.
 
+use crate::session::json::single_line_error;
 use crate::storage::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
 use crate::store::{NewEvent, Store, MAX_EVENT_DATA_BYTES, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
 use serde::Deserialize;
@@ -223,7 +224,7 @@ fn check_format(first: &[u8]) -> Result<(), CanonicalError> {
     let probe: Probe =
         serde_json::from_slice(first).map_err(|error| CanonicalError::Malformed {
             line: 1,
-            reason: format!("not a JSON object: {error}"),
+            reason: format!("not a JSON object: {}", single_line_error(&error)),
         })?;
     match probe.format {
         Some(Value::String(format)) if format == CANONICAL_FORMAT => {}
@@ -354,7 +355,7 @@ pub fn import_canonical_with_progress(
         let event: EventLine<'_> =
             serde_json::from_str(raw_line).map_err(|error| CanonicalError::Malformed {
                 line,
-                reason: error.to_string(),
+                reason: single_line_error(&error),
             })?;
         if event.seq != index as u64 {
             return Err(CanonicalError::Malformed {

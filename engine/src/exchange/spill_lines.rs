@@ -3,6 +3,7 @@
 //! needs; the import stores the blobs (durably) before the events that cite them.
 
 use super::canonical::{import_canonical_with_progress, CanonicalError, CanonicalImport};
+use crate::session::json::single_line_error;
 use crate::spill::{locators_in, BlobHash, SpillStore};
 use crate::store::Store;
 use serde_json::{json, Value};
@@ -72,7 +73,7 @@ fn canonical_length(bytes: &[u8]) -> Result<(usize, usize), CanonicalError> {
         .position(|&byte| byte == b'\n')
         .unwrap_or(bytes.len());
     let header: Value = serde_json::from_slice(&bytes[..first_end])
-        .map_err(|error| malformed(1, error.to_string()))?;
+        .map_err(|error| malformed(1, single_line_error(&error)))?;
     let events = header
         .get("events")
         .and_then(Value::as_u64)
@@ -92,7 +93,7 @@ fn canonical_length(bytes: &[u8]) -> Result<(usize, usize), CanonicalError> {
 /// Decodes one spill line (1-based `line` for errors) and checks its hash.
 fn decode_spill_line(text: &str, line: usize) -> Result<(BlobHash, Vec<u8>), CanonicalError> {
     let value: Value =
-        serde_json::from_str(text).map_err(|error| malformed(line, error.to_string()))?;
+        serde_json::from_str(text).map_err(|error| malformed(line, single_line_error(&error)))?;
     let hash = value
         .get("spill")
         .and_then(Value::as_str)

@@ -336,3 +336,16 @@ mod tests {
         assert!(!json_equal(&left, &serde_json::json!({"a": 1})));
     }
 }
+
+/// A serde_json error about one line of a JSON-lines file, for a message that already names
+/// the line: serde counts lines within the text it was given (always `line 1` here), so its
+/// position is restated as the column alone (`expected value at column 1`, not `line 2:
+/// expected value at line 1 column 1`).
+pub fn single_line_error(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    match text.strip_suffix(&position) {
+        Some(message) if error.line() == 1 => format!("{message} at column {}", error.column()),
+        _ => text,
+    }
+}
