@@ -57,8 +57,9 @@ pub(super) fn check_creatable(storage: &dyn Storage, label: &Path) -> Result<()>
     Ok(())
 }
 
-pub(super) fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
-    check_creatable(storage, label)?;
+/// Creates the store's first files (F-01-4 steps 2-4) in a directory that
+/// [`check_creatable`] accepted under the lock.
+pub(super) fn create_store(storage: &dyn Storage) -> Result<Manifest> {
     storage
         .create_dir(WAL_DIR)
         .map_err(io_error("store create"))?;
@@ -73,13 +74,17 @@ pub(super) fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manife
 }
 
 /// Takes back a store creation whose open failed after it (say, the first segment did not
-/// fit on the disk): the manifest, `wal/` with whatever it holds, and `LOCK`. Best effort:
+/// fit on the disk): the manifest (and its temporary), `wal/` and its segments, and `LOCK`. Best effort:
 /// what stays is at worst an empty store, which the next open takes as it is.
 pub(super) fn undo_create(storage: &dyn Storage) {
+    // Only segment files: the creation made no other kind, and anything else stays.
     for name in storage.list(WAL_DIR).unwrap_or_default() {
-        let _ = storage.remove(&format!("{WAL_DIR}/{name}"));
+        if parse_segment_name(&name).is_some() {
+            let _ = storage.remove(&format!("{WAL_DIR}/{name}"));
+        }
     }
     let _ = storage.remove(MANIFEST_FILE);
+    let _ = storage.remove(MANIFEST_TEMP_FILE);
     let _ = storage.remove_dir(WAL_DIR);
     // The lock guard still holds the file open; removing the name is harmless on POSIX, and
     // there is no store left for another writer to race for.

@@ -347,7 +347,14 @@ impl Store {
         let (manifest, created) = match Manifest::read(storage.as_ref())? {
             Some(manifest) => (manifest, false),
             None if options.create_if_missing && !options.read_only => {
-                (create_store(storage.as_ref(), label)?, true)
+                check_creatable(storage.as_ref(), label)?;
+                match create_store(storage.as_ref()) {
+                    Ok(manifest) => (manifest, true),
+                    Err(error) => {
+                        undo_create(storage.as_ref());
+                        return Err(error);
+                    }
+                }
             }
             None => {
                 return Err(Error::NotAStore {
