@@ -512,7 +512,7 @@ fn append_lines(
                 break;
             }
         }
-        if let Err(reason) = input::check_readable_by_session_views(&event, next_seq) {
+        if let Err(reason) = input::check_readable_by_session_views(&event) {
             failure = Some(anyhow::anyhow!("line {number}: {reason}"));
             break;
         }
