@@ -208,9 +208,16 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
-            let artifacts = layout::discover_directory(path)
+            let discovered = layout::discover_directory(path)
                 .with_context(|| format!("cannot import sessions directory {}", path.display()))?;
-            files.extend(artifacts.into_iter().map(Source::Artifact));
+            for link in &discovered.outside_links {
+                eprintln!(
+                    "dshdb: skipped {}: it links outside the sessions directory {}",
+                    link.display(),
+                    path.display()
+                );
+            }
+            files.extend(discovered.artifacts.into_iter().map(Source::Artifact));
         } else {
             files.push(Source::File(path.clone()));
         }

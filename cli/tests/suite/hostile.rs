@@ -298,3 +298,51 @@ fn empty_and_control_character_session_ids_are_refused() {
     assert!(message.contains("session id"), "{message}");
     assert_eq!(ok(&["ls", store], ""), "no sessions\n");
 }
+
+/// A minimal DSH log of session `id` (cwd `/x`, so its project directory is `--x--`).
+fn dsh_log(id: &str) -> String {
+    format!(
+        "{{\"type\":\"session\",\"version\":0,\"id\":\"{id}\",\"createdAt\":1,\"cwd\":\"/x\",\"delegationDepth\":0}}\n{TURN_LINE}\n"
+    )
+}
+
+const TURN_LINE: &str = r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1}}"#;
+
+#[test]
+fn directory_import_does_not_follow_links_out_of_the_sessions_root() {
+    use std::os::unix::fs::symlink;
+    let dir = temp_dir("symlinks");
+    let root = dir.join("root");
+    let outside = dir.join("outside");
+    for (base, id) in [(&root, "inside"), (&outside, "escaped")] {
+        let session = base.join("--x--").join(id);
+        std::fs::create_dir_all(&session).expect("session dir");
+        std::fs::write(session.join("session.jsonl"), dsh_log(id)).expect("log");
+    }
+    // A session directory, a project directory and a root two levels up, all outside.
+    symlink(outside.join("--x--/escaped"), root.join("--x--/escaped")).expect("link");
+    symlink("../outside/--x--", root.join("--y--")).expect("link");
+    symlink("../..", root.join("up")).expect("link");
+    let store = dir.join("store");
+    let output = dshdb(&["import", path_str(&store), path_str(&root)], "");
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{message}");
+    for skipped in ["--x--/escaped", "--y--", "up"] {
+        assert!(
+            message.contains(&format!(
+                "{}: it links outside",
+                root.join(skipped).display()
+            )),
+            "{skipped}: {message}"
+        );
+    }
+    let listing = ok(&["ls", path_str(&store), "--json"], "");
+    let sessions: serde_json::Value = serde_json::from_str(&listing).expect("JSON");
+    let ids: Vec<&str> = sessions
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|session| session["id"].as_str())
+        .collect();
+    assert_eq!(ids, vec!["inside"]);
+}
