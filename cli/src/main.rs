@@ -10,9 +10,11 @@ mod sqlite_import;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use dshdb::spill::{locators_in, BlobHash, SpillStore};
 use dshdb::storage::commit::Durability;
 use dshdb::store::{Options, SessionWriter, Store, MANIFEST};
 use dshdb::Error;
+use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -694,18 +696,48 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     };
     // Recovery checked every frame; reading every event back checks the index as well.
     let sessions = store.sessions();
+    // Every spill blob a session cites, and the first session citing it.
+    let mut cited: BTreeMap<BlobHash, String> = BTreeMap::new();
     for session in &sessions {
         let mut start = 0;
         while start < session.events {
             let stop = session.events.min(start + READ_CHUNK);
             match store.read(&session.id, start, stop) {
-                Ok(_) => {}
+                Ok(events) => {
+                    for event in &events {
+                        for hash in locators_in(&event.data)
+                            .into_iter()
+                            .chain(locators_in(&event.envelope))
+                        {
+                            cited.entry(hash).or_insert_with(|| session.id.clone());
+                        }
+                    }
+                }
                 Err(error) if error.is_corruption() => return corrupt(error, out),
                 Err(error) => {
                     return Err(error).with_context(|| format!("reading session {:?}", session.id))
                 }
             }
             start = stop;
+        }
+    }
+    // A cited blob must exist and hold what its hash names.
+    let spill = SpillStore::new_read_only(store.storage());
+    for (hash, session) in &cited {
+        match spill.get(hash) {
+            Ok(_) => {}
+            Err(error) if error.is_corruption() => {
+                out.flush()?;
+                eprintln!(
+                    "dshdb: CORRUPT: store {}: session {session:?} cites {}: {error}",
+                    path.display(),
+                    hash.locator()
+                );
+                return Ok(ExitCode::from(EXIT_CORRUPT));
+            }
+            Err(error) => {
+                return Err(error).with_context(|| format!("reading spill blob {}", hash.locator()))
+            }
         }
     }
     let report = store.recovery_report();
@@ -715,6 +747,7 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     writeln!(out, "events: {}", report.events)?;
     writeln!(out, "batches: {}", report.batches)?;
     writeln!(out, "sessions: {}", sessions.len())?;
+    writeln!(out, "spill blobs cited and checked: {}", cited.len())?;
     if let Some(tail) = &report.torn_tail {
         writeln!(
             out,

@@ -346,3 +346,64 @@ fn directory_import_does_not_follow_links_out_of_the_sessions_root() {
         .collect();
     assert_eq!(ids, vec!["inside"]);
 }
+
+#[test]
+fn damage_in_a_run_file_is_named_as_a_run() {
+    let dir = temp_dir("run-damage");
+    let store_path = dir.join("store");
+    let store = path_str(&store_path);
+    let lines: String = (0..400)
+        .map(|n| format!("{{\"type\":\"assistant/chunk\",\"data\":{{\"n\":{n},\"text\":\"chunk {n} of a reply\"}}}}\n"))
+        .collect();
+    ok(&["append", store, "s", "--create"], &lines);
+    ok(&["maintain", store], "");
+    let run = std::fs::read_dir(store_path.join("runs"))
+        .expect("runs dir")
+        .map(|entry| entry.expect("entry").path())
+        .find(|path| path.extension().is_some_and(|ext| ext == "run"))
+        .expect("a run file");
+    let mut bytes = std::fs::read(&run).expect("read run");
+    // Just past the 64-byte header: inside the first compressed block.
+    bytes[64 + 16] ^= 0x40;
+    std::fs::write(&run, &bytes).expect("write run");
+    let output = dshdb(&["verify", store], "");
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(3), "{message}");
+    assert!(message.contains("corruption in run "), "{message}");
+    assert!(!message.contains("segment"), "{message}");
+}
+
+#[test]
+fn verify_checks_the_spill_blobs_sessions_cite() {
+    let dir = temp_dir("verify-spill");
+    let store_path = dir.join("store");
+    let locator = store_with_blob(&store_path, b"the whole tool output");
+    let store = path_str(&store_path);
+    let line = format!("{{\"type\":\"turn/start\",\"data\":{{\"note\":\"{locator}\"}}}}\n");
+    ok(&["append", store, "s", "--create"], &line);
+    let verified = ok(&["verify", store], "");
+    assert!(
+        verified.contains("spill blobs cited and checked: 1"),
+        "{verified}"
+    );
+    let blob = std::fs::read_dir(store_path.join("spill"))
+        .expect("spill dir")
+        .map(|entry| entry.expect("entry").path())
+        .next()
+        .expect("the blob file");
+    let mut bytes = std::fs::read(&blob).expect("blob");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&blob, &bytes).expect("damage");
+    let output = dshdb(&["verify", store], "");
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(stderr(&output).contains(&locator), "{}", stderr(&output));
+    std::fs::remove_file(&blob).expect("remove");
+    let output = dshdb(&["verify", store], "");
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("no such blob"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -19,8 +19,12 @@
 //! materialized (every event it reads); `lineage` repeats the header's `parentSession` /
 //! `seedLength` for readers and is checked on import.
 
+use super::scan::Record;
+use crate::session::event::SessionEvent;
 use crate::session::json::single_line_error;
-use crate::storage::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
+use crate::storage::frame::{
+    EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS,
+};
 use crate::store::{NewEvent, Store, MAX_EVENT_DATA_BYTES, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -285,6 +289,66 @@ fn check_event(line: usize, event: &Parsed<'_>) -> Result<(), CanonicalError> {
     Ok(())
 }
 
+/// A verbatim event keeps the DSH line it was imported from, and export writes that line:
+/// the line must say what the event's own fields say (type, seq, time, data), or `events`
+/// and the DSH export would show two different events. A verbatim packed row covers the
+/// row's start event and the members after it.
+fn check_verbatim_lines(events: &[Parsed<'_>]) -> Result<(), CanonicalError> {
+    for (index, event) in events.iter().enumerate() {
+        if event.flags & EVENT_FLAG_VERBATIM_LINE == 0 {
+            continue;
+        }
+        let line = index + 2;
+        let refuse = |reason: String| CanonicalError::Malformed { line, reason };
+        let bytes = super::verbatim_bytes(&event.envelope)
+            .ok_or_else(|| refuse("damaged verbatim line".into()))?;
+        let record = super::scan::decode_record(&bytes)
+            .map_err(|()| refuse("the verbatim line is not a DSH event line".into()))?;
+        let (members, member_data): (Vec<&SessionEvent>, Vec<&str>) = match &record {
+            Record::Event(parsed) => (vec![parsed], vec![parsed.data.get()]),
+            Record::Row {
+                members,
+                member_data,
+            } => (
+                members.iter().collect(),
+                member_data.iter().map(String::as_str).collect(),
+            ),
+        };
+        let is_row = event.flags & EVENT_FLAG_ROW_VERBATIM != 0;
+        if is_row != matches!(record, Record::Row { .. }) {
+            return Err(refuse(
+                "the verbatim line's kind (event or packed row) contradicts the event's flags"
+                    .into(),
+            ));
+        }
+        for (offset, (member, data)) in members.iter().zip(member_data).enumerate() {
+            let seq = index + offset;
+            let Some(stored) = events.get(seq) else {
+                return Err(refuse(
+                    "the verbatim row has more members than the file".into(),
+                ));
+            };
+            let field = if member.event_type != stored.event_type {
+                Some("type")
+            } else if member.seq != seq as u64 {
+                Some("seq")
+            } else if member.time != stored.time {
+                Some("time")
+            } else if data != stored.data.as_ref() {
+                Some("data")
+            } else {
+                None
+            };
+            if let Some(field) = field {
+                return Err(refuse(format!(
+                    "the verbatim line contradicts the {field} of the event at seq {seq}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Imports a canonical JSONL file. Every line is checked before anything is written; the
 /// session is created with all its events in one atomic batch when they fit one batch.
 /// `progress(done, total)` is called with input bytes parsed, then events written.
@@ -398,6 +462,7 @@ pub fn import_canonical_with_progress(
             ),
         });
     }
+    check_verbatim_lines(&events)?;
     if events
         .first()
         .is_some_and(|event| event.flags & EVENT_FLAG_ROW_MEMBER != 0)
