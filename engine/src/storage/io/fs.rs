@@ -154,8 +154,9 @@ impl Storage for FsStorage {
         if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let blocks = u64::from(stats.f_bavail);
-        let block_bytes = u64::from(stats.f_frsize);
+        // The field types differ between targets (32 bits on some); `from` widens losslessly.
+        #[allow(clippy::useless_conversion)]
+        let (blocks, block_bytes) = (u64::from(stats.f_bavail), u64::from(stats.f_frsize));
         Ok(Some(blocks.saturating_mul(block_bytes)))
     }
 
