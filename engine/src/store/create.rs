@@ -83,8 +83,13 @@ pub(super) fn undo_create(storage: &dyn Storage) {
             let _ = storage.remove(&format!("{WAL_DIR}/{name}"));
         }
     }
+    let _ = storage.sync_dir(WAL_DIR);
+    // The manifest goes (durably) before `wal/`: a power cut in between leaves a folder
+    // without a manifest, which the next open creates again, never a manifest without the
+    // `wal/` it needs.
     let _ = storage.remove(MANIFEST_FILE);
     let _ = storage.remove(MANIFEST_TEMP_FILE);
+    let _ = storage.sync_dir("");
     let _ = storage.remove_dir(WAL_DIR);
     // The lock guard still holds the file open; removing the name is harmless on POSIX, and
     // there is no store left for another writer to race for.

@@ -238,3 +238,44 @@ line",
     }
     assert_eq!(store.sessions().len(), 1);
 }
+
+/// A capacity at which a store's first files fit but its first segment does not.
+fn capacity_failing_at_the_segment() -> u64 {
+    (0..=512)
+        .step_by(8)
+        .find(|&capacity| {
+            let disk = SimStorage::new();
+            disk.set_capacity(Some(capacity));
+            // Failed, after the manifest had fitted.
+            open_sim(&disk, default_options()).is_err() && disk.used_bytes() > 0
+        })
+        .expect("some capacity fits the manifest and not the segment")
+}
+
+#[test]
+fn a_power_cut_while_a_failed_creation_is_taken_back_leaves_a_creatable_folder() {
+    let capacity = capacity_failing_at_the_segment();
+    let mut cuts = 0;
+    for operation in 0.. {
+        let disk = SimStorage::new();
+        disk.set_capacity(Some(capacity));
+        disk.crash_at(operation);
+        assert!(open_sim(&disk, default_options()).is_err());
+        let images = disk.take_images();
+        if images.is_empty() {
+            // The failed open ended before this operation: every cut was tried.
+            break;
+        }
+        cuts += 1;
+        for image in images {
+            // Whatever the cut left is an empty folder or an empty store: a later open on a
+            // disk with room creates or opens it, with no session in it.
+            let after = SimStorage::from_image(&image);
+            let store = open_sim(&after, default_options())
+                .unwrap_or_else(|error| panic!("{}: {error}", image.label));
+            assert!(store.sessions().is_empty(), "{}", image.label);
+            store.close().expect("close");
+        }
+    }
+    assert!(cuts > 5, "only {cuts} operations: the creation did not run");
+}
