@@ -39,12 +39,14 @@ pub(super) fn validate_header(header_json: &str) -> Result<String> {
 }
 
 /// Refuses a session id that listings could not show unambiguously: an empty one, or one
-/// holding a control character (a newline would make `ls` print two lines for one session).
+/// holding a C0 control character or DEL (a newline would make `ls` print two lines for one
+/// session). The Node binding maps DSH ids of that kind to encoded store ids by the same
+/// rule (bindings/node/ts/ids.ts).
 pub(super) fn validate_session_id(id: &str) -> Result<()> {
     if id.is_empty() {
         return Err(Error::invalid("session id is empty"));
     }
-    if let Some(control) = id.chars().find(|character| character.is_control()) {
+    if let Some(control) = id.chars().find(char::is_ascii_control) {
         return Err(Error::invalid(format!(
             "session id {id:?} holds the control character {control:?}; ids must be printable"
         )));

@@ -205,7 +205,7 @@ fn data_nested_past_the_depth_limit_is_refused_and_the_limit_itself_reads_back()
 #[test]
 fn empty_and_control_character_session_ids_are_refused() {
     let store = open_sim(&SimStorage::new(), sim_options(Durability::Sync)).expect("store");
-    for id in ["", "a\nb", "tab\there", "bell\u{7}"] {
+    for id in ["", "a\nb", "tab\there", "bell\u{7}", "delete\u{7f}"] {
         let error = store.create_session_with_id(id).err().expect("refused id");
         assert!(
             matches!(error, Error::InvalidInput { .. }),
