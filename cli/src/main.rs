@@ -514,7 +514,7 @@ fn append_lines(
                 break;
             }
         }
-        if let Err(reason) = input::check_readable_by_session_views(&event) {
+        if let Err(reason) = input::check_readable_by_session_views(&event, next_seq) {
             failure = Some(anyhow::anyhow!("line {number}: {reason}"));
             break;
         }

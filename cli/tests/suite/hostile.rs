@@ -136,6 +136,14 @@ fn append_refuses_a_mistyped_event_type_and_names_the_known_one() {
         r#"{"type":"plugin/note","data":{},"ignorable":true}"#,
     );
     ok(&["messages", store, "typo"], "");
+    // A message event whose data no view can read is refused too, and named.
+    let message = failure(
+        &["append", store, "typo"],
+        r#"{"type":"user/message","data":{},"surfaceOp":"append"}"#,
+    );
+    assert!(message.contains("line 1"), "{message}");
+    assert!(message.contains("lacks an identified message"), "{message}");
+    ok(&["messages", store, "typo"], "");
 }
 
 /// A user message whose data carries `depth` levels of nested arrays in total.
