@@ -11,7 +11,7 @@ use dshdb::derive::projection::{TokenEncoding, TokenMeterUnit};
 use dshdb::spill::{BlobHash, SpillStore};
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum AboveCommand {
@@ -164,7 +164,8 @@ pub fn run(command: AboveCommand, out: &mut impl Write) -> Result<()> {
             let Some(encoding) = TokenEncoding::from_name(&encoding) else {
                 bail!("unknown token encoding {encoding:?} (o200k_base or cl100k_base)");
             };
-            let store = open_existing(&store, false)?;
+            // Read-only: a projection needs no writer lock (the cache is not written then).
+            let store = open_existing(&store, true)?;
             let units = BuiltinUnits {
                 tokens: TokenMeterUnit::new(encoding),
                 ..BuiltinUnits::default()
@@ -190,6 +191,36 @@ pub fn run(command: AboveCommand, out: &mut impl Write) -> Result<()> {
     }
 }
 
+/// Refuses an output file inside the store directory: writing there could overwrite the
+/// manifest, a segment or a blob (`spill get -o STORE/MANIFEST`).
+pub(crate) fn refuse_output_inside_store(store: &Path, output: &Path) -> Result<()> {
+    let Ok(store) = store.canonicalize() else {
+        // No such store: opening it fails with its own error.
+        return Ok(());
+    };
+    // The output may not exist yet: resolve its folder, then add the name back.
+    let folder = match output.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Ok(folder) = folder.canonicalize() else {
+        return Ok(());
+    };
+    let resolved = match output.file_name() {
+        Some(name) => folder.join(name),
+        None => folder,
+    };
+    let resolved = resolved.canonicalize().unwrap_or(resolved);
+    if resolved.starts_with(&store) {
+        bail!(
+            "refusing to write {} inside the store directory {}; choose a path outside it",
+            output.display(),
+            store.display()
+        );
+    }
+    Ok(())
+}
+
 fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
     match action {
         SpillCommand::Get {
@@ -202,11 +233,25 @@ fn spill(action: SpillCommand, out: &mut impl Write) -> Result<()> {
             let Some(hash) = BlobHash::parse(&locator) else {
                 bail!("not a spill locator or hash: {locator:?}");
             };
+            if let Some(path) = &output {
+                refuse_output_inside_store(&store, path)?;
+            }
             let store = open_existing(&store, true)?;
             let spill = SpillStore::new_read_only(store.storage());
             let bytes = match length {
                 None if offset == 0 => spill.get(&hash)?,
-                length => spill.get_range(&hash, offset, length.unwrap_or(u64::MAX))?,
+                length => {
+                    let size = spill.verify(&hash)?.raw_bytes;
+                    if offset >= size && size > 0 {
+                        bail!(
+                            "--offset {offset} is past the end of blob {} ({size} bytes; \
+                             offsets run from 0 to {})",
+                            hash.locator(),
+                            size - 1
+                        );
+                    }
+                    spill.get_range(&hash, offset, length.unwrap_or(u64::MAX))?
+                }
             };
             match output {
                 Some(path) => std::fs::write(&path, &bytes)

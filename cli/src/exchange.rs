@@ -103,7 +103,9 @@ pub enum ExportFormat {
     Json,
 }
 
-fn open_writable(path: &Path) -> Result<Store> {
+/// Opens the store an import writes to, creating it when missing (`import` is one of the
+/// commands that may create a store).
+fn open_or_create(path: &Path) -> Result<Store> {
     Store::open(path, Options::default())
         .with_context(|| format!("cannot open store {}", path.display()))
 }
@@ -206,14 +208,21 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
-            let artifacts = layout::discover_directory(path)
+            let discovered = layout::discover_directory(path)
                 .with_context(|| format!("cannot import sessions directory {}", path.display()))?;
-            files.extend(artifacts.into_iter().map(Source::Artifact));
+            for link in &discovered.outside_links {
+                eprintln!(
+                    "dshdb: skipped {}: it links outside the sessions directory {}",
+                    link.display(),
+                    path.display()
+                );
+            }
+            files.extend(discovered.artifacts.into_iter().map(Source::Artifact));
         } else {
             files.push(Source::File(path.clone()));
         }
     }
-    let store = open_writable(store_path)?;
+    let store = open_or_create(store_path)?;
     if files.is_empty() {
         bail!("no DSH session files found");
     }
@@ -223,14 +232,14 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
         if let Source::Artifact(artifact) = source {
             if let Err(error) = check_identity(artifact) {
                 failures += 1;
-                eprintln!("dshdb: {error:#}");
+                eprintln!("dshdb: {}", crate::error_chain_text(&error));
                 continue;
             }
         }
         if let Some(result) = crate::sqlite_import::try_import(&store, path, out) {
             if let Err(error) = result {
                 failures += 1;
-                eprintln!("dshdb: {error:#}");
+                eprintln!("dshdb: {}", crate::error_chain_text(&error));
             }
             continue;
         }
@@ -261,7 +270,7 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
             }
             Err(error) => {
                 failures += 1;
-                eprintln!("dshdb: {error:#}");
+                eprintln!("dshdb: {}", crate::error_chain_text(&error));
             }
         }
     }
@@ -297,6 +306,9 @@ pub fn export(
     output: Option<&Path>,
     out: &mut impl Write,
 ) -> Result<()> {
+    if let Some(path) = output {
+        crate::above::refuse_output_inside_store(store_path, path)?;
+    }
     let store = super::open_read_only(store_path)?;
     let bytes = match format {
         ExportFormat::DshJsonl => exchange::export_dsh_jsonl(&store, session)?,
@@ -374,7 +386,7 @@ pub fn surface(store_path: &Path, session: &str, out: &mut impl Write) -> Result
 }
 
 pub fn repair(store_path: &Path, session: Option<&str>, out: &mut impl Write) -> Result<()> {
-    let store = open_writable(store_path)?;
+    let store = super::open_existing(store_path, false)?;
     let ids: Vec<String> = match session {
         Some(id) => vec![id.to_owned()],
         None => store
@@ -407,7 +419,7 @@ pub fn fork(
     at: u64,
     out: &mut impl Write,
 ) -> Result<()> {
-    let store = open_writable(store_path)?;
+    let store = super::open_existing(store_path, false)?;
     drop(store.fork(parent, at, child)?);
     let events = store.session(child)?.events;
     store.close()?;

@@ -2,7 +2,11 @@
 //! "sourceEventSeqs"?:..,"ignorable"?:..}`. Values are kept as their exact JSON text.
 
 use dshdb::exchange::MAX_IMPORT_LINE_BYTES;
-use dshdb::store::{NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
+use dshdb::session::error::SessionError;
+use dshdb::session::event::{closest_known_event_type, is_known_event_type, parse_event_line};
+use dshdb::session::json::single_line_error;
+use dshdb::session::seed::{validate_seed_event, SeedMode};
+use dshdb::store::{check_data_depth, Event, NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -94,9 +98,44 @@ impl InputEvent {
     }
 }
 
+/// Refuses an event that the session views (`messages`, `surface`, `repair`, DSH export
+/// and import) could not read back, before it is stored: they refuse the whole session
+/// afterwards. `seq` is the seq the event would get. Checks the event on its own (nesting
+/// depth, type, envelope and message shape, as DSH's cold load checks each event); the
+/// surface fold across events (replace ranges) is not replayed here.
+pub fn check_readable_by_session_views(event: &InputEvent, seq: u64) -> Result<(), String> {
+    check_data_depth(event.data.get()).map_err(|error| error.to_string())?;
+    let ignorable = event.envelope.contains("\"ignorable\":true");
+    if !ignorable && !is_known_event_type(&event.event_type) {
+        let hint = match closest_known_event_type(&event.event_type) {
+            Some(known) => format!(" (did you mean {known:?}?)"),
+            None => String::new(),
+        };
+        return Err(format!(
+            "event type {:?} is not a DSH event type{hint}; a type of your own needs \
+             \"ignorable\":true, or DSH and the session views refuse the whole session",
+            event.event_type
+        ));
+    }
+    let line = Event {
+        seq,
+        time: event.time.unwrap_or(0),
+        event_type: event.event_type.clone(),
+        data: event.data.get().to_owned(),
+        envelope: event.envelope.clone(),
+        flags: 0,
+    }
+    .to_json_line();
+    let unreadable =
+        |error: SessionError| format!("the session views could not read this event back: {error}");
+    let parsed = parse_event_line(&line).map_err(unreadable)?;
+    let index = usize::try_from(seq).unwrap_or(usize::MAX);
+    validate_seed_event(index, &parsed, SeedMode::Restore).map_err(unreadable)
+}
+
 /// Parses one input line. The error says what is wrong (without the line number).
 pub fn parse_line(line: &str) -> Result<InputEvent, String> {
-    let Members(members) = serde_json::from_str(line).map_err(|error| error.to_string())?;
+    let Members(members) = serde_json::from_str(line).map_err(|error| single_line_error(&error))?;
     let mut event_type = None;
     let mut time = None;
     let mut seq = None;

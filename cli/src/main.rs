@@ -10,9 +10,11 @@ mod sqlite_import;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use dshdb::spill::{locators_in, BlobHash, SpillStore};
 use dshdb::storage::commit::Durability;
 use dshdb::store::{Options, SessionWriter, Store, MANIFEST};
 use dshdb::Error;
+use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -225,10 +227,30 @@ fn main() -> ExitCode {
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             let _ = out.flush();
-            eprintln!("dshdb: error: {error:#}");
+            eprintln!("dshdb: error: {}", error_chain_text(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text the message
+/// before it already holds (an I/O error wrapped by an error that prints its source would
+/// otherwise read `Read-only file system (os error 30): Read-only file system (os error 30)`).
+pub(crate) fn error_chain_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    let mut previous = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if !previous.is_empty() && previous.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+        previous = message;
+    }
+    text
 }
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
@@ -398,8 +420,18 @@ fn init(path: &Path, out: &mut impl Write) -> Result<()> {
         }
         .into());
     }
-    let store = Store::open(path, Options::default())
-        .with_context(|| format!("cannot create store {}", path.display()))?;
+    let store = match Store::open(path, Options::default()) {
+        Ok(store) => store,
+        // With creation allowed, "no store" can only mean a folder holding other things.
+        Err(Error::NotAStore { .. }) => bail!(
+            "cannot create store {}: the folder is not empty and holds no dshdb store \
+             (init needs a new or empty folder)",
+            path.display()
+        ),
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot create store {}", path.display()))
+        }
+    };
     store.close()?;
     writeln!(out, "created store {}", path.display())?;
     Ok(())
@@ -482,6 +514,10 @@ fn append_lines(
                 break;
             }
         }
+        if let Err(reason) = input::check_readable_by_session_views(&event, next_seq) {
+            failure = Some(anyhow::anyhow!("line {number}: {reason}"));
+            break;
+        }
         match writer.append(event.as_new_event()) {
             Ok(receipt) => {
                 next_seq = receipt.end_seq;
@@ -520,7 +556,9 @@ fn append_lines(
         (None, flushed) => flushed.context("flushing the appended events"),
         (Some(error), Ok(())) => Err(error),
         (Some(error), Err(flush_error)) => Err(anyhow::anyhow!(
-            "{error:#}; flushing the events before it failed too: {flush_error:#}"
+            "{}; flushing the events before it failed too: {}",
+            error_chain_text(&error),
+            error_chain_text(&flush_error)
         )),
     }
 }
@@ -658,18 +696,48 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     };
     // Recovery checked every frame; reading every event back checks the index as well.
     let sessions = store.sessions();
+    // Every spill blob a session cites, and the first session citing it.
+    let mut cited: BTreeMap<BlobHash, String> = BTreeMap::new();
     for session in &sessions {
         let mut start = 0;
         while start < session.events {
             let stop = session.events.min(start + READ_CHUNK);
             match store.read(&session.id, start, stop) {
-                Ok(_) => {}
+                Ok(events) => {
+                    for event in &events {
+                        for hash in locators_in(&event.data)
+                            .into_iter()
+                            .chain(locators_in(&event.envelope))
+                        {
+                            cited.entry(hash).or_insert_with(|| session.id.clone());
+                        }
+                    }
+                }
                 Err(error) if error.is_corruption() => return corrupt(error, out),
                 Err(error) => {
                     return Err(error).with_context(|| format!("reading session {:?}", session.id))
                 }
             }
             start = stop;
+        }
+    }
+    // A cited blob must exist and hold what its hash names.
+    let spill = SpillStore::new_read_only(store.storage());
+    for (hash, session) in &cited {
+        match spill.get(hash) {
+            Ok(_) => {}
+            Err(error) if error.is_corruption() => {
+                out.flush()?;
+                eprintln!(
+                    "dshdb: CORRUPT: store {}: session {session:?} cites {}: {error}",
+                    path.display(),
+                    hash.locator()
+                );
+                return Ok(ExitCode::from(EXIT_CORRUPT));
+            }
+            Err(error) => {
+                return Err(error).with_context(|| format!("reading spill blob {}", hash.locator()))
+            }
         }
     }
     let report = store.recovery_report();
@@ -679,6 +747,7 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     writeln!(out, "events: {}", report.events)?;
     writeln!(out, "batches: {}", report.batches)?;
     writeln!(out, "sessions: {}", sessions.len())?;
+    writeln!(out, "spill blobs cited and checked: {}", cited.len())?;
     if let Some(tail) = &report.torn_tail {
         writeln!(
             out,

@@ -31,6 +31,13 @@ pub enum Error {
         offset: u64,
         reason: String,
     },
+    /// A checksum or structure check of a run file failed: data is damaged.
+    #[error("corruption in run {run} at offset {offset}: {reason}")]
+    CorruptRun {
+        run: u64,
+        offset: u64,
+        reason: String,
+    },
     /// A metadata file (manifest, segment header) is damaged or inconsistent.
     #[error("corrupt {file}: {reason}")]
     CorruptFile { file: String, reason: String },
@@ -124,6 +131,7 @@ impl Error {
         matches!(
             self,
             Error::Corrupt { .. }
+                | Error::CorruptRun { .. }
                 | Error::CorruptFile { .. }
                 | Error::UnknownRecordKind { .. }
                 | Error::UnsupportedVersion { .. }

@@ -88,22 +88,22 @@ fn append_and_events_round_trip_exact_bytes() {
     let store = path_str(&store);
     ok(&["init", store], "");
     let input = concat!(
-        r#"{"type":"user/message","data":{"n":1e+21,"s":"\ud800","f":1.50,"e":"\u00e9"},"time":1700000000000,"surfaceOp":"append","sourceEventSeqs":[ ]}"#,
+        r#"{"type":"user/message","data":{"role":"user","content":[{"type":"text","text":"\ud800"}],"source":{"kind":"user"},"id":"m1","n":1e+21,"f":1.50,"e":"\u00e9"},"time":1700000000000,"surfaceOp":"append","sourceEventSeqs":[ ]}"#,
         "\n",
         "\n",
         r#"{"time":5,"data":  [1, 2 ,3] ,"type":"custom/thing","ignorable":true}"#,
         "\n",
-        r#"{"type":"tool/result","data":{},"sourceEventSeqs":[0],"surfaceOp":"append","time":-7}"#,
+        r#"{"type":"tool/result","data":{"message":{"role":"user","id":"r1","source":{"kind":"tool","callId":"c1"},"content":[{"type":"tool-result","toolCallId":"c1","content":[]}]}},"sourceEventSeqs":[0],"surfaceOp":"append","time":-7}"#,
         "\n",
     );
     ok(&["append", store, "s1", "--create"], input);
     let out = ok(&["events", store, "s1"], "");
     let expected = concat!(
-        r#"{"type":"user/message","seq":0,"time":1700000000000,"data":{"n":1e+21,"s":"\ud800","f":1.50,"e":"\u00e9"},"surfaceOp":"append","sourceEventSeqs":[ ]}"#,
+        r#"{"type":"user/message","seq":0,"time":1700000000000,"data":{"role":"user","content":[{"type":"text","text":"\ud800"}],"source":{"kind":"user"},"id":"m1","n":1e+21,"f":1.50,"e":"\u00e9"},"surfaceOp":"append","sourceEventSeqs":[ ]}"#,
         "\n",
         r#"{"type":"custom/thing","seq":1,"time":5,"data":[1, 2 ,3],"ignorable":true}"#,
         "\n",
-        r#"{"type":"tool/result","seq":2,"time":-7,"data":{},"sourceEventSeqs":[0],"surfaceOp":"append"}"#,
+        r#"{"type":"tool/result","seq":2,"time":-7,"data":{"message":{"role":"user","id":"r1","source":{"kind":"tool","callId":"c1"},"content":[{"type":"tool-result","toolCallId":"c1","content":[]}]}},"sourceEventSeqs":[0],"surfaceOp":"append"}"#,
         "\n",
     );
     assert_eq!(out, expected);
@@ -146,13 +146,13 @@ fn append_with_ack_reports_each_durable_seq() {
     let store = dir.join("store");
     let store = path_str(&store);
     let lines =
-        "{\"type\":\"a\",\"data\":1}\n{\"type\":\"b\",\"data\":2}\n{\"type\":\"c\",\"data\":3}\n";
+        "{\"type\":\"turn/start\",\"data\":1}\n{\"type\":\"turn/start\",\"data\":2}\n{\"type\":\"turn/start\",\"data\":3}\n";
     let out = ok(&["append", store, "s", "--create", "--ack"], lines);
     assert_eq!(out, "durable 0\ndurable 1\ndurable 2\n");
     for durability in ["batched", "buffered", "sync"] {
         let out = ok(
             &["append", store, "s", "--ack", "--durability", durability],
-            "{\"type\":\"d\",\"data\":4}\n{\"type\":\"e\",\"data\":5}\n",
+            "{\"type\":\"turn/start\",\"data\":4}\n{\"type\":\"turn/start\",\"data\":5}\n",
         );
         let count = ok(&["events", store, "s"], "").lines().count();
         assert_eq!(
@@ -163,7 +163,10 @@ fn append_with_ack_reports_each_durable_seq() {
     }
     // Without --ack nothing is printed.
     assert_eq!(
-        ok(&["append", store, "s"], "{\"type\":\"f\",\"data\":6}\n"),
+        ok(
+            &["append", store, "s"],
+            "{\"type\":\"turn/start\",\"data\":6}\n"
+        ),
         ""
     );
 }
@@ -186,7 +189,7 @@ fn bad_line_exits_1_names_the_line_and_appends_nothing_of_it() {
     let mut expected_events = 0;
     for (attempt, bad) in bad_lines.iter().enumerate() {
         let input = format!(
-            "{{\"type\":\"good\",\"data\":{attempt}}}\n{bad}\n{{\"type\":\"after\",\"data\":0}}\n"
+            "{{\"type\":\"turn/start\",\"data\":{attempt}}}\n{bad}\n{{\"type\":\"turn/end\",\"data\":\"after\"}}\n"
         );
         let output = dshdb(&["append", store, "s", "--create", "--ack"], &input);
         assert_eq!(output.status.code(), Some(1), "{bad}: {}", stderr(&output));
@@ -205,7 +208,7 @@ fn bad_line_exits_1_names_the_line_and_appends_nothing_of_it() {
     // Invalid UTF-8 is a bad line too.
     let output = dshdb(
         &["append", store, "s"],
-        b"{\"type\":\"x\",\"data\":\"\xff\"}\n",
+        b"{\"type\":\"turn/start\",\"data\":\"\xff\"}\n",
     );
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr(&output).contains("line 1"), "{}", stderr(&output));
@@ -275,7 +278,10 @@ fn verify_reports_a_missing_store_as_an_error_not_corruption() {
     let store = path_str(&store);
     ok(&["init", store], "");
     assert_eq!(dshdb(&["init", store], "").status.code(), Some(1));
-    let output = dshdb(&["append", store, "nope"], "{\"type\":\"x\",\"data\":1}\n");
+    let output = dshdb(
+        &["append", store, "nope"],
+        "{\"type\":\"turn/start\",\"data\":1}\n",
+    );
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr(&output).contains("--create"), "{}", stderr(&output));
     let output = dshdb(&["events", store, "nope"], "");
@@ -313,11 +319,11 @@ fn ls_lists_sessions_with_event_counts() {
     assert_eq!(ok(&["ls", store, "--json"], ""), "[]\n");
     ok(
         &["append", store, "beta", "--create"],
-        "{\"type\":\"x\",\"data\":1}\n",
+        "{\"type\":\"turn/start\",\"data\":1}\n",
     );
     ok(
         &["append", store, "alpha", "--create"],
-        "{\"type\":\"x\",\"data\":1}\n{\"type\":\"x\",\"data\":2}\n",
+        "{\"type\":\"turn/start\",\"data\":1}\n{\"type\":\"turn/start\",\"data\":2}\n",
     );
     let listing = ok(&["ls", store], "");
     let rows: Vec<Vec<&str>> = listing

@@ -19,7 +19,12 @@
 //! materialized (every event it reads); `lineage` repeats the header's `parentSession` /
 //! `seedLength` for readers and is checked on import.
 
-use crate::storage::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
+use super::scan::Record;
+use crate::session::event::SessionEvent;
+use crate::session::json::single_line_error;
+use crate::storage::frame::{
+    EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS,
+};
 use crate::store::{NewEvent, Store, MAX_EVENT_DATA_BYTES, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -223,7 +228,7 @@ fn check_format(first: &[u8]) -> Result<(), CanonicalError> {
     let probe: Probe =
         serde_json::from_slice(first).map_err(|error| CanonicalError::Malformed {
             line: 1,
-            reason: format!("not a JSON object: {error}"),
+            reason: format!("not a JSON object: {}", single_line_error(&error)),
         })?;
     match probe.format {
         Some(Value::String(format)) if format == CANONICAL_FORMAT => {}
@@ -280,6 +285,66 @@ fn check_event(line: usize, event: &Parsed<'_>) -> Result<(), CanonicalError> {
         return Err(malformed(
             "envelope is not valid for the event's flags".into(),
         ));
+    }
+    Ok(())
+}
+
+/// A verbatim event keeps the DSH line it was imported from, and export writes that line:
+/// the line must say what the event's own fields say (type, seq, time, data), or `events`
+/// and the DSH export would show two different events. A verbatim packed row covers the
+/// row's start event and the members after it.
+fn check_verbatim_lines(events: &[Parsed<'_>]) -> Result<(), CanonicalError> {
+    for (index, event) in events.iter().enumerate() {
+        if event.flags & EVENT_FLAG_VERBATIM_LINE == 0 {
+            continue;
+        }
+        let line = index + 2;
+        let refuse = |reason: String| CanonicalError::Malformed { line, reason };
+        let bytes = super::verbatim_bytes(&event.envelope)
+            .ok_or_else(|| refuse("damaged verbatim line".into()))?;
+        let record = super::scan::decode_record(&bytes)
+            .map_err(|()| refuse("the verbatim line is not a DSH event line".into()))?;
+        let (members, member_data): (Vec<&SessionEvent>, Vec<&str>) = match &record {
+            Record::Event(parsed) => (vec![parsed], vec![parsed.data.get()]),
+            Record::Row {
+                members,
+                member_data,
+            } => (
+                members.iter().collect(),
+                member_data.iter().map(String::as_str).collect(),
+            ),
+        };
+        let is_row = event.flags & EVENT_FLAG_ROW_VERBATIM != 0;
+        if is_row != matches!(record, Record::Row { .. }) {
+            return Err(refuse(
+                "the verbatim line's kind (event or packed row) contradicts the event's flags"
+                    .into(),
+            ));
+        }
+        for (offset, (member, data)) in members.iter().zip(member_data).enumerate() {
+            let seq = index + offset;
+            let Some(stored) = events.get(seq) else {
+                return Err(refuse(
+                    "the verbatim row has more members than the file".into(),
+                ));
+            };
+            let field = if member.event_type != stored.event_type {
+                Some("type")
+            } else if member.seq != seq as u64 {
+                Some("seq")
+            } else if member.time != stored.time {
+                Some("time")
+            } else if data != stored.data.as_ref() {
+                Some("data")
+            } else {
+                None
+            };
+            if let Some(field) = field {
+                return Err(refuse(format!(
+                    "the verbatim line contradicts the {field} of the event at seq {seq}"
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -354,7 +419,7 @@ pub fn import_canonical_with_progress(
         let event: EventLine<'_> =
             serde_json::from_str(raw_line).map_err(|error| CanonicalError::Malformed {
                 line,
-                reason: error.to_string(),
+                reason: single_line_error(&error),
             })?;
         if event.seq != index as u64 {
             return Err(CanonicalError::Malformed {
@@ -397,6 +462,7 @@ pub fn import_canonical_with_progress(
             ),
         });
     }
+    check_verbatim_lines(&events)?;
     if events
         .first()
         .is_some_and(|event| event.flags & EVENT_FLAG_ROW_MEMBER != 0)

@@ -178,10 +178,26 @@ fn mixed_encoding(path: &Path, zstd: bool) -> ExchangeError {
     ))
 }
 
+/// Whether `entry` (a link or not) resolves to a place inside `root` (already resolved): a
+/// sessions root is scanned only within itself, whatever links it holds.
+fn resolves_inside(entry: &Path, root: &Path) -> bool {
+    std::fs::canonicalize(entry).is_ok_and(|resolved| resolved.starts_with(root))
+}
+
 /// The session logs of one project directory, refusing DSH's legacy flat-file layout.
-fn project_sessions(project: &Path, out: &mut Vec<SessionArtifact>) -> Result<(), ExchangeError> {
+/// Links out of `root` are skipped into `outside`.
+fn project_sessions(
+    project: &Path,
+    root: &Path,
+    out: &mut Vec<SessionArtifact>,
+    outside: &mut Vec<PathBuf>,
+) -> Result<(), ExchangeError> {
     for entry in sorted_entries(project)? {
         let name = file_name(&entry);
+        if !resolves_inside(&entry, root) {
+            outside.push(entry);
+            continue;
+        }
         if !entry.is_dir() {
             if is_flat_log(&name) {
                 return Err(refused(format!(
@@ -195,6 +211,10 @@ fn project_sessions(project: &Path, out: &mut Vec<SessionArtifact>) -> Result<()
             let log_name = if zstd { ZSTD_LOG_NAME } else { PLAIN_LOG_NAME };
             let path = entry.join(log_name);
             if path.is_file() {
+                if !resolves_inside(&path, root) {
+                    outside.push(path);
+                    continue;
+                }
                 out.push(SessionArtifact {
                     project: file_name(project),
                     session_directory: name.clone(),
@@ -207,15 +227,32 @@ fn project_sessions(project: &Path, out: &mut Vec<SessionArtifact>) -> Result<()
     Ok(())
 }
 
+/// What a directory import found: the session logs, and the links it did not follow
+/// because they lead out of the sessions root.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    pub artifacts: Vec<SessionArtifact>,
+    /// Entries under the root that resolve outside it (symbolic links), not scanned.
+    pub outside_links: Vec<PathBuf>,
+}
+
 /// Finds every session log under a DSH sessions root as DSH's `list()` does: project
 /// directories directly under the root, session directories directly under those. Refuses
 /// a flat-file layout, a root that mixes both encodings (the first log found sets the
 /// encoding, as DSH's backend configuration would), and an id found in two projects.
-pub fn discover_sessions(root: &Path) -> Result<Vec<SessionArtifact>, ExchangeError> {
+/// Links that lead out of the root are not followed (`ln -s ../..` never makes it scan
+/// above the root); they are listed in [`Discovered::outside_links`].
+pub fn discover_sessions(root: &Path) -> Result<Discovered, ExchangeError> {
+    let resolved_root = std::fs::canonicalize(root).map_err(|error| io_refusal(root, error))?;
     let mut found = Vec::new();
+    let mut outside = Vec::new();
     for project in sorted_entries(root)? {
+        if !resolves_inside(&project, &resolved_root) {
+            outside.push(project);
+            continue;
+        }
         if project.is_dir() {
-            project_sessions(&project, &mut found)?;
+            project_sessions(&project, &resolved_root, &mut found, &mut outside)?;
         }
     }
     if let Some(first) = found.first() {
@@ -236,12 +273,15 @@ pub fn discover_sessions(root: &Path) -> Result<Vec<SessionArtifact>, ExchangeEr
             )));
         }
     }
-    Ok(found)
+    Ok(Discovered {
+        artifacts: found,
+        outside_links: outside,
+    })
 }
 
 /// The session logs under a directory given to an import: a sessions root, or one session
 /// directory (it holds the log itself; its parent is the project directory).
-pub fn discover_directory(directory: &Path) -> Result<Vec<SessionArtifact>, ExchangeError> {
+pub fn discover_directory(directory: &Path) -> Result<Discovered, ExchangeError> {
     let holds_log = [PLAIN_LOG_NAME, ZSTD_LOG_NAME]
         .iter()
         .any(|name| directory.join(name).is_file());
@@ -266,7 +306,10 @@ pub fn discover_directory(directory: &Path) -> Result<Vec<SessionArtifact>, Exch
     if let [_, zstd] = found.as_slice() {
         return Err(mixed_encoding(&zstd.path, zstd.zstd));
     }
-    Ok(found)
+    Ok(Discovered {
+        artifacts: found,
+        outside_links: Vec::new(),
+    })
 }
 
 /// The id a session directory name encodes (lone surrogates shown as U+FFFD), if it is a

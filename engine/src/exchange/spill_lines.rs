@@ -3,6 +3,7 @@
 //! needs; the import stores the blobs (durably) before the events that cite them.
 
 use super::canonical::{import_canonical_with_progress, CanonicalError, CanonicalImport};
+use crate::session::json::single_line_error;
 use crate::spill::{locators_in, BlobHash, SpillStore};
 use crate::store::Store;
 use serde_json::{json, Value};
@@ -72,7 +73,7 @@ fn canonical_length(bytes: &[u8]) -> Result<(usize, usize), CanonicalError> {
         .position(|&byte| byte == b'\n')
         .unwrap_or(bytes.len());
     let header: Value = serde_json::from_slice(&bytes[..first_end])
-        .map_err(|error| malformed(1, error.to_string()))?;
+        .map_err(|error| malformed(1, single_line_error(&error)))?;
     let events = header
         .get("events")
         .and_then(Value::as_u64)
@@ -92,7 +93,7 @@ fn canonical_length(bytes: &[u8]) -> Result<(usize, usize), CanonicalError> {
 /// Decodes one spill line (1-based `line` for errors) and checks its hash.
 fn decode_spill_line(text: &str, line: usize) -> Result<(BlobHash, Vec<u8>), CanonicalError> {
     let value: Value =
-        serde_json::from_str(text).map_err(|error| malformed(line, error.to_string()))?;
+        serde_json::from_str(text).map_err(|error| malformed(line, single_line_error(&error)))?;
     let hash = value
         .get("spill")
         .and_then(Value::as_str)
@@ -113,6 +114,33 @@ fn decode_spill_line(text: &str, line: usize) -> Result<(BlobHash, Vec<u8>), Can
     Ok((hash, payload))
 }
 
+/// Refuses a file whose events cite a spill blob that neither its spill lines nor the store
+/// hold: imported, the session would hold dangling locators and fail its own export.
+fn check_cited_blobs(
+    canonical: &[u8],
+    blobs: &[(BlobHash, Vec<u8>)],
+    spill: &SpillStore,
+) -> Result<(), CanonicalError> {
+    let brought: BTreeSet<BlobHash> = blobs.iter().map(|(hash, _)| *hash).collect();
+    let text = String::from_utf8_lossy(canonical);
+    // Line 1 is the header; events follow from line 2.
+    for (index, line) in text.lines().enumerate().skip(1) {
+        for hash in locators_in(line) {
+            if !brought.contains(&hash) && spill.verify(&hash).is_err() {
+                return Err(malformed(
+                    index + 1,
+                    format!(
+                        "the event cites spill blob {}, which neither the file's spill lines \
+                         nor the store hold",
+                        hash.locator()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Imports a canonical file that may end with spill lines: the blobs are checked and stored
 /// first (each durable before any event cites it), then the events are imported.
 pub fn import_canonical_with_spill(
@@ -128,6 +156,7 @@ pub fn import_canonical_with_spill(
         blobs.push(decode_spill_line(text, canonical_lines + index + 1)?);
     }
     let spill = SpillStore::new(store.storage());
+    check_cited_blobs(&bytes[..canonical_end], &blobs, &spill)?;
     let mut created = Vec::new();
     for (hash, payload) in &blobs {
         if spill.verify(hash).is_err() {

@@ -66,6 +66,37 @@ pub fn is_known_event_type(event_type: &str) -> bool {
     KNOWN_EVENT_TYPES.binary_search(&event_type).is_ok()
 }
 
+/// Largest edit distance at which a known type is offered as the one probably meant.
+const SUGGESTION_MAX_EDITS: usize = 2;
+
+/// The known event type closest to an unknown `event_type` (a typo such as `user/mesage`),
+/// when one is within [`SUGGESTION_MAX_EDITS`] single-character edits.
+pub fn closest_known_event_type(event_type: &str) -> Option<&'static str> {
+    KNOWN_EVENT_TYPES
+        .iter()
+        .map(|known| (edit_distance(event_type, known), *known))
+        .filter(|(edits, _)| *edits <= SUGGESTION_MAX_EDITS)
+        .min_by_key(|(edits, _)| *edits)
+        .map(|(_, known)| known)
+}
+
+/// Levenshtein distance over chars (one row at a time).
+fn edit_distance(left: &str, right: &str) -> usize {
+    let right: Vec<char> = right.chars().collect();
+    let mut previous: Vec<usize> = (0..=right.len()).collect();
+    for (row, left_char) in left.chars().enumerate() {
+        let mut current = vec![row + 1; right.len() + 1];
+        for (column, right_char) in right.iter().enumerate() {
+            let substitution = previous[column] + usize::from(left_char != *right_char);
+            current[column + 1] = substitution
+                .min(previous[column + 1] + 1)
+                .min(current[column] + 1);
+        }
+        previous = current;
+    }
+    previous[right.len()]
+}
+
 /// The three types that may (and must) carry a surface marker.
 pub fn is_surface_eligible_type(event_type: &str) -> bool {
     matches!(event_type, USER_MESSAGE | ASSISTANT_MESSAGE | TOOL_RESULT)

@@ -277,6 +277,19 @@ pub fn json_equal(left: &Value, right: &Value) -> bool {
     }
 }
 
+/// A serde_json error about one line of a JSON-lines file, for a message that already names
+/// the line: serde counts lines within the text it was given (always `line 1` here), so its
+/// position is restated as the column alone (`expected value at column 1`, not `line 2:
+/// expected value at line 1 column 1`).
+pub fn single_line_error(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    match text.strip_suffix(&position) {
+        Some(message) if error.line() == 1 => format!("{message} at column {}", error.column()),
+        _ => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,5 +347,14 @@ mod tests {
         };
         assert!(json_equal(&left, &right));
         assert!(!json_equal(&left, &serde_json::json!({"a": 1})));
+    }
+
+    #[test]
+    fn single_line_errors_give_the_column_only() {
+        let error = serde_json::from_str::<serde_json::Value>(" x").expect_err("not JSON");
+        assert_eq!(single_line_error(&error), "expected value at column 2");
+        // Several lines: serde's own line number is meaningful and stays.
+        let error = serde_json::from_str::<serde_json::Value>("[\n x]").expect_err("not JSON");
+        assert_eq!(single_line_error(&error), error.to_string());
     }
 }

@@ -8,7 +8,7 @@ use crate::storage::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PAR
 use crate::storage::index::{load_checkpoint, CoveredSegment};
 use crate::storage::io::Storage;
 use crate::storage::manifest::{Manifest, RunEntry};
-use crate::storage::run::{run_path, walk_block, RunReader, DEFINITIONS_SESSION};
+use crate::storage::run::{run_corrupt, run_path, walk_block, RunReader, DEFINITIONS_SESSION};
 use crate::storage::segment::{
     check_header, durable_evidence_after, has_valid_frame, nonzero_end, read_segment, scan_frames,
     SEGMENT_HEADER_BYTES,
@@ -294,7 +294,7 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
         let raw = reader.block(index, None)?;
         let mut next_seq = block.first_seq;
         walk_block(&raw, block, run, |offset, _frame_bytes, record| {
-            let bad = |reason: &str| corrupt(run, offset, reason);
+            let bad = |reason: &str| run_corrupt(run, offset, reason);
             match record {
                 Record::SessionHeader {
                     session,
@@ -332,7 +332,7 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
             }
         })?;
         if next_seq - block.first_seq != u64::from(block.event_count) {
-            return Err(corrupt(
+            return Err(run_corrupt(
                 run,
                 block.raw_offset,
                 "block holds another event count",
@@ -347,7 +347,7 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
             };
             catalog
                 .push_extent(block.session, block.first_seq, extent)
-                .map_err(|reason| corrupt(run, block.raw_offset, &reason))?;
+                .map_err(|reason| run_corrupt(run, block.raw_offset, &reason))?;
         }
         events += u64::from(block.event_count);
     }

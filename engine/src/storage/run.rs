@@ -138,6 +138,15 @@ fn corrupt(segment: u64, offset: u64, reason: &str) -> Error {
     }
 }
 
+/// Damage inside run `run` at plaintext offset `offset` (named as a run, never a segment).
+pub(crate) fn run_corrupt(run: u64, offset: u64, reason: &str) -> Error {
+    Error::CorruptRun {
+        run,
+        offset,
+        reason: reason.to_string(),
+    }
+}
+
 /// Rewrites the records of a sealed segment as a run (F-06-1), leaving out the events of
 /// deleted sessions that `retained` does not keep (F-06-24). The segment must end with a
 /// seal; records that no commit covers make it corrupt.
@@ -300,7 +309,7 @@ fn frames_end(raw: &[u8], count: u32, block: &BlockEntry, run: u64) -> Result<us
         let frame = raw.get(end..).unwrap_or_default();
         let at = block.raw_offset + end as u64;
         let frame =
-            decode_run_frame(frame).map_err(|error| corrupt(run, at, &format!("{error:?}")))?;
+            decode_run_frame(frame).map_err(|error| run_corrupt(run, at, &format!("{error:?}")))?;
         end += frame.total_bytes;
     }
     Ok(end)
@@ -631,7 +640,7 @@ fn check_block_layout(
 
 /// Decompresses and checks one block's stored bytes (F-06-6).
 pub fn decode_block(stored: &[u8], block: &BlockEntry, run: u64) -> Result<Vec<u8>> {
-    let damaged = |reason: &str| corrupt(run, block.raw_offset, reason);
+    let damaged = |reason: &str| run_corrupt(run, block.raw_offset, reason);
     if stored.len() != block.stored_bytes as usize
         || crc32fast::hash(stored) != block.stored_checksum
     {
@@ -657,12 +666,12 @@ pub fn walk_block<'a>(
     while offset < raw.len() {
         let at = block.raw_offset + offset as u64;
         let frame = decode_run_frame(&raw[offset..])
-            .map_err(|error| corrupt(run, at, &format!("{error:?}")))?;
+            .map_err(|error| run_corrupt(run, at, &format!("{error:?}")))?;
         let record = Record::decode(&frame)
-            .map_err(|error| corrupt(run, at, &format!("{error:?}")))?
-            .ok_or_else(|| corrupt(run, at, "unknown record kind in a run"))?;
+            .map_err(|error| run_corrupt(run, at, &format!("{error:?}")))?
+            .ok_or_else(|| run_corrupt(run, at, "unknown record kind in a run"))?;
         let frame_bytes = u32::try_from(frame.total_bytes)
-            .map_err(|_| corrupt(run, at, "frame larger than 4 GiB"))?;
+            .map_err(|_| run_corrupt(run, at, "frame larger than 4 GiB"))?;
         debug_assert!(frame.total_bytes >= FRAME_HEADER_BYTES);
         on_record(at, frame_bytes, record)?;
         offset += frame.total_bytes;
@@ -781,7 +790,7 @@ impl RunReader {
         let entry = &self.index.blocks[block];
         self.with_stored(block, |stored| {
             if crc32fast::hash(stored) != entry.stored_checksum {
-                return Err(corrupt(
+                return Err(run_corrupt(
                     self.index.id,
                     entry.raw_offset,
                     "run block checksum mismatch",
@@ -806,7 +815,7 @@ impl RunReader {
                 let range = usize::try_from(start).ok().zip(usize::try_from(end).ok());
                 match range.and_then(|(from, to)| map.bytes().get(from..to)) {
                     Some(stored) => use_stored(stored),
-                    None => Err(corrupt(
+                    None => Err(run_corrupt(
                         self.index.id,
                         entry.raw_offset,
                         "block past the mapped file",
@@ -935,7 +944,7 @@ mod tests {
         let stored = &damaged[block.file_offset as usize..][..block.stored_bytes as usize];
         assert!(matches!(
             decode_block(stored, &block, 2),
-            Err(Error::Corrupt { segment: 2, .. })
+            Err(Error::CorruptRun { run: 2, .. })
         ));
     }
 

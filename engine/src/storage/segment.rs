@@ -73,8 +73,28 @@ pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
     Ok(())
 }
 
-/// Creates, preallocates and syncs a new segment file, and syncs its directory (F-03-3).
-/// On failure the file is removed again, so a full disk leaves nothing behind.
+/// Free disk space a segment's preallocation leaves untouched, in bytes (8 MiB): room for
+/// the manifest, the seq-index checkpoint and the run files that `maintain` writes before it
+/// frees segments, so that the commands which free space still work on a nearly full disk.
+pub const PREALLOCATION_RESERVE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// How many bytes of a segment of `capacity_bytes` to preallocate (F-03-3 step 2): all of
+/// it, or, on a disk with less free, what the disk has beyond
+/// [`PREALLOCATION_RESERVE_BYTES`] (zero: no preallocation, the file grows as it is
+/// written, and a write past the free space fails as "disk full").
+pub fn preallocation_bytes(storage: &dyn Storage, capacity_bytes: u64) -> Result<u64> {
+    let available = storage
+        .available_bytes()
+        .map_err(|error| Error::io("free space query", error))?;
+    Ok(match available {
+        Some(free) => capacity_bytes.min(free.saturating_sub(PREALLOCATION_RESERVE_BYTES)),
+        None => capacity_bytes,
+    })
+}
+
+/// Creates, preallocates (as far as the free space allows) and syncs a new segment file, and
+/// syncs its directory (F-03-3). On failure the file is removed again, so a full disk leaves
+/// nothing behind.
 pub fn create_segment(
     storage: &dyn Storage,
     id: u64,
@@ -85,9 +105,13 @@ pub fn create_segment(
     let file = storage
         .open(&path, true)
         .map_err(|error| Error::io("segment create", error))?;
-    let prepared = file
-        .allocate(capacity_bytes)
-        .map_err(|error| Error::io("segment preallocate", error))
+    let prepared = preallocation_bytes(storage, capacity_bytes)
+        .and_then(|length| match length {
+            0 => Ok(()),
+            length => file
+                .allocate(length)
+                .map_err(|error| Error::io("segment preallocate", error)),
+        })
         .and_then(|()| {
             file.write_at(&encode_header(id, salt), 0)
                 .map_err(|error| Error::io("segment header write", error))

@@ -16,12 +16,17 @@ use crate::storage::segment::{
 use std::path::Path;
 use std::sync::Arc;
 
-pub(super) fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manifest> {
+/// The entries a directory may hold and still become a store (F-01-4).
+const STORE_NAMES: [&str; 5] = [LOCK_FILE, MANIFEST_TEMP_FILE, WAL_DIR, RUNS_DIR, INDEX_DIR];
+
+/// Refuses to create a store in a directory that holds anything else (F-01-4): a foreign
+/// entry makes it `NotAStore`, segments, runs or a checkpoint without a manifest a damaged
+/// store. Runs before the lock (which creates `LOCK`) and again under it.
+pub(super) fn check_creatable(storage: &dyn Storage, label: &Path) -> Result<()> {
     let existing = storage.list("").map_err(io_error("store list"))?;
-    let store_names = [LOCK_FILE, MANIFEST_TEMP_FILE, WAL_DIR, RUNS_DIR, INDEX_DIR];
     let foreign = existing
         .iter()
-        .any(|name| !store_names.contains(&name.as_str()));
+        .any(|name| !STORE_NAMES.contains(&name.as_str()));
     if foreign {
         return Err(Error::NotAStore {
             path: label.to_path_buf(),
@@ -49,6 +54,12 @@ pub(super) fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manife
             reason: format!("missing while {} holds segments", label.display()),
         });
     }
+    Ok(())
+}
+
+/// Creates the store's first files (F-01-4 steps 2-4) in a directory that
+/// [`check_creatable`] accepted under the lock.
+pub(super) fn create_store(storage: &dyn Storage) -> Result<Manifest> {
     storage
         .create_dir(WAL_DIR)
         .map_err(io_error("store create"))?;
@@ -60,6 +71,30 @@ pub(super) fn create_store(storage: &dyn Storage, label: &Path) -> Result<Manife
     };
     manifest.write(storage)?;
     Ok(manifest)
+}
+
+/// Takes back a store creation whose open failed after it (say, the first segment did not
+/// fit on the disk): the manifest (and its temporary), `wal/` and its segments, and `LOCK`. Best effort:
+/// what stays is at worst an empty store, which the next open takes as it is.
+pub(super) fn undo_create(storage: &dyn Storage) {
+    // Only segment files: the creation made no other kind, and anything else stays.
+    for name in storage.list(WAL_DIR).unwrap_or_default() {
+        if parse_segment_name(&name).is_some() {
+            let _ = storage.remove(&format!("{WAL_DIR}/{name}"));
+        }
+    }
+    let _ = storage.sync_dir(WAL_DIR);
+    // The manifest goes (durably) before `wal/`: a power cut in between leaves a folder
+    // without a manifest, which the next open creates again, never a manifest without the
+    // `wal/` it needs.
+    let _ = storage.remove(MANIFEST_FILE);
+    let _ = storage.remove(MANIFEST_TEMP_FILE);
+    let _ = storage.sync_dir("");
+    let _ = storage.remove_dir(WAL_DIR);
+    // The lock guard still holds the file open; removing the name is harmless on POSIX, and
+    // there is no store left for another writer to race for.
+    let _ = storage.remove(LOCK_FILE);
+    let _ = storage.sync_dir("");
 }
 
 pub(super) fn remove_orphans(

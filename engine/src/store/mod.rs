@@ -19,9 +19,10 @@ mod writer;
 pub use lifecycle::END_SEED_TYPE;
 pub use maintenance::MaintenanceReport;
 pub use stats::Stats;
+pub use validate::check_data_depth;
 pub use writer::PendingReceipt;
 
-use create::{create_store, remove_orphans, start_log};
+use create::{check_creatable, create_store, remove_orphans, start_log, undo_create};
 use line::push_json_line;
 use maintenance::MaintenanceSignal;
 
@@ -53,6 +54,14 @@ pub const MAX_HEADER_BYTES: usize = 1024 * 1024;
 /// Default bytes of decompressed run blocks kept in memory (64 MiB): bounds read memory
 /// whatever the store's size.
 pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// The nesting depth at which serde_json stops parsing (its recursion limit, in levels of
+/// arrays and objects).
+pub const SERDE_JSON_DEPTH_LIMIT: usize = 128;
+/// Deepest nesting of arrays and objects an event's `data` may have, in levels (a scalar is
+/// 0, `{}` is 1): one below serde_json's limit, because every derived view (messages,
+/// surface, repair, DSH import) parses the event's line, whose own object holds `data` one
+/// level down. Deeper data could be stored but never read back as a session.
+pub const MAX_EVENT_DATA_DEPTH: usize = SERDE_JSON_DEPTH_LIMIT - 1;
 /// Largest event type name, in bytes.
 pub const MAX_TYPE_BYTES: usize = 1024;
 /// 2^53: JavaScript's safe integers (DSH's `createdAt`, `seq`, `time`) lie below it.
@@ -282,7 +291,17 @@ impl Store {
     /// Opens (or creates) the store in directory `path` on the real file system.
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Store> {
         let path = path.as_ref();
+        // The directories this open creates, outermost first: a failed creation removes them
+        // again, so that it leaves nothing behind.
+        let mut created_dirs = Vec::new();
         if options.create_if_missing && !options.read_only {
+            let mut missing = Some(path);
+            while let Some(dir) = missing.filter(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            {
+                created_dirs.push(dir.to_path_buf());
+                missing = dir.parent();
+            }
+            created_dirs.reverse();
             std::fs::create_dir_all(path).map_err(io_error("store directory create"))?;
         }
         if !path.is_dir() {
@@ -290,11 +309,33 @@ impl Store {
                 path: path.to_path_buf(),
             });
         }
-        Store::open_on(Arc::new(FsStorage::new(path)), options, path)
+        let opened = Store::open_on(Arc::new(FsStorage::new(path)), options, path);
+        if opened.is_err() {
+            for dir in created_dirs.iter().rev() {
+                // Best effort, and only while empty: a directory someone else filled stays.
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+        opened
     }
 
     /// Opens a store on any storage (the simulator in tests). `label` names it in errors.
     pub fn open_on(storage: Arc<dyn Storage>, options: Options, label: &Path) -> Result<Store> {
+        // Before the lock, which creates `LOCK`: a directory that is not a store and may not
+        // become one is refused without a trace (F-01-4, F-01-5). The checks run again under
+        // the lock.
+        if !options.read_only
+            && !storage
+                .exists(MANIFEST_FILE)
+                .map_err(io_error("store list"))?
+        {
+            if !options.create_if_missing {
+                return Err(Error::NotAStore {
+                    path: label.to_path_buf(),
+                });
+            }
+            check_creatable(storage.as_ref(), label)?;
+        }
         let lock = if options.read_only {
             None
         } else {
@@ -303,10 +344,17 @@ impl Store {
                 path: label.to_path_buf(),
             })?)
         };
-        let manifest = match Manifest::read(storage.as_ref())? {
-            Some(manifest) => manifest,
+        let (manifest, created) = match Manifest::read(storage.as_ref())? {
+            Some(manifest) => (manifest, false),
             None if options.create_if_missing && !options.read_only => {
-                create_store(storage.as_ref(), label)?
+                check_creatable(storage.as_ref(), label)?;
+                match create_store(storage.as_ref()) {
+                    Ok(manifest) => (manifest, true),
+                    Err(error) => {
+                        undo_create(storage.as_ref());
+                        return Err(error);
+                    }
+                }
             }
             None => {
                 return Err(Error::NotAStore {
@@ -314,6 +362,22 @@ impl Store {
                 })
             }
         };
+        let opened = Store::open_manifest(storage.clone(), options, manifest, lock);
+        if opened.is_err() && created {
+            // A creation that failed half-way (a full disk) leaves nothing behind (F-01-4).
+            undo_create(storage.as_ref());
+        }
+        opened
+    }
+
+    /// The rest of an open once the lock is held and the manifest read: recovery, and for a
+    /// writer the orphan removal and the start of the log.
+    fn open_manifest(
+        storage: Arc<dyn Storage>,
+        options: Options,
+        manifest: Manifest,
+        lock: Option<Box<dyn LockGuard>>,
+    ) -> Result<Store> {
         let mut recovered = recover(storage.as_ref(), &manifest, options.use_checkpoint)?;
         let salts = manifest
             .segments

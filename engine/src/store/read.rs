@@ -166,8 +166,8 @@ impl Store {
     /// they start at and whether they come from a run.
     pub(super) fn extent_bytes(&self, extent: &Extent) -> Result<(Arc<Vec<u8>>, u64, bool)> {
         if let Some(reader) = self.run_reader(extent.file)? {
-            let past_run = || Error::Corrupt {
-                segment: extent.file,
+            let past_run = || Error::CorruptRun {
+                run: extent.file,
                 offset: extent.offset,
                 reason: "extent past its run block".to_string(),
             };
@@ -278,10 +278,17 @@ impl Store {
         position: &Position,
         in_run: bool,
     ) -> Result<EventRecord<'a>> {
-        let corrupt = |reason: String| Error::Corrupt {
-            segment: position.segment,
-            offset: position.offset,
-            reason,
+        let corrupt = |reason: String| match in_run {
+            true => Error::CorruptRun {
+                run: position.segment,
+                offset: position.offset,
+                reason,
+            },
+            false => Error::Corrupt {
+                segment: position.segment,
+                offset: position.offset,
+                reason,
+            },
         };
         let frame = if in_run {
             decode_run_frame(bytes)

@@ -1,8 +1,8 @@
 //! Validation of a session header and of an event before anything is encoded.
 
 use super::{
-    NewEvent, ENVELOPE_KEYS, MAX_EVENT_DATA_BYTES, MAX_HEADER_BYTES, MAX_SAFE_INTEGER_EXCLUSIVE,
-    MAX_TYPE_BYTES,
+    NewEvent, ENVELOPE_KEYS, MAX_EVENT_DATA_BYTES, MAX_EVENT_DATA_DEPTH, MAX_HEADER_BYTES,
+    MAX_SAFE_INTEGER_EXCLUSIVE, MAX_TYPE_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::storage::catalog::header_id;
@@ -33,7 +33,60 @@ pub(super) fn validate_header(header_json: &str) -> Result<String> {
             ))
         }
     }
-    header_id(header_json.as_bytes()).map_err(Error::invalid)
+    let id = header_id(header_json.as_bytes()).map_err(Error::invalid)?;
+    validate_session_id(&id)?;
+    Ok(id)
+}
+
+/// Refuses a session id that listings could not show unambiguously: an empty one, or one
+/// holding a C0 control character or DEL (a newline would make `ls` print two lines for one
+/// session). The Node binding maps DSH ids of that kind to encoded store ids by the same
+/// rule (bindings/node/ts/ids.ts).
+pub(super) fn validate_session_id(id: &str) -> Result<()> {
+    if id.is_empty() {
+        return Err(Error::invalid("session id is empty"));
+    }
+    if let Some(control) = id.chars().find(char::is_ascii_control) {
+        return Err(Error::invalid(format!(
+            "session id {id:?} holds the control character {control:?}; ids must be printable"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses `data` nested deeper than [`MAX_EVENT_DATA_DEPTH`]: what no derived view can
+/// parse must not be stored (the text is valid JSON already, so only brackets outside
+/// strings count).
+pub fn check_data_depth(data: &str) -> Result<()> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for byte in data.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_EVENT_DATA_DEPTH {
+                    return Err(Error::invalid(format!(
+                        "event data is nested more than {MAX_EVENT_DATA_DEPTH} levels deep \
+                         (arrays and objects); no session view could read it back"
+                    )));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
@@ -51,6 +104,7 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
     }
     serde_json::from_str::<&serde_json::value::RawValue>(event.data)
         .map_err(|error| Error::invalid(format!("event data is not valid JSON: {error}")))?;
+    check_data_depth(event.data)?;
     if event.flags & !KNOWN_EVENT_FLAGS != 0 {
         return Err(Error::invalid(format!(
             "unknown event flags {:#x}",

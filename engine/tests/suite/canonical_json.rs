@@ -238,3 +238,102 @@ fn duplicate_session_is_a_store_error() {
     ));
     assert_eq!(store.session("sample").expect("sample").events, 2);
 }
+
+/// A session imported from a DSH log whose second line is not canonical (spaces), so it is
+/// stored verbatim; its canonical export.
+fn verbatim_canonical() -> String {
+    let log = concat!(
+        r#"{"type":"session","version":0,"id":"verb","createdAt":1,"cwd":"/x","delegationDepth":0}"#,
+        "\n",
+        r#"{"type":"turn/start", "seq":0, "time":5, "data":{"turn":1}}"#,
+        "\n",
+    );
+    let store = new_store();
+    let report = import_dsh_jsonl(&store, log.as_bytes()).expect("import");
+    assert_eq!(report.verbatim, 1, "the line is kept verbatim");
+    String::from_utf8(export_canonical(&store, "verb").expect("export")).expect("utf-8")
+}
+
+/// The canonical file with the verbatim line (inside the envelope string) edited.
+fn with_verbatim_line(canonical: &str, from: &str, to: &str) -> String {
+    let mut lines: Vec<String> = canonical.lines().map(str::to_owned).collect();
+    let mut event: serde_json::Value = serde_json::from_str(&lines[1]).expect("event line");
+    let envelope = event["envelope"]
+        .as_str()
+        .expect("verbatim envelope")
+        .to_owned();
+    assert!(envelope.contains(from), "{envelope}");
+    event["envelope"] = serde_json::Value::String(envelope.replace(from, to));
+    lines[1] = event.to_string();
+    format!("{}\n", lines.join("\n"))
+}
+
+#[test]
+fn a_verbatim_line_that_contradicts_its_event_is_refused() {
+    let good = verbatim_canonical();
+    import_canonical(&new_store(), good.as_bytes()).expect("the untouched file imports");
+    for (from, to, field) in [
+        (r#""type":"turn/start""#, r#""type":"other""#, "type"),
+        (r#""time":5"#, r#""time":6"#, "time"),
+        (r#""seq":0"#, r#""seq":3"#, "seq"),
+        (r#"{"turn":1}"#, r#"{"turn":2}"#, "data"),
+    ] {
+        let crafted = with_verbatim_line(&good, from, to);
+        match refuse(crafted.as_bytes()) {
+            CanonicalError::Malformed { line: 2, reason } => {
+                assert!(reason.contains(field), "{field}: {reason}");
+            }
+            other => panic!("{field}: {other}"),
+        }
+    }
+    let not_an_event = with_verbatim_line(&good, r#""type":"turn/start", "#, "");
+    assert!(matches!(
+        refuse(not_an_event.as_bytes()),
+        CanonicalError::Malformed { line: 2, .. }
+    ));
+}
+
+#[test]
+fn a_file_whose_spill_lines_are_missing_is_refused() {
+    use dshdb::exchange::spill_lines::{import_canonical_with_spill, write_spill_lines};
+    use dshdb::spill::SpillStore;
+    let store = new_store();
+    let locator = SpillStore::new(store.storage())
+        .put(b"the full tool output")
+        .expect("put")
+        .locator();
+    let mut writer = store.create_session_with_id("cites").expect("create");
+    let data = format!("{{\"see\":\"{locator}\"}}");
+    writer.append(NewEvent::new("note", &data)).expect("append");
+    drop(writer);
+    let mut whole = export_canonical(&store, "cites").expect("export");
+    let events_only = whole.clone();
+    assert_eq!(
+        write_spill_lines(&store, "cites", &mut whole).expect("spill lines"),
+        1
+    );
+    // With its spill line the file imports into an empty store; without, it is refused.
+    let complete = new_store();
+    import_canonical_with_spill(&complete, &whole, &mut |_, _| {}).expect("complete file");
+    let bare = new_store();
+    match import_canonical_with_spill(&bare, &events_only, &mut |_, _| {}) {
+        Err(CanonicalError::Malformed { line: 2, reason }) => {
+            assert!(reason.contains(&locator), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(bare.sessions().is_empty());
+    // A store that holds the blob already takes the bare file.
+    import_canonical_with_spill(
+        &store_with_session_removed(&store),
+        &events_only,
+        &mut |_, _| {},
+    )
+    .expect("the store has the blob");
+}
+
+/// `store` with session `cites` deleted (its blob stays until a spill gc).
+fn store_with_session_removed(store: &Store) -> Store {
+    store.delete_session("cites").expect("delete");
+    store.clone()
+}

@@ -22,6 +22,7 @@ mod format_vectors;
 mod format_vectors_07;
 mod fuzz_replay;
 mod hostile_input;
+mod hostile_open;
 mod kill;
 mod projection_cache;
 mod recovery_table;

@@ -365,3 +365,39 @@ fn refuses_invalid_session_and_writes_nothing() {
     assert!(store.sessions().is_empty());
     let _ = fs::remove_file(&path);
 }
+
+/// F-13 defect 7: a seq gap after the last `turn/end` is a tail DSH's `scanRows` drops; the
+/// import drops it too and reports the rows, where they start and why (never silently).
+#[test]
+fn a_gap_tail_is_dropped_and_reported() {
+    let log = concat!(
+        r#"{"type":"session","version":0,"id":"gap","createdAt":1,"cwd":"/x","delegationDepth":0}"#,
+        "\n",
+        r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1}}"#,
+        "\n",
+        r#"{"type":"turn/end","seq":1,"time":2,"data":{"turn":1}}"#,
+        "\n",
+        r#"{"type":"turn/start","seq":3,"time":3,"data":{"turn":2}}"#,
+        "\n",
+        r#"{"type":"turn/end","seq":4,"time":4,"data":{"turn":2}}"#,
+        "\n",
+    );
+    let path = temp_db("gap-tail.sqlite");
+    let conn = create_db(&path, 17);
+    insert_log(&conn, log.as_bytes(), false);
+    drop(conn);
+    let store = new_store();
+    let reports = import_dsh_sqlite(&store, &path).expect("a gap tail is tolerated");
+    let tail = reports[0]
+        .dropped
+        .as_ref()
+        .expect("the dropped tail is reported");
+    assert!(tail.bytes > 0, "{tail:?}");
+    assert!(
+        tail.reason.contains("2 physical rows from seq 3 dropped"),
+        "{}",
+        tail.reason
+    );
+    assert_eq!(store.session("gap").expect("gap").events, 2);
+    let _ = fs::remove_file(&path);
+}

@@ -140,6 +140,26 @@ impl Storage for FsStorage {
         File::open(self.path(dir))?.sync_all()
     }
 
+    fn remove_dir(&self, dir: &str) -> io::Result<()> {
+        std::fs::remove_dir(self.path(dir))
+    }
+
+    fn available_bytes(&self) -> io::Result<Option<u64>> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.root.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in store path"))?;
+        // SAFETY: `statvfs` is plain old data, fully written by a successful call.
+        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is a NUL-terminated string and `stats` a valid out-pointer.
+        if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The field types differ between targets (32 bits on some); `from` widens losslessly.
+        #[allow(clippy::useless_conversion)]
+        let (blocks, block_bytes) = (u64::from(stats.f_bavail), u64::from(stats.f_frsize));
+        Ok(Some(blocks.saturating_mul(block_bytes)))
+    }
+
     fn exists(&self, path: &str) -> io::Result<bool> {
         self.path(path).try_exists()
     }

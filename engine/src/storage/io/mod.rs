@@ -149,6 +149,11 @@ pub trait Storage: Send + Sync {
     fn sync_dir(&self, dir: &str) -> io::Result<()>;
     /// Whether a file or directory exists.
     fn exists(&self, path: &str) -> io::Result<bool>;
+    /// Removes an empty directory.
+    fn remove_dir(&self, dir: &str) -> io::Result<()>;
+    /// Bytes the disk can still take (`statvfs`'s blocks available to unprivileged users),
+    /// or `None` where the storage cannot tell. Preallocation shrinks to it (F-03-3).
+    fn available_bytes(&self) -> io::Result<Option<u64>>;
     /// Takes the exclusive writer lock on `path` without waiting.
     /// Returns `Ok(None)` when another holder has it.
     fn try_lock(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>>;

@@ -545,6 +545,34 @@ impl Storage for SimStorage {
         Ok(())
     }
 
+    fn remove_dir(&self, dir: &str) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let prefix = format!("{dir}/");
+        let occupied = state
+            .names
+            .keys()
+            .chain(state.directories.iter())
+            .any(|name| name.starts_with(&prefix));
+        if occupied {
+            return Err(io::Error::new(
+                io::ErrorKind::DirectoryNotEmpty,
+                format!("{dir}: directory not empty"),
+            ));
+        }
+        state.begin(None)?;
+        if !state.directories.remove(dir) {
+            return Err(not_found(dir));
+        }
+        Ok(())
+    }
+
+    fn available_bytes(&self) -> io::Result<Option<u64>> {
+        let state = self.state.lock();
+        Ok(state
+            .capacity
+            .map(|capacity| capacity.saturating_sub(state.used_bytes())))
+    }
+
     fn exists(&self, path: &str) -> io::Result<bool> {
         let state = self.state.lock();
         Ok(state.names.contains_key(path) || state.directories.contains(path))
