@@ -93,7 +93,7 @@ impl<W: Write> Write for Counting<'_, W> {
 }
 
 /// Export formats.
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ExportFormat {
     /// DSH `session.jsonl`.
     DshJsonl,
@@ -310,17 +310,58 @@ pub fn export(
         crate::above::refuse_output_inside_store(store_path, path)?;
     }
     let store = super::open_read_only(store_path)?;
-    let bytes = match format {
-        ExportFormat::DshJsonl => exchange::export_dsh_jsonl(&store, session)?,
-        ExportFormat::DshJsonlZstd => exchange::export_dsh_jsonl_zstd(&store, session)?,
-        ExportFormat::Json => return export_canonical(&store, session, output, out),
+    if format == ExportFormat::Json {
+        return export_canonical(&store, session, output, out);
+    }
+    // DSH files stream out (one packed row in memory at a time). A file is written beside
+    // its destination and renamed into place, so a failed export leaves no partial file.
+    let write = |writer: &mut dyn Write| -> Result<u64> {
+        let mut writer = writer;
+        Ok(match format {
+            ExportFormat::DshJsonlZstd => {
+                exchange::write_dsh_jsonl_zstd(&store, session, &mut writer)?
+            }
+            _ => exchange::write_dsh_jsonl(&store, session, &mut writer)?,
+        })
     };
     match output {
-        Some(path) => std::fs::write(path, &bytes)
-            .with_context(|| format!("cannot write {}", path.display()))?,
-        None => out.write_all(&bytes)?,
+        Some(path) => {
+            let partial = partial_path(path);
+            let written = std::fs::File::create(&partial)
+                .with_context(|| format!("cannot create {}", partial.display()))
+                .and_then(|file| {
+                    let mut buffered = BufWriter::new(file);
+                    write(&mut buffered)?;
+                    let file = buffered
+                        .into_inner()
+                        .map_err(|error| error.into_error())
+                        .with_context(|| format!("cannot write {}", partial.display()))?;
+                    file.sync_all()
+                        .with_context(|| format!("cannot sync {}", partial.display()))
+                })
+                .and_then(|()| {
+                    std::fs::rename(&partial, path)
+                        .with_context(|| format!("cannot write {}", path.display()))
+                });
+            if written.is_err() {
+                let _ = std::fs::remove_file(&partial);
+            }
+            written
+        }
+        None => {
+            let mut buffered = BufWriter::new(&mut *out);
+            write(&mut buffered)?;
+            buffered.flush()?;
+            Ok(())
+        }
     }
-    Ok(())
+}
+
+/// Where an export to `path` is written before it is renamed into place.
+fn partial_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    path.with_file_name(name)
 }
 
 /// Streams a canonical export; a progress bar appears once more than 1 MiB was written.

@@ -415,3 +415,44 @@ fn verify_checks_the_spill_blobs_sessions_cite() {
         stderr(&output)
     );
 }
+
+#[test]
+fn a_failed_dsh_export_leaves_no_file_and_an_export_replaces_one_whole() {
+    let dir = temp_dir("export-whole");
+    let store = dir.join("store");
+    let store = path_str(&store);
+    ok(&["append", store, "s", "--create"], TURN);
+    for format in ["dsh-jsonl", "dsh-jsonl-zstd"] {
+        let file = dir.join(&format!("missing.{format}"));
+        let file_text = path_str(&file);
+        let message = failure(
+            &[
+                "export", store, "missing", "--format", format, "-o", file_text,
+            ],
+            "",
+        );
+        assert!(message.contains("missing"), "{message}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("scratch dir")
+            .filter_map(|entry| entry.ok())
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("missing"))
+            .collect();
+        assert!(left.is_empty(), "a failed export left {left:?}");
+        // Over an existing file, a successful export leaves exactly the new bytes.
+        let target = dir.join(&format!("s.{format}"));
+        std::fs::write(&target, vec![b'x'; 1 << 16]).expect("old file");
+        let target_text = path_str(&target);
+        ok(
+            &["export", store, "s", "--format", format, "-o", target_text],
+            "",
+        );
+        let streamed = std::fs::read(&target).expect("exported file");
+        let to_stdout = dshdb(&["export", store, "s", "--format", format], "");
+        assert_eq!(to_stdout.status.code(), Some(0), "{}", stderr(&to_stdout));
+        assert_eq!(
+            streamed, to_stdout.stdout,
+            "{format}: file and stdout differ"
+        );
+    }
+}
