@@ -92,6 +92,10 @@ pub enum Error {
         #[source]
         source: SessionError,
     },
+    /// A fork was refused by DSH's fork rule (`SessionForkError`): the text is DSH's and
+    /// [`SessionError::fork_error_code`] gives its code.
+    #[error(transparent)]
+    Fork { source: SessionError },
     /// A projection unit cannot fold an event or decode its state.
     #[error("projection {unit}: {reason}")]
     Projection { unit: String, reason: String },
