@@ -2,7 +2,8 @@
 //! "sourceEventSeqs"?:..,"ignorable"?:..}`. Values are kept as their exact JSON text.
 
 use dshdb::exchange::MAX_IMPORT_LINE_BYTES;
-use dshdb::store::{NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
+use dshdb::session::{MAX_SAFE_INTEGER, OPTIONAL_ENVELOPE_KEYS};
+use dshdb::store::NewEvent;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -123,7 +124,7 @@ pub fn parse_line(line: &str) -> Result<InputEvent, String> {
                 let parsed = raw
                     .parse::<i64>()
                     .ok()
-                    .filter(|time| time.unsigned_abs() < MAX_SAFE_INTEGER_EXCLUSIVE);
+                    .filter(|time| time.unsigned_abs() <= MAX_SAFE_INTEGER);
                 time = Some(parsed.ok_or_else(|| {
                     format!("\"time\" must be a safe integer (epoch milliseconds), got {raw}")
                 })?);
@@ -132,7 +133,7 @@ pub fn parse_line(line: &str) -> Result<InputEvent, String> {
                 let parsed = raw
                     .parse::<u64>()
                     .ok()
-                    .filter(|seq| *seq < MAX_SAFE_INTEGER_EXCLUSIVE);
+                    .filter(|seq| *seq <= MAX_SAFE_INTEGER);
                 seq =
                     Some(parsed.ok_or_else(|| {
                         format!("\"seq\" must be a safe integer >= 0, got {raw}")
@@ -151,7 +152,7 @@ pub fn parse_line(line: &str) -> Result<InputEvent, String> {
             other => {
                 return Err(format!(
                     "unknown member {other:?}; allowed: type, data, time, seq, {}",
-                    ENVELOPE_KEYS.join(", ")
+                    OPTIONAL_ENVELOPE_KEYS.join(", ")
                 ))
             }
         }

@@ -39,7 +39,9 @@ pub use canonical::{
     export_canonical, import_canonical, import_canonical_with_progress, is_canonical,
     write_canonical, CanonicalError, CanonicalImport, CANONICAL_FORMAT, CANONICAL_VERSION,
 };
-pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_jsonl_zstd_limited};
+pub use zstd_codec::{
+    export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_jsonl_zstd_limited, ZSTD_MAGIC,
+};
 
 /// Bytes of events per append batch on import: half the default batch limit, leaving room
 /// for framing, so a session log of up to 512 MiB of events imports as one atomic batch
@@ -47,7 +49,7 @@ pub use zstd_codec::{export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_js
 /// batches of this size.
 const IMPORT_BATCH_BYTES: usize = 512 * 1024 * 1024;
 /// Prefix of a hex-encoded verbatim envelope.
-const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
+pub(crate) const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]

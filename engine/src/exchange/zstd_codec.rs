@@ -7,7 +7,8 @@ use super::{
 };
 use crate::store::Store;
 
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// Zstandard frame magic (`28 B5 2F FD`): an input starting so is `.jsonl.zstd`.
+pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 /// DSH compresses with Node's default zstd level.
 const LEVEL: i32 = 3;
 

@@ -2,7 +2,7 @@
 //! persistence §5.5). Pure: callers pass the clock (`now`) and own all I/O.
 
 use super::error::SessionError;
-use super::event::{is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED};
+use super::event::{is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED_TYPE};
 use super::json::{is_lossless, raw_from_built, MAX_SAFE_INTEGER};
 use super::legacy::migrate_legacy;
 use super::message::{check_message_shape_with, check_request_header, is_fallback_header};
@@ -84,11 +84,14 @@ pub fn validate_seed_event_parsed(
 
 /// The `session/end-seed` a seeded session appends, unless the seed already ends with one.
 pub fn end_seed_marker(seed: &[SessionEvent], now: i64) -> Option<SessionEvent> {
-    if seed.last().is_some_and(|last| last.event_type == END_SEED) {
+    if seed
+        .last()
+        .is_some_and(|last| last.event_type == END_SEED_TYPE)
+    {
         return None;
     }
     Some(SessionEvent {
-        event_type: END_SEED.to_owned(),
+        event_type: END_SEED_TYPE.to_owned(),
         seq: seed.len() as u64,
         time: now,
         data: raw_from_built("{}".to_owned()),

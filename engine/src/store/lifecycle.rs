@@ -7,7 +7,7 @@ use super::{
     SessionWriter, Store,
 };
 use crate::error::{Error, Result};
-use crate::session::{validate_fork_boundary_of, ForkBoundaryEvent};
+use crate::session::{validate_fork_boundary_of, ForkBoundaryEvent, END_SEED_TYPE};
 use crate::storage::catalog::{Catalog, Seed, SessionEntry};
 use crate::storage::commit::Durability;
 use crate::storage::frame::Record;
@@ -27,9 +27,6 @@ pub(super) fn claim_writer_slot<'catalog>(
     entry.has_writer = true;
     Ok((number, entry))
 }
-
-/// The event type DSH appends after a seed.
-pub const END_SEED_TYPE: &str = "session/end-seed";
 
 /// The store's events checked by the session model's fork rule (one rule, DSH's text).
 impl ForkBoundaryEvent for Event {

@@ -16,7 +16,7 @@ mod stats;
 mod validate;
 mod writer;
 
-pub use lifecycle::END_SEED_TYPE;
+pub use crate::session::END_SEED_TYPE;
 pub use maintenance::MaintenanceReport;
 pub use stats::Stats;
 pub use writer::PendingReceipt;
@@ -55,10 +55,6 @@ pub const MAX_HEADER_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest event type name, in bytes.
 pub const MAX_TYPE_BYTES: usize = 1024;
-/// 2^53: JavaScript's safe integers (DSH's `createdAt`, `seq`, `time`) lie below it.
-pub const MAX_SAFE_INTEGER_EXCLUSIVE: u64 = 1 << 53;
-/// Envelope keys besides `type`, `seq`, `time` and `data` that an event may carry.
-pub const ENVELOPE_KEYS: [&str; 3] = ["surfaceOp", "sourceEventSeqs", "ignorable"];
 
 /// How to open a store.
 #[derive(Debug, Clone)]
