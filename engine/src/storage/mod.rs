@@ -1,12 +1,14 @@
 //! Storage: bytes and durability, nothing of DSH.
 //!
 //! Owns the files of a store: the storage abstraction (`io`, with real files and the
-//! simulated disk), record framing (`frame`), write-ahead segments (`segment`), the live
+//! simulated disk), the one checked little-endian reader/writer and file-name parser
+//! (`coding`), record framing (`frame`), write-ahead segments (`segment`), the live
 //! file set (`manifest`), group commit (`commit`), open-time replay (`recovery`), sealed
 //! runs (`run`), the seq-index checkpoints (`index`) and the in-memory catalog (`catalog`).
 //! May import only `crate::error` (and `crate::limits`); never `session` or anything above.
 
 pub mod catalog;
+pub mod coding;
 pub mod commit;
 pub mod frame;
 pub mod index;

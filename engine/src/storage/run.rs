@@ -5,9 +5,10 @@
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::Extent;
+use crate::storage::coding::{u32_at, u32_to_usize, u64_at, Reader, ShortInput, Writer};
 use crate::storage::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::StorageFile;
-use crate::storage::manifest::{word4, word8, RunEntry};
+use crate::storage::manifest::RunEntry;
 use crate::storage::segment::scan_frames;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -71,28 +72,32 @@ pub struct BlockEntry {
 
 impl BlockEntry {
     fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.session.to_le_bytes());
-        out.extend_from_slice(&self.event_count.to_le_bytes());
-        out.extend_from_slice(&self.first_seq.to_le_bytes());
-        out.extend_from_slice(&self.raw_offset.to_le_bytes());
-        out.extend_from_slice(&self.raw_bytes.to_le_bytes());
-        out.extend_from_slice(&self.stored_checksum.to_le_bytes());
-        out.extend_from_slice(&self.file_offset.to_le_bytes());
-        out.extend_from_slice(&self.stored_bytes.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        Writer::new(out)
+            .u32(self.session)
+            .u32(self.event_count)
+            .u64(self.first_seq)
+            .u64(self.raw_offset)
+            .u32(self.raw_bytes)
+            .u32(self.stored_checksum)
+            .u64(self.file_offset)
+            .u32(self.stored_bytes)
+            .u32(0);
     }
 
-    fn decode(bytes: &[u8]) -> BlockEntry {
-        BlockEntry {
-            session: u32::from_le_bytes(word4(bytes, 0)),
-            event_count: u32::from_le_bytes(word4(bytes, 4)),
-            first_seq: u64::from_le_bytes(word8(bytes, 8)),
-            raw_offset: u64::from_le_bytes(word8(bytes, 16)),
-            raw_bytes: u32::from_le_bytes(word4(bytes, 24)),
-            stored_checksum: u32::from_le_bytes(word4(bytes, 28)),
-            file_offset: u64::from_le_bytes(word8(bytes, 32)),
-            stored_bytes: u32::from_le_bytes(word4(bytes, 40)),
-        }
+    fn decode(reader: &mut Reader<'_>) -> std::result::Result<BlockEntry, ShortInput> {
+        let entry = BlockEntry {
+            session: reader.u32("block session")?,
+            event_count: reader.u32("block event count")?,
+            first_seq: reader.u64("block first seq")?,
+            raw_offset: reader.u64("block raw offset")?,
+            raw_bytes: reader.u32("block raw bytes")?,
+            stored_checksum: reader.u32("block checksum")?,
+            file_offset: reader.u64("block file offset")?,
+            stored_bytes: reader.u32("block stored bytes")?,
+        };
+        // The entry's reserved word (FOOTER_ENTRY_BYTES = 48 with it).
+        reader.u32("block reserved")?;
+        Ok(entry)
     }
 
     /// One past the block's last raw byte.
@@ -404,16 +409,15 @@ impl BlockWriter {
         for block in &blocks {
             block.encode(&mut out);
         }
-        out.extend_from_slice(&footer_offset.to_le_bytes());
+        Writer::new(&mut out).u64(footer_offset);
         let block_count = u32::try_from(blocks.len()).map_err(|_| Error::TooLarge {
             what: "run blocks",
             size: blocks.len() as u64,
             limit: u64::from(u32::MAX),
         })?;
-        out.extend_from_slice(&block_count.to_le_bytes());
+        Writer::new(&mut out).u32(block_count);
         let sum = crc32fast::hash(&out[footer_start..]);
-        out.extend_from_slice(&sum.to_le_bytes());
-        out.extend_from_slice(RUN_TRAILER_MAGIC);
+        Writer::new(&mut out).u32(sum).bytes(RUN_TRAILER_MAGIC);
         let file_bytes = out.len() as u64;
         Ok(BuiltRun {
             bytes: out,
@@ -473,15 +477,16 @@ impl BlockWriter {
 /// The 64-byte run header.
 pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(RUN_HEADER_BYTES as usize);
-    out.extend_from_slice(RUN_MAGIC);
-    out.extend_from_slice(&RUN_VERSION.to_le_bytes());
-    out.extend_from_slice(&(RUN_HEADER_BYTES as u32).to_le_bytes());
-    out.extend_from_slice(&run_id.to_le_bytes());
-    out.extend_from_slice(&salt.to_le_bytes());
-    out.extend_from_slice(&source_segment.to_le_bytes());
+    Writer::new(&mut out)
+        .bytes(RUN_MAGIC)
+        .u32(RUN_VERSION)
+        .u32(RUN_HEADER_BYTES as u32)
+        .u64(run_id)
+        .u64(salt)
+        .u64(source_segment);
     out.resize(60, 0);
     let sum = crc32fast::hash(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
+    Writer::new(&mut out).u32(sum);
     out
 }
 
@@ -511,10 +516,14 @@ impl RunIndex {
         {
             return Err(corrupt("bad magic or shorter than a run"));
         }
-        if crc32fast::hash(&header[..60]) != u32::from_le_bytes(word4(header, 60)) {
+        let short = |_| corrupt("bad magic or shorter than a run");
+        if crc32fast::hash(&header[..60])
+            != u32_at(header, 60, "run header checksum").map_err(short)?
+        {
             return Err(corrupt("header checksum mismatch"));
         }
-        let version = u32::from_le_bytes(word4(header, 8));
+        let mut reader = Reader::at(header, RUN_MAGIC.len());
+        let version = reader.u32("run version").map_err(short)?;
         if version != RUN_VERSION {
             return Err(Error::UnsupportedVersion {
                 file,
@@ -522,9 +531,11 @@ impl RunIndex {
                 supported: RUN_VERSION,
             });
         }
-        if u64::from_le_bytes(word8(header, 16)) != entry.id
-            || u64::from_le_bytes(word8(header, 24)) != entry.salt
-        {
+        let _header_bytes = reader.u32("run header bytes").map_err(short)?;
+        let stored_id = reader.u64("run id").map_err(short)?;
+        let stored_salt = reader.u64("run salt").map_err(short)?;
+        let source_segment = reader.u64("run source segment").map_err(short)?;
+        if stored_id != entry.id || stored_salt != entry.salt {
             return Err(corrupt("header id or salt differs from the manifest"));
         }
         if tail_start + tail.len() as u64 != entry.file_bytes || tail.len() < TRAILER_BYTES {
@@ -534,8 +545,10 @@ impl RunIndex {
         if &trailer[16..24] != RUN_TRAILER_MAGIC {
             return Err(corrupt("bad trailer magic"));
         }
-        let footer_offset = u64::from_le_bytes(word8(trailer, 0));
-        let block_count = u32::from_le_bytes(word4(trailer, 8)) as usize;
+        let mut trailer_reader = Reader::new(trailer);
+        let footer_offset = trailer_reader.u64("run footer offset").map_err(short)?;
+        let block_count = u32_to_usize(trailer_reader.u32("run block count").map_err(short)?);
+        let footer_checksum = trailer_reader.u32("run footer checksum").map_err(short)?;
         let footer_bytes = (block_count as u64).saturating_mul(FOOTER_ENTRY_BYTES as u64);
         let expected_length = footer_offset
             .checked_add(footer_bytes)
@@ -551,18 +564,19 @@ impl RunIndex {
         let footer_start = usize::try_from(footer_offset - tail_start)
             .map_err(|_| corrupt("footer larger than memory"))?;
         let checked = &tail[footer_start..tail.len() - 12];
-        if crc32fast::hash(checked) != u32::from_le_bytes(word4(trailer, 12)) {
+        if crc32fast::hash(checked) != footer_checksum {
             return Err(corrupt("footer checksum mismatch"));
         }
-        let blocks: Vec<BlockEntry> = checked[..block_count * FOOTER_ENTRY_BYTES]
-            .chunks_exact(FOOTER_ENTRY_BYTES)
-            .map(BlockEntry::decode)
-            .collect();
+        let mut footer = Reader::new(&checked[..block_count * FOOTER_ENTRY_BYTES]);
+        let blocks = (0..block_count)
+            .map(|_| BlockEntry::decode(&mut footer))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| corrupt("footer does not fit the file"))?;
         check_block_layout(&blocks, footer_offset).map_err(corrupt)?;
         Ok(RunIndex {
             id: entry.id,
             salt: entry.salt,
-            source_segment: u64::from_le_bytes(word8(header, 32)),
+            source_segment,
             blocks,
         })
     }
@@ -582,7 +596,11 @@ impl RunIndex {
         let mut trailer = [0u8; TRAILER_BYTES];
         file.read_exact_at(&mut trailer, length - TRAILER_BYTES as u64)
             .map_err(io)?;
-        let footer_offset = u64::from_le_bytes(word8(&trailer, 0))
+        let footer_offset = u64_at(&trailer, 0, "run footer offset")
+            .map_err(|_| Error::CorruptFile {
+                file: run_path(entry.id),
+                reason: "trailer shorter than its fields".to_string(),
+            })?
             .clamp(RUN_HEADER_BYTES, length - TRAILER_BYTES as u64);
         let tail_length =
             usize::try_from(length - footer_offset).map_err(|_| Error::CorruptFile {
@@ -952,6 +970,7 @@ mod tests {
 
     fn index_footer_offset(bytes: &[u8]) -> usize {
         let trailer = &bytes[bytes.len() - TRAILER_BYTES..];
-        u64::from_le_bytes(word8(trailer, 0)) as usize
+        usize::try_from(u64_at(trailer, 0, "footer offset").expect("a whole trailer"))
+            .expect("fits memory")
     }
 }

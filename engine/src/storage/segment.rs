@@ -2,9 +2,9 @@
 //! tells a torn tail from corruption.
 
 use crate::error::{Error, Result};
+use crate::storage::coding::{u32_at, Reader, Writer};
 use crate::storage::frame::{self, decode_frame, FrameError, Kind, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::{Storage, StorageFile};
-use crate::storage::manifest::{word4, word8};
 use std::sync::Arc;
 
 /// Directory that holds write-ahead segments.
@@ -35,14 +35,15 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 /// Encodes the 64-byte segment header (F-03-1).
 pub fn encode_header(id: u64, salt: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(SEGMENT_HEADER_BYTES as usize);
-    out.extend_from_slice(SEGMENT_MAGIC);
-    out.extend_from_slice(&SEGMENT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(SEGMENT_HEADER_BYTES as u32).to_le_bytes());
-    out.extend_from_slice(&id.to_le_bytes());
-    out.extend_from_slice(&salt.to_le_bytes());
+    Writer::new(&mut out)
+        .bytes(SEGMENT_MAGIC)
+        .u32(SEGMENT_VERSION)
+        .u32(SEGMENT_HEADER_BYTES as u32)
+        .u64(id)
+        .u64(salt);
     out.resize(60, 0);
     let sum = crc32fast::hash(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
+    Writer::new(&mut out).u32(sum);
     out
 }
 
@@ -56,10 +57,14 @@ pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
     if bytes.len() < SEGMENT_HEADER_BYTES as usize || &bytes[..8] != SEGMENT_MAGIC {
         return Err(corrupt("bad magic or shorter than its header"));
     }
-    if crc32fast::hash(&bytes[..60]) != u32::from_le_bytes(word4(bytes, 60)) {
+    let short = |_| corrupt("bad magic or shorter than its header");
+    if crc32fast::hash(&bytes[..60])
+        != u32_at(bytes, 60, "segment header checksum").map_err(short)?
+    {
         return Err(corrupt("header checksum mismatch"));
     }
-    let version = u32::from_le_bytes(word4(bytes, 8));
+    let mut reader = Reader::at(bytes, SEGMENT_MAGIC.len());
+    let version = reader.u32("segment version").map_err(short)?;
     if version != SEGMENT_VERSION {
         return Err(Error::UnsupportedVersion {
             file,
@@ -67,7 +72,10 @@ pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
             supported: SEGMENT_VERSION,
         });
     }
-    if u64::from_le_bytes(word8(bytes, 16)) != id || u64::from_le_bytes(word8(bytes, 24)) != salt {
+    let _header_bytes = reader.u32("segment header bytes").map_err(short)?;
+    let stored_id = reader.u64("segment id").map_err(short)?;
+    let stored_salt = reader.u64("segment salt").map_err(short)?;
+    if stored_id != id || stored_salt != salt {
         return Err(corrupt("header id or salt differs from the manifest"));
     }
     Ok(())
