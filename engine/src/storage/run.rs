@@ -5,7 +5,9 @@
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::Extent;
-use crate::storage::coding::{u32_at, u32_to_usize, u64_at, Reader, ShortInput, Writer};
+use crate::storage::coding::{
+    id_file_name, parse_id_file_name, u32_at, u32_to_usize, u64_at, Reader, ShortInput, Writer,
+};
 use crate::storage::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::StorageFile;
 use crate::storage::manifest::RunEntry;
@@ -42,19 +44,17 @@ pub const RUN_ZSTD_LEVEL: i32 = 12;
 /// Most blocks one run may have (bounds what a damaged count can make us allocate).
 pub const MAX_RUN_BLOCKS: usize = 1 << 24;
 
+/// Extension of a run file (`<id as 16 lower-case hex digits>.run`, F-01-1).
+const RUN_EXTENSION: &str = "run";
+
 /// The path of run `id`.
 pub fn run_path(id: u64) -> String {
-    format!("{RUNS_DIR}/{id:016x}.run")
+    format!("{RUNS_DIR}/{}", id_file_name(id, RUN_EXTENSION))
 }
 
 /// Parses a run file name back to its id.
 pub fn parse_run_name(name: &str) -> Option<u64> {
-    let hex = name.strip_suffix(".run")?;
-    let lower_hex = |byte: u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
-    if hex.len() != 16 || !hex.bytes().all(lower_hex) {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
+    parse_id_file_name(name, RUN_EXTENSION)
 }
 
 /// One footer entry: where a block lies and what it holds.

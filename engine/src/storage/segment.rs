@@ -2,7 +2,7 @@
 //! tells a torn tail from corruption.
 
 use crate::error::{Error, Result};
-use crate::storage::coding::{u32_at, Reader, Writer};
+use crate::storage::coding::{id_file_name, parse_id_file_name, u32_at, Reader, Writer};
 use crate::storage::frame::{self, decode_frame, FrameError, Kind, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::{Storage, StorageFile};
 use std::sync::Arc;
@@ -17,19 +17,17 @@ pub const SEGMENT_VERSION: u32 = 1;
 /// Bytes of a seal frame (header plus its 16-byte payload).
 pub const SEAL_FRAME_BYTES: u64 = FRAME_HEADER_BYTES as u64 + 16;
 
+/// Extension of a segment file (`<id as 16 lower-case hex digits>.seg`, F-01-1).
+const SEGMENT_EXTENSION: &str = "seg";
+
 /// The path of segment `id`.
 pub fn segment_path(id: u64) -> String {
-    format!("{WAL_DIR}/{id:016x}.seg")
+    format!("{WAL_DIR}/{}", id_file_name(id, SEGMENT_EXTENSION))
 }
 
 /// Parses a segment file name back to its id.
 pub fn parse_segment_name(name: &str) -> Option<u64> {
-    let hex = name.strip_suffix(".seg")?;
-    let lower_hex = |byte: u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
-    if hex.len() != 16 || !hex.bytes().all(lower_hex) {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
+    parse_id_file_name(name, SEGMENT_EXTENSION)
 }
 
 /// Encodes the 64-byte segment header (F-03-1).
