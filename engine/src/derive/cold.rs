@@ -61,10 +61,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
 
-/// Stored events visited per [`Store::visit_events`] call: bounds the read buffer the store
-/// fills for an unsealed segment (one span per call, about 1 MB at the DSH mix's ~225 bytes
-/// an event) besides the messages.
-pub const READ_CHUNK_EVENTS: u64 = 4_096;
+pub use crate::limits::EVENTS_PER_READ as READ_CHUNK_EVENTS;
 
 /// What [`stream_messages`] or [`stream_message_texts`] produced.
 #[derive(Debug, Clone, PartialEq)]

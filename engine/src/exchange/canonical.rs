@@ -61,8 +61,7 @@ pub struct CanonicalImport {
     pub batches: u64,
 }
 
-/// Events read from the store per call while exporting.
-const EXPORT_CHUNK: u64 = 4096;
+use crate::limits::EVENTS_PER_READ;
 
 /// JSON whitespace, the only text [`RawValue`] drops around a value.
 fn is_json_whitespace(c: char) -> bool {
@@ -137,7 +136,7 @@ pub fn write_canonical(
     let mut from = 0;
     progress(0, total);
     while from < total {
-        let to = total.min(from + EXPORT_CHUNK);
+        let to = total.min(from + EVENTS_PER_READ);
         let events = store.read(id, from, to)?;
         for event in &events {
             line.clear();

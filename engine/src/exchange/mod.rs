@@ -43,11 +43,7 @@ pub use zstd_codec::{
     export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_jsonl_zstd_limited, ZSTD_MAGIC,
 };
 
-/// Bytes of events per append batch on import: half the default batch limit, leaving room
-/// for framing, so a session log of up to 512 MiB of events imports as one atomic batch
-/// (a batch larger than a segment gets a segment of its own). A larger log is committed in
-/// batches of this size.
-const IMPORT_BATCH_BYTES: usize = 512 * 1024 * 1024;
+use crate::limits::IMPORT_BATCH_BYTES;
 /// Prefix of a hex-encoded verbatim envelope.
 pub(crate) const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
 

@@ -9,8 +9,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::Write;
 
-/// Events read per call while collecting a session's locators.
-const SCAN_EVENTS_PER_READ: u64 = 4096;
+use crate::limits::EVENTS_PER_READ;
 
 /// The blobs cited by session `id`, in hash order.
 pub fn cited_blobs(store: &Store, id: &str) -> crate::Result<BTreeSet<BlobHash>> {
@@ -18,7 +17,7 @@ pub fn cited_blobs(store: &Store, id: &str) -> crate::Result<BTreeSet<BlobHash>>
     let mut cited = BTreeSet::new();
     let mut from = 0;
     while from < total {
-        let to = total.min(from + SCAN_EVENTS_PER_READ);
+        let to = total.min(from + EVENTS_PER_READ);
         for event in store.read(id, from, to)? {
             cited.extend(locators_in(&event.data));
             cited.extend(locators_in(&event.envelope));

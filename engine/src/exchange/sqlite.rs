@@ -24,10 +24,9 @@ pub const DSH_SQLITE_SCHEMA_VERSION: i64 = 17;
 pub const DSH_SQLITE_APPLICATION_ID: i64 = 0x4453_4850;
 /// The SQLite file magic.
 pub const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
-/// Uncompressed size limit of a packed row's data (§3.5).
-const MAX_PACKED_DATA_BYTES: u64 = 1_048_576;
-const MIN_PACKED_ROW_MEMBERS: usize = 3;
-const MAX_PACKED_ROW_MEMBERS: usize = 1024;
+use crate::limits::MAX_PACKED_DATA_BYTES;
+use crate::limits::MAX_PACKED_ROW_MEMBERS;
+use crate::limits::MIN_PACKED_ROW_MEMBERS;
 
 /// Why a SQLite import failed.
 #[derive(Debug, thiserror::Error)]

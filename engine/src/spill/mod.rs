@@ -28,8 +28,7 @@ pub const SPILL_LOCATOR_PREFIX: &str = "dshdb-spill:";
 pub const BLOB_MAGIC: [u8; 8] = *b"DSHDBSP1";
 /// Version of the blob layout.
 pub const BLOB_FORMAT_VERSION: u16 = 1;
-/// Largest payload stored as one blob, in bytes (1 GiB).
-pub const MAX_BLOB_BYTES: u64 = 1 << 30;
+pub use crate::limits::MAX_BLOB_BYTES;
 /// zstd level of blob payloads.
 pub const BLOB_ZSTD_LEVEL: i32 = 3;
 /// Bytes of a blake3 digest.

@@ -366,13 +366,8 @@ impl Extent {
     }
 }
 
-/// Largest span one extent of write-ahead frames grows to, in bytes: a point read of an
-/// event not yet sealed reads at most this much (or its own frame if larger).
-pub const MAX_SEGMENT_EXTENT_BYTES: u64 = 64 * 1024;
-/// Largest run of other frames, in bytes, an extent of write-ahead frames grows across:
-/// enough for a batch's commit record and type definitions, small enough that a range read
-/// of one session reads little of the sessions interleaved with it.
-pub const MAX_EXTENT_GAP_BYTES: u64 = 256;
+pub use crate::limits::MAX_EXTENT_GAP_BYTES;
+pub use crate::limits::MAX_SEGMENT_EXTENT_BYTES;
 
 /// The seq index of one session's own log: its extents in seq order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -140,15 +140,9 @@ pub struct Submitted {
     pub offset: u64,
 }
 
-/// Longest a group waits for the appenders the previous group woke to submit again.
-/// Waiting lets one `fdatasync` cover them all instead of starting a sync for the first
-/// arrival alone; it only happens when several appenders were active (gathering never
-/// delays a lone appender).
-pub const MAX_GROUP_GATHER: Duration = Duration::from_micros(100);
+pub use crate::limits::MAX_GROUP_GATHER;
 
-/// Default largest encoded batch, in bytes (1 GiB). A batch is built in memory and written
-/// by one write; above a segment's size it gets a segment of its own (F-03-9).
-pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
+pub use crate::limits::DEFAULT_MAX_BATCH_BYTES;
 
 fn check_batch_size(bytes: usize, limit: u64) -> Result<()> {
     let size = bytes as u64;

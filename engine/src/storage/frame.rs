@@ -12,10 +12,8 @@
 
 use crate::storage::coding::{u32_at, u32_to_usize, Reader, ShortInput, Writer};
 
-/// Bytes of the fixed frame header.
-pub const FRAME_HEADER_BYTES: usize = 12;
-/// Largest payload one record may carry, in bytes (F-02-4).
-pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
+pub use crate::limits::FRAME_HEADER_BYTES;
+pub use crate::limits::MAX_PAYLOAD_BYTES;
 /// Frame flag: a reader that does not know the kind skips the record (F-02-7).
 pub const FLAG_SKIPPABLE: u8 = 1;
 
@@ -39,8 +37,7 @@ pub const KNOWN_EVENT_FLAGS: u8 = EVENT_FLAG_VERBATIM_LINE
 pub const NO_SEED_PARENT: u32 = u32::MAX;
 /// Bytes of a tombstone payload: the session number (F-02-18).
 pub const TOMBSTONE_PAYLOAD_BYTES: usize = 4;
-/// Fixed bytes of a session header payload before its JSON text.
-pub const SESSION_HEADER_FIXED_BYTES: usize = 4 + 4 + 8;
+pub use crate::limits::SESSION_HEADER_FIXED_BYTES;
 
 /// Record kinds (F-02-5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,8 +246,7 @@ pub fn encode_frame(out: &mut Vec<u8>, salt: u64, kind: u8, flags: u8, payload_p
     out[start..start + 4].copy_from_slice(&sum.to_le_bytes());
 }
 
-/// Payload bytes an event record needs besides its data and envelope.
-pub const EVENT_FIXED_BYTES: usize = 4 + 8 + 8 + 4 + 1 + 4;
+pub use crate::limits::EVENT_FIXED_BYTES;
 
 impl<'a> Record<'a> {
     /// Decodes a frame's payload by kind. `Ok(None)` for an unknown kind.

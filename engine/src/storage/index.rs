@@ -24,8 +24,7 @@ const CHECKPOINT_MAGIC: &[u8; 8] = b"DSHDBIDX";
 pub const CHECKPOINT_VERSION: u32 = 3;
 /// Bytes of one encoded extent (F-06-21).
 const EXTENT_BYTES: usize = 8 + 8 + 8 + 4;
-/// Largest checkpoint this build loads, in bytes (bounds memory on a damaged length).
-pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 34;
+pub use crate::limits::MAX_INDEX_CHECKPOINT_BYTES as MAX_CHECKPOINT_BYTES;
 
 /// A sealed segment a checkpoint covers, with the end of its data (past its seal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,10 +23,8 @@ const ENTRY_BYTES: usize = 16;
 /// Bytes of one run entry of a version-2 manifest: id, salt, file length.
 const RUN_ENTRY_BYTES: usize = 24;
 const CHECKSUM_BYTES: usize = 4;
-/// Most segments one manifest may name (bounds what a damaged count can make us allocate).
-pub const MAX_SEGMENTS: usize = 1 << 20;
-/// Most runs one manifest may name (F-06-7).
-pub const MAX_RUNS: usize = 1 << 20;
+pub use crate::limits::MAX_RUNS;
+pub use crate::limits::MAX_SEGMENTS;
 
 /// One live run file (format-spec/06-runs-and-index.md): id, frame salt and exact length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

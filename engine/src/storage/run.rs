@@ -24,11 +24,7 @@ const RUN_MAGIC: &[u8; 8] = b"DSHDBRUN";
 const RUN_TRAILER_MAGIC: &[u8; 8] = b"DSHDBRNF";
 /// The run file format version this build reads and writes (F-06-2).
 pub const RUN_VERSION: u32 = 1;
-/// Largest raw (decompressed) size of an event block, in bytes, unless one frame alone is
-/// larger (F-06-3): bounds what a point read decompresses (~0.5 ms for 512 KiB). Measured on
-/// the DSH mix with `run_sweep` (BENCHMARKS.md): at level 12, 512 KiB blocks store 31.1
-/// B/event against 31.3 for 256 KiB; 1 MiB gains only 0.2 more.
-pub const RUN_BLOCK_RAW_BYTES: usize = 512 * 1024;
+pub use crate::limits::RUN_BLOCK_RAW_BYTES;
 /// Bytes of one footer entry.
 pub const FOOTER_ENTRY_BYTES: usize = 48;
 /// Bytes of the trailer that ends a run file.
@@ -41,8 +37,7 @@ pub const DEFINITIONS_SESSION: u32 = u32::MAX;
 /// Sealing runs on the maintenance thread, off the append path; 12 is the cheapest level
 /// that meets the 0.8x target with margin.
 pub const RUN_ZSTD_LEVEL: i32 = 12;
-/// Most blocks one run may have (bounds what a damaged count can make us allocate).
-pub const MAX_RUN_BLOCKS: usize = 1 << 24;
+pub use crate::limits::MAX_RUN_BLOCKS;
 
 /// Extension of a run file (`<id as 16 lower-case hex digits>.run`, F-01-1).
 const RUN_EXTENSION: &str = "run";

@@ -11,8 +11,7 @@ pub const CACHE_DIR: &str = "cache";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"DSHDBPC1";
 /// Version of the checkpoint layout (not of a unit's state).
 pub const CHECKPOINT_FORMAT_VERSION: u16 = 1;
-/// Largest checkpoint file read, in bytes (1 GiB); a larger file is discarded.
-pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 30;
+pub use crate::limits::MAX_CACHE_CHECKPOINT_BYTES as MAX_CHECKPOINT_BYTES;
 /// Bytes of a blake3 digest (identity, anchor, checksum).
 const DIGEST_BYTES: usize = 32;
 /// Checkpoint file suffix.

@@ -27,12 +27,9 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Events read from the log per step of a cold read's fold.
-const TAIL_EVENTS_PER_READ: u64 = 4096;
+use crate::limits::EVENTS_PER_READ;
 
-/// Default number of folded events after which a new checkpoint is written (DSH's
-/// web app uses 200).
-pub const DEFAULT_CHECKPOINT_EVERY_EVENTS: u64 = 200;
+pub use crate::limits::DEFAULT_CHECKPOINT_EVERY_EVENTS;
 
 /// How the cache writes checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,7 +307,7 @@ impl ProjectionCache {
         let mut from = floor;
         while from < length {
             // Bounded chunks: a long tail is never held in memory at once.
-            let to = length.min(from + TAIL_EVENTS_PER_READ);
+            let to = length.min(from + EVENTS_PER_READ);
             let events = self.store.read(session, from, to)?;
             fold_tail(session, cells, &events)?;
             last = events.last().cloned().or(last);
