@@ -685,7 +685,7 @@ impl Shared {
             used_bytes: old.base_offset,
             durable_offset: old.durable_offset,
         }
-        .encode(&mut seal, old.salt);
+        .encode(&mut seal, old.salt)?;
         let (old_segment, old_offset) = (old.segment, old.base_offset);
         let trim = old_offset + seal.len() as u64;
         let old_file = state.active.file.clone();
@@ -796,7 +796,7 @@ impl Shared {
             used_bytes: context.base_offset,
             durable_offset: context.base_offset,
         }
-        .encode(&mut seal, context.salt);
+        .encode(&mut seal, context.salt)?;
         let file = &state.active.file;
         let io = |operation| move |error| Error::io(operation, error);
         file.write_at(&seal, context.base_offset)

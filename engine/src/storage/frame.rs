@@ -10,7 +10,10 @@
 //! 12     n    payload
 //! ```
 
-use crate::storage::coding::{u32_at, u32_to_usize, Reader, ShortInput, Writer};
+use crate::error::{Error, Result as EngineResult};
+use crate::storage::coding::{
+    checked_u32, u32_at, u32_to_usize, widen, Reader, ShortInput, Writer,
+};
 
 pub use crate::limits::FRAME_HEADER_BYTES;
 pub use crate::limits::MAX_PAYLOAD_BYTES;
@@ -231,12 +234,26 @@ fn frame_after_checksum(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
     })
 }
 
-/// Appends one frame to `out`. The caller checks the payload limit first.
-pub fn encode_frame(out: &mut Vec<u8>, salt: u64, kind: u8, flags: u8, payload_parts: &[&[u8]]) {
+/// Appends one frame to `out`. A payload above [`MAX_PAYLOAD_BYTES`] is `TooLarge` and
+/// appends nothing (callers check their limits first; this keeps a bug from writing a frame
+/// no reader accepts).
+pub fn encode_frame(
+    out: &mut Vec<u8>,
+    salt: u64,
+    kind: u8,
+    flags: u8,
+    payload_parts: &[&[u8]],
+) -> EngineResult<()> {
     let start = out.len();
     let length: usize = payload_parts.iter().map(|part| part.len()).sum();
-    debug_assert!(length <= MAX_PAYLOAD_BYTES);
-    let length_field = u32::try_from(length).unwrap_or(u32::MAX);
+    if length > MAX_PAYLOAD_BYTES {
+        return Err(Error::TooLarge {
+            what: "record payload",
+            size: widen(length),
+            limit: widen(MAX_PAYLOAD_BYTES),
+        });
+    }
+    let length_field = checked_u32(length, "record payload")?;
     let mut writer = Writer::new(out);
     writer.u32(0).u32(length_field).u8(kind).u8(flags).u16(0);
     for part in payload_parts {
@@ -244,6 +261,7 @@ pub fn encode_frame(out: &mut Vec<u8>, salt: u64, kind: u8, flags: u8, payload_p
     }
     let sum = checksum(salt, &out[start + 4..]);
     out[start..start + 4].copy_from_slice(&sum.to_le_bytes());
+    Ok(())
 }
 
 pub use crate::limits::EVENT_FIXED_BYTES;
@@ -317,8 +335,8 @@ impl<'a> Record<'a> {
         Ok(Some(record))
     }
 
-    /// Appends this record as one frame.
-    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) {
+    /// Appends this record as one frame (`TooLarge` if it does not fit one).
+    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) -> EngineResult<()> {
         match self {
             Record::SessionHeader {
                 session,
@@ -419,8 +437,9 @@ impl EventRecord<'_> {
         EVENT_FIXED_BYTES + self.data.len() + self.envelope.len()
     }
 
-    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) {
-        let data_length = u32::try_from(self.data.len()).unwrap_or(u32::MAX);
+    /// Appends this event as one frame (`TooLarge` if it does not fit one).
+    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) -> EngineResult<()> {
+        let data_length = checked_u32(self.data.len(), "event data")?;
         encode_frame(
             out,
             salt,
@@ -436,7 +455,7 @@ impl EventRecord<'_> {
                 self.data,
                 self.envelope,
             ],
-        );
+        )
     }
 }
 
@@ -484,7 +503,7 @@ mod tests {
         ];
         for record in records {
             let mut bytes = Vec::new();
-            record.encode(&mut bytes, 99);
+            record.encode(&mut bytes, 99).expect("encode");
             let frame = decode_frame(&bytes, 99).expect("valid frame");
             assert_eq!(frame.total_bytes, bytes.len());
             let decoded = Record::decode(&frame).expect("valid payload");
@@ -495,7 +514,9 @@ mod tests {
     #[test]
     fn a_frame_checked_with_another_salt_fails() {
         let mut bytes = Vec::new();
-        Record::Event(sample_event()).encode(&mut bytes, 1);
+        Record::Event(sample_event())
+            .encode(&mut bytes, 1)
+            .expect("encode");
         assert_eq!(
             decode_frame(&bytes, 2).map(|frame| frame.total_bytes),
             Err(FrameError::BadChecksum)
@@ -505,13 +526,39 @@ mod tests {
     #[test]
     fn every_single_byte_flip_is_detected() {
         let mut bytes = Vec::new();
-        Record::Event(sample_event()).encode(&mut bytes, 5);
+        Record::Event(sample_event())
+            .encode(&mut bytes, 5)
+            .expect("encode");
         for index in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[index] ^= 0x40;
             let outcome = decode_frame(&damaged, 5);
             assert!(outcome.is_err(), "flip at {index} went unnoticed");
         }
+    }
+
+    #[test]
+    fn a_payload_above_the_limit_is_too_large_and_appends_nothing() {
+        let mut out = vec![7u8];
+        let data = vec![b'x'; MAX_PAYLOAD_BYTES];
+        let event = EventRecord {
+            data: &data,
+            ..sample_event()
+        };
+        let outcome = Record::Event(event).encode(&mut out, 1);
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::TooLarge { what: "record payload", size, limit })
+                    if size == (MAX_PAYLOAD_BYTES + EVENT_FIXED_BYTES + event.envelope.len()) as u64
+                        && limit == MAX_PAYLOAD_BYTES as u64
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(out, [7], "nothing appended");
+        let at_limit = vec![b'x'; MAX_PAYLOAD_BYTES];
+        encode_frame(&mut out, 1, Kind::Event as u8, 0, &[&at_limit]).expect("at the limit");
+        assert_eq!(out.len(), 1 + FRAME_HEADER_BYTES + MAX_PAYLOAD_BYTES);
     }
 
     #[test]

@@ -163,7 +163,7 @@ pub fn build_run(
             | Record::TypeDefinition { .. }
             | Record::Tombstone { .. } => {
                 let start = definitions.len();
-                record.encode(&mut definitions, run_salt);
+                record.encode(&mut definitions, run_salt)?;
                 clear_checksum(&mut definitions[start..]);
                 uncommitted += 1;
             }
@@ -196,7 +196,7 @@ pub fn build_run(
                     ));
                 }
                 let start = frames.raw.len();
-                event.encode(&mut frames.raw, run_salt);
+                event.encode(&mut frames.raw, run_salt)?;
                 clear_checksum(&mut frames.raw[start..]);
                 let length = u32::try_from(frames.raw.len() - start)
                     .map_err(|_| corrupt(segment, offset, "frame larger than 4 GiB"))?;
@@ -854,13 +854,15 @@ mod tests {
                 header_json: format!(r#"{{"version":0,"id":"s{session}","createdAt":1}}"#)
                     .as_bytes(),
             }
-            .encode(&mut bytes, salt);
+            .encode(&mut bytes, salt)
+            .expect("encode");
         }
         Record::TypeDefinition {
             type_number: 0,
             name: b"note",
         }
-        .encode(&mut bytes, salt);
+        .encode(&mut bytes, salt)
+        .expect("encode");
         let data: Vec<String> = (0..events).map(|seq| format!(r#"{{"n":{seq}}}"#)).collect();
         for seq in 0..events {
             for session in 0..2u32 {
@@ -873,14 +875,16 @@ mod tests {
                     data: data[seq as usize].as_bytes(),
                     envelope: b"",
                 }
-                .encode(&mut bytes, salt);
+                .encode(&mut bytes, salt)
+                .expect("encode");
                 Record::Commit {
                     session,
                     first_seq: seq,
                     event_count: 1,
                     durable_offset: SEGMENT_HEADER_BYTES,
                 }
-                .encode(&mut bytes, salt);
+                .encode(&mut bytes, salt)
+                .expect("encode");
             }
         }
         let used = bytes.len() as u64;
@@ -888,7 +892,8 @@ mod tests {
             used_bytes: used,
             durable_offset: used,
         }
-        .encode(&mut bytes, salt);
+        .encode(&mut bytes, salt)
+        .expect("encode");
         bytes
     }
 

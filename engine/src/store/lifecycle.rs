@@ -229,9 +229,9 @@ impl Store {
         let durable = log
             .submit(Durability::Sync, |context, out| {
                 // A batch's commit must name a session its segment defines (F-05-1).
-                encode_header_if_new(context, out, number, seed, &header_json);
-                Record::Tombstone { session: number }.encode(out, context.salt);
-                encode_commit(context, out, number, length, 0);
+                encode_header_if_new(context, out, number, seed, &header_json)?;
+                Record::Tombstone { session: number }.encode(out, context.salt)?;
+                encode_commit(context, out, number, length, 0)?;
                 Ok(())
             })
             .and_then(|(submitted, ())| log.wait(submitted.ticket, true));

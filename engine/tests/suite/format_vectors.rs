@@ -162,7 +162,7 @@ fn record_frames_decode_to_their_json_and_re_encode_identically() {
         let expected = record_from_json(&json["record"]);
         assert_eq!(decoded, expected, "{name}: decoded record");
         let mut encoded = Vec::new();
-        expected.encode(&mut encoded, salt);
+        expected.encode(&mut encoded, salt).expect("encode");
         assert_eq!(encoded, bytes, "{name}: re-encoding differs");
         if let Some(export) = json.get("export") {
             assert_eq!(
@@ -253,7 +253,8 @@ fn an_unknown_kind_is_skipped_only_when_skippable() {
             used_bytes,
             durable_offset: used_bytes,
         }
-        .encode(&mut segment, salt);
+        .encode(&mut segment, salt)
+        .expect("encode");
         segment
     };
     let segment = segment_with(&bytes);
@@ -409,7 +410,7 @@ fn check_segment_scan(name: &str) {
         assert_eq!(encoded.len() as u64, *offset, "records are contiguous");
         let want_record = record_from_json(want);
         assert_eq!(record, &want_record, "{name}: record at {offset}");
-        want_record.encode(&mut encoded, salt);
+        want_record.encode(&mut encoded, salt).expect("encode");
     }
     assert_eq!(encoded, bytes, "{name}: re-encoding the segment differs");
 }
@@ -493,7 +494,9 @@ fn regenerate_vectors_with_engine_encoders() {
     for name in RECORD_FRAMES {
         let json = load_json(name);
         let mut bytes = Vec::new();
-        record_from_json(&json["record"]).encode(&mut bytes, hex(&json["salt"]));
+        record_from_json(&json["record"])
+            .encode(&mut bytes, hex(&json["salt"]))
+            .expect("encode");
         write(name, &bytes);
     }
     let json = load_json("frame-unknown-skippable");
@@ -504,7 +507,8 @@ fn regenerate_vectors_with_engine_encoders() {
         u8::try_from(uint(&json["frame"]["kind"])).expect("kind"),
         FLAG_SKIPPABLE,
         &[text(&json["payload_utf8"]).as_bytes()],
-    );
+    )
+    .expect("encode");
     write("frame-unknown-skippable", &bytes);
     let json = load_json("segment-header");
     write(
@@ -520,7 +524,9 @@ fn regenerate_vectors_with_engine_encoders() {
         let salt = hex(&json["salt"]);
         let mut bytes = encode_header(hex(&json["segment_id"]), salt);
         for record in json["records"].as_array().expect("records") {
-            record_from_json(record).encode(&mut bytes, salt);
+            record_from_json(record)
+                .encode(&mut bytes, salt)
+                .expect("encode");
         }
         write(name, &bytes);
     }
