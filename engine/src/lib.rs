@@ -16,6 +16,9 @@
 //!
 //! The on-disk format is specified normatively in `format-spec/`.
 
+// Unit tests may unwrap; the library may not (the workspace denies `clippy::unwrap_used`).
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod compaction;
 pub mod derive;
 pub mod error;

@@ -14,6 +14,18 @@
 //! `{"dshdb:hex":"…"}`; an original line that itself starts that way is hex-encoded too, so
 //! decoding is unambiguous.
 
+// Format code: a value that does not fit its field is a typed error, never a silent `as`
+// narrowing (the lossless widenings live in `storage::coding`). Unit tests may index their
+// own buffers with `as`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 mod bounded;
 pub mod canonical;
 pub mod layout;

@@ -439,7 +439,12 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
             let gap = js_safe_integer(gaps[offset - 1].get()).ok_or(())?;
             time = time.checked_add(gap).and_then(safe).ok_or(())?;
         }
-        let seq = seq0.checked_add(offset as i64).and_then(safe).ok_or(())? as u64;
+        let seq = i64::try_from(offset)
+            .ok()
+            .and_then(|offset| seq0.checked_add(offset))
+            .and_then(safe)
+            .and_then(|seq| u64::try_from(seq).ok())
+            .ok_or(())?;
         let data_text = shape.member_data(payload.get());
         members.push(SessionEvent::new("assistant/chunk", seq, time, &data_text).map_err(|_| ())?);
         member_data.push(data_text);

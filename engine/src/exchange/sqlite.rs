@@ -421,10 +421,7 @@ fn decode_seqs(bytes: &[u8]) -> Option<Vec<u64>> {
 fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
     let mut value: u64 = 0;
     for (index, byte) in bytes.iter().enumerate() {
-        let shift = 7 * index as u32;
-        if shift > 56 {
-            return None;
-        }
+        let shift = u32::try_from(7 * index).ok().filter(|shift| *shift <= 56)?;
         value |= u64::from(byte & 0x7f) << shift;
         if byte & 0x80 == 0 {
             if index > 0 && *byte == 0 {

@@ -6,6 +6,18 @@
 //! once (a second put of the same bytes is a no-op). Events keep a head/tail preview and the
 //! locator `dshdb-spill:<hex>`. Blobs are collected when no event refers to them.
 
+// Format code: a value that does not fit its field is a typed error, never a silent `as`
+// narrowing (the lossless widenings live in `storage::coding`). Unit tests may index their
+// own buffers with `as`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 mod policy;
 
 pub use policy::{

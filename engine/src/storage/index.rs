@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, EventIndex, Extent, Seed};
-use crate::storage::coding::{u32_at, u32_to_usize, Reader, Writer};
+use crate::storage::coding::{checked_u32, u32_at, u32_to_usize, Reader, Writer};
 use crate::storage::frame::NO_SEED_PARENT;
 use crate::storage::io::Storage;
 use crate::storage::manifest::{Manifest, RunEntry};
@@ -50,7 +50,7 @@ pub fn encode_checkpoint(
     catalog: &Catalog,
     runs: &[RunEntry],
     segments: &[CoveredSegment],
-) -> Vec<u8> {
+) -> Result<Vec<u8>> {
     let covered: HashSet<u64> = runs
         .iter()
         .map(|run| run.id)
@@ -72,12 +72,12 @@ pub fn encode_checkpoint(
     writer.bytes(CHECKPOINT_MAGIC);
     writer.u32(CHECKPOINT_VERSION);
     writer.u32(0);
-    writer.u32(count_u32(runs.len()));
+    writer.u32(count_u32(runs.len())?);
     for run in runs {
         writer.u64(run.id);
         writer.u64(run.salt);
     }
-    writer.u32(count_u32(segments.len()));
+    writer.u32(count_u32(segments.len())?);
     for segment in segments {
         writer.u64(segment.id);
         writer.u64(segment.salt);
@@ -85,23 +85,23 @@ pub fn encode_checkpoint(
     }
     let mut types: Vec<(&u32, &String)> = catalog.type_names.iter().collect();
     types.sort();
-    writer.u32(count_u32(types.len()));
+    writer.u32(count_u32(types.len())?);
     for (number, name) in types {
         writer.u32(*number);
-        writer.u32(count_u32(name.len()));
+        writer.u32(count_u32(name.len())?);
         writer.bytes(name.as_bytes());
     }
-    writer.u32(count_u32(deleted.len()));
+    writer.u32(count_u32(deleted.len())?);
     for number in &deleted {
         writer.u32(*number);
     }
-    writer.u32(count_u32(sessions.len()));
+    writer.u32(count_u32(sessions.len())?);
     for entry in sessions {
         writer.u32(entry.number);
         writer.u32(entry.seed.map_or(NO_SEED_PARENT, |seed| seed.parent));
         writer.u64(entry.seed.map_or(0, |seed| seed.length));
         writer.u64(entry.defined_in.unwrap_or(0));
-        writer.u32(count_u32(entry.header_json.len()));
+        writer.u32(count_u32(entry.header_json.len())?);
         writer.bytes(entry.header_json.as_bytes());
         let extents = entry.events.extents();
         let covered_count = extents
@@ -114,7 +114,7 @@ pub fn encode_checkpoint(
             .map(|extent| u64::from(extent.count))
             .sum();
         writer.u64(events);
-        writer.u32(count_u32(covered_extents.len()));
+        writer.u32(count_u32(covered_extents.len())?);
         for extent in covered_extents {
             writer.u64(extent.file);
             writer.u64(extent.offset);
@@ -124,7 +124,7 @@ pub fn encode_checkpoint(
     }
     let sum = crc32fast::hash(&out);
     Writer::new(&mut out).u32(sum);
-    out
+    Ok(out)
 }
 
 /// Decodes a checkpoint; the error says why it is unusable (it is then ignored, F-06-22).
@@ -284,8 +284,9 @@ pub fn write_checkpoint(storage: &dyn Storage, bytes: &[u8]) -> Result<()> {
         .map_err(io("checkpoint directory sync"))
 }
 
-fn count_u32(count: usize) -> u32 {
-    u32::try_from(count).unwrap_or(u32::MAX)
+/// A count or length as its u32 field; one that does not fit is `TooLarge`.
+fn count_u32(count: usize) -> Result<u32> {
+    checked_u32(count, "index checkpoint count or length")
 }
 
 /// A `u32` count of items of at least `item_bytes` bytes each, checked against the bytes
@@ -348,7 +349,7 @@ mod tests {
             salt: 55,
             file_bytes: 1000,
         }];
-        let bytes = encode_checkpoint(&catalog, &runs, &[]);
+        let bytes = encode_checkpoint(&catalog, &runs, &[]).expect("encode");
         let loaded = decode_checkpoint(&bytes).expect("valid");
         assert_eq!(loaded.runs, vec![(5, 55)]);
         let session = &loaded.catalog.sessions[&0];
@@ -369,7 +370,8 @@ mod tests {
                 salt: 99,
                 end: 500,
             }],
-        );
+        )
+        .expect("encode");
         let loaded = decode_checkpoint(&all).expect("valid");
         assert_eq!(
             loaded.catalog.sessions[&0].events,
@@ -380,7 +382,7 @@ mod tests {
 
     #[test]
     fn every_flip_makes_the_checkpoint_unusable() {
-        let bytes = encode_checkpoint(&sample_catalog(), &[], &[]);
+        let bytes = encode_checkpoint(&sample_catalog(), &[], &[]).expect("encode");
         for index in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[index] ^= 0x04;

@@ -2,7 +2,7 @@
 //! Replaced atomically: write `MANIFEST.tmp`, sync it, rename over `MANIFEST`, sync the root.
 
 use crate::error::{Error, Result};
-use crate::storage::coding::{u32_at, u32_to_usize, Reader, Writer};
+use crate::storage::coding::{checked_u32, u32_at, u32_to_usize, widen, Reader, Writer};
 use crate::storage::io::Storage;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
@@ -52,8 +52,12 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Encodes as version 1 without runs and as version 2 with them (F-06-8).
-    pub fn encode(&self) -> Vec<u8> {
+    /// Encodes as version 1 without runs and as version 2 with them (F-06-8). More segments
+    /// or runs than a reader accepts ([`MAX_SEGMENTS`], [`MAX_RUNS`]) is `TooLarge`: such a
+    /// manifest would make the store unopenable.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let count = checked_count(self.segments.len(), MAX_SEGMENTS, "manifest segments")?;
+        let run_count = checked_count(self.runs.len(), MAX_RUNS, "manifest runs")?;
         let mut out = Vec::with_capacity(
             FIXED_BYTES_V2
                 + self.segments.len() * ENTRY_BYTES
@@ -67,7 +71,6 @@ impl Manifest {
         } else {
             MANIFEST_VERSION_REWRITTEN_RUNS
         };
-        let count = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
         let mut writer = Writer::new(&mut out);
         writer
             .bytes(MANIFEST_MAGIC)
@@ -75,7 +78,6 @@ impl Manifest {
             .u32(count)
             .u64(self.next_segment_id);
         if !self.runs.is_empty() {
-            let run_count = u32::try_from(self.runs.len()).unwrap_or(u32::MAX);
             writer.u32(run_count).u32(0);
         }
         for entry in &self.segments {
@@ -86,7 +88,7 @@ impl Manifest {
         }
         let sum = crc32fast::hash(&out);
         Writer::new(&mut out).u32(sum);
-        out
+        Ok(out)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Manifest> {
@@ -205,7 +207,10 @@ impl Manifest {
         &self,
         storage: &dyn Storage,
     ) -> std::result::Result<(), ManifestWriteFailure> {
-        let bytes = self.encode();
+        let bytes = self.encode().map_err(|error| ManifestWriteFailure {
+            error,
+            after_rename: false,
+        })?;
         let before = |operation| {
             move |error| ManifestWriteFailure {
                 error: Error::io(operation, error),
@@ -236,6 +241,18 @@ impl Manifest {
     }
 }
 
+/// `count` as a u32 count field, or `TooLarge` when above `limit` (what a reader accepts).
+fn checked_count(count: usize, limit: usize, what: &'static str) -> Result<u32> {
+    if count > limit {
+        return Err(Error::TooLarge {
+            what,
+            size: widen(count),
+            limit: widen(limit),
+        });
+    }
+    checked_u32(count, what)
+}
+
 /// A failed manifest replacement and whether it failed after the rename.
 #[derive(Debug)]
 pub struct ManifestWriteFailure {
@@ -257,7 +274,7 @@ mod tests {
             runs: Vec::new(),
             next_segment_id: 5,
         };
-        let bytes = manifest.encode();
+        let bytes = manifest.encode().expect("encode");
         assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
         for index in 0..bytes.len() {
             let mut damaged = bytes.clone();
@@ -289,7 +306,7 @@ mod run_list_tests {
             ],
             next_segment_id: 12,
         };
-        let bytes = manifest.encode();
+        let bytes = manifest.encode().expect("encode");
         assert_eq!(
             u32_at(&bytes, 8, "version").expect("encoded"),
             MANIFEST_VERSION_RUNS
@@ -315,7 +332,7 @@ mod run_list_tests {
             runs: vec![run(12), run(11)],
             next_segment_id: 13,
         };
-        let bytes = manifest.encode();
+        let bytes = manifest.encode().expect("encode");
         assert_eq!(
             u32_at(&bytes, 8, "version").expect("encoded"),
             MANIFEST_VERSION_REWRITTEN_RUNS
@@ -323,9 +340,31 @@ mod run_list_tests {
         assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
         manifest.runs = vec![run(11), run(11)];
         assert!(matches!(
-            Manifest::decode(&manifest.encode()),
+            Manifest::decode(&manifest.encode().expect("encode")),
             Err(Error::CorruptFile { .. })
         ));
+    }
+
+    #[test]
+    fn a_manifest_a_reader_would_refuse_is_too_large_to_encode() {
+        let segments = (0..=MAX_SEGMENTS as u64)
+            .map(|id| SegmentEntry { id, salt: 0 })
+            .collect::<Vec<_>>();
+        let manifest = Manifest {
+            next_segment_id: segments.len() as u64,
+            segments,
+            runs: Vec::new(),
+        };
+        let outcome = manifest.encode();
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::TooLarge { what: "manifest segments", size, limit })
+                    if size == MAX_SEGMENTS as u64 + 1 && limit == MAX_SEGMENTS as u64
+            ),
+            "{:?}",
+            outcome.map(|bytes| bytes.len())
+        );
     }
 
     #[test]
@@ -335,7 +374,7 @@ mod run_list_tests {
             runs: Vec::new(),
             next_segment_id: 2,
         };
-        let bytes = manifest.encode();
+        let bytes = manifest.encode().expect("encode");
         assert_eq!(
             u32_at(&bytes, 8, "version").expect("encoded"),
             MANIFEST_VERSION

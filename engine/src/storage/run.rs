@@ -18,8 +18,12 @@ use std::sync::Arc;
 
 /// Directory that holds run files.
 pub const RUNS_DIR: &str = "runs";
+/// Bytes of the run header, as its `header_bytes` field holds them (F-06-5).
+const HEADER_BYTES_FIELD: u32 = 64;
 /// Bytes of the run header; block 0 starts here (F-06-5).
-pub const RUN_HEADER_BYTES: u64 = 64;
+pub const RUN_HEADER_BYTES: u64 = HEADER_BYTES_FIELD as u64;
+/// [`RUN_HEADER_BYTES`] as an in-memory length.
+const HEADER_LENGTH: usize = HEADER_BYTES_FIELD as usize;
 const RUN_MAGIC: &[u8; 8] = b"DSHDBRUN";
 const RUN_TRAILER_MAGIC: &[u8; 8] = b"DSHDBRNF";
 /// The run file format version this build reads and writes (F-06-2).
@@ -471,11 +475,11 @@ impl BlockWriter {
 
 /// The 64-byte run header.
 pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(RUN_HEADER_BYTES as usize);
+    let mut out = Vec::with_capacity(HEADER_LENGTH);
     Writer::new(&mut out)
         .bytes(RUN_MAGIC)
         .u32(RUN_VERSION)
-        .u32(RUN_HEADER_BYTES as u32)
+        .u32(HEADER_BYTES_FIELD)
         .u64(run_id)
         .u64(salt)
         .u64(source_segment);
@@ -505,10 +509,7 @@ impl RunIndex {
             reason: reason.to_string(),
         };
         let minimum = RUN_HEADER_BYTES + (FOOTER_ENTRY_BYTES + TRAILER_BYTES) as u64;
-        if entry.file_bytes < minimum
-            || header.len() < RUN_HEADER_BYTES as usize
-            || &header[..8] != RUN_MAGIC
-        {
+        if entry.file_bytes < minimum || header.len() < HEADER_LENGTH || &header[..8] != RUN_MAGIC {
             return Err(corrupt("bad magic or shorter than a run"));
         }
         let short = |_| corrupt("bad magic or shorter than a run");
@@ -586,7 +587,7 @@ impl RunIndex {
                 reason: "file length differs from the manifest".to_string(),
             });
         }
-        let mut header = vec![0; RUN_HEADER_BYTES as usize];
+        let mut header = vec![0; HEADER_LENGTH];
         file.read_exact_at(&mut header, 0).map_err(io)?;
         let mut trailer = [0u8; TRAILER_BYTES];
         file.read_exact_at(&mut trailer, length - TRAILER_BYTES as u64)

@@ -9,8 +9,12 @@ use std::sync::Arc;
 
 /// Directory that holds write-ahead segments.
 pub const WAL_DIR: &str = "wal";
+/// Bytes of the segment header, as its `header_bytes` field holds them (F-03-1).
+const HEADER_BYTES_FIELD: u32 = 64;
 /// Bytes of the segment header; frames start here.
-pub const SEGMENT_HEADER_BYTES: u64 = 64;
+pub const SEGMENT_HEADER_BYTES: u64 = HEADER_BYTES_FIELD as u64;
+/// [`SEGMENT_HEADER_BYTES`] as an in-memory length.
+const HEADER_LENGTH: usize = HEADER_BYTES_FIELD as usize;
 const SEGMENT_MAGIC: &[u8; 8] = b"DSHDBSEG";
 /// The segment format version this build reads and writes (F-03-2).
 pub const SEGMENT_VERSION: u32 = 1;
@@ -32,11 +36,11 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 
 /// Encodes the 64-byte segment header (F-03-1).
 pub fn encode_header(id: u64, salt: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(SEGMENT_HEADER_BYTES as usize);
+    let mut out = Vec::with_capacity(HEADER_LENGTH);
     Writer::new(&mut out)
         .bytes(SEGMENT_MAGIC)
         .u32(SEGMENT_VERSION)
-        .u32(SEGMENT_HEADER_BYTES as u32)
+        .u32(HEADER_BYTES_FIELD)
         .u64(id)
         .u64(salt);
     out.resize(60, 0);
@@ -52,7 +56,7 @@ pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
         file: file.clone(),
         reason: reason.to_string(),
     };
-    if bytes.len() < SEGMENT_HEADER_BYTES as usize || &bytes[..8] != SEGMENT_MAGIC {
+    if bytes.len() < HEADER_LENGTH || &bytes[..8] != SEGMENT_MAGIC {
         return Err(corrupt("bad magic or shorter than its header"));
     }
     let short = |_| corrupt("bad magic or shorter than its header");
@@ -159,7 +163,7 @@ pub fn scan_frames<'a>(
     salt: u64,
     mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
 ) -> Result<SegmentScan> {
-    let mut offset = SEGMENT_HEADER_BYTES as usize;
+    let mut offset = HEADER_LENGTH;
     loop {
         let position = offset as u64;
         let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {
@@ -267,7 +271,7 @@ pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
 /// Whether the segment holds at least one valid frame (used to decide whether an earlier
 /// segment's damage lies before data that was written after it was synced).
 pub fn has_valid_frame(bytes: &[u8], salt: u64) -> bool {
-    let start = SEGMENT_HEADER_BYTES as usize;
+    let start = HEADER_LENGTH;
     start < bytes.len() && decode_frame(&bytes[start..], salt).is_ok()
 }
 

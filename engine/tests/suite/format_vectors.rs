@@ -296,7 +296,11 @@ fn segment_header_vector() {
     let salt = hex(&json["salt"]);
     assert_eq!(bytes.len(), 64);
     assert_eq!(&bytes[0..8], text(&json["magic"]).as_bytes());
-    let word = |at: usize| u64::from(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()));
+    let word = |at: usize| {
+        u64::from(u32::from_le_bytes(
+            bytes[at..at + 4].try_into().expect("4 bytes"),
+        ))
+    };
     assert_eq!(word(8), uint(&json["version"]));
     assert_eq!(word(12), uint(&json["header_bytes"]));
     assert_eq!(word(60), hex(&json["header_checksum"]));
@@ -358,10 +362,14 @@ fn manifest_vector() {
     let expected = manifest_from_json(&json);
     assert_eq!(&bytes[0..8], text(&json["magic"]).as_bytes());
     assert_eq!(bytes.len(), 28 + 16 * expected.segments.len());
-    let stored = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
+    let stored = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().expect("4 bytes"));
     assert_eq!(u64::from(stored), hex(&json["checksum"]));
     assert_eq!(Manifest::decode(&bytes).expect("valid manifest"), expected);
-    assert_eq!(expected.encode(), bytes, "re-encoding differs");
+    assert_eq!(
+        expected.encode().expect("encode"),
+        bytes,
+        "re-encoding differs"
+    );
     for index in 0..bytes.len() {
         let mut damaged = bytes.clone();
         damaged[index] ^= 0x01;
@@ -517,7 +525,9 @@ fn regenerate_vectors_with_engine_encoders() {
     );
     write(
         "manifest",
-        &manifest_from_json(&load_json("manifest")).encode(),
+        &manifest_from_json(&load_json("manifest"))
+            .encode()
+            .expect("encode"),
     );
     for name in SEGMENTS {
         let json = load_json(name);

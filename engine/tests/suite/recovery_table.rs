@@ -720,7 +720,7 @@ fn cases() -> Vec<Case> {
                 replace(&disk, &segment_path(id), &file);
                 named.segments.push(SegmentEntry { id, salt });
                 named.next_segment_id = id + 1;
-                replace(&disk, MANIFEST_FILE, &named.encode());
+                replace(&disk, MANIFEST_FILE, &named.encode().expect("encode"));
                 disk
             },
             open: OpenMode::Writable,

@@ -8,6 +8,18 @@
 //! rebuilt from the log: the cache is never a second source of truth and never stops the
 //! store from opening or a read from answering.
 
+// Format code: a value that does not fit its field is a typed error, never a silent `as`
+// narrowing (the lossless widenings live in `storage::coding`). Unit tests may index their
+// own buffers with `as`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 mod file;
 
 pub use file::{

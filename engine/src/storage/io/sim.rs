@@ -17,6 +17,10 @@
 //!   failures of the n-th write, sync or rename with `EIO`, and a one-shot short write (the
 //!   n-th write lands only its first half, rounded down to a sector, then fails with `EIO`).
 
+// Test support, not a format: offsets into in-memory disk images that exist, so they fit
+// `usize` (storage/ denies narrowing casts for its format code).
+#![allow(clippy::cast_possible_truncation)]
+
 use super::{parent_dir, LockGuard, Storage, StorageFile};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
