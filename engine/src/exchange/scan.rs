@@ -181,7 +181,7 @@ pub(crate) fn scan(bytes: &[u8]) -> Result<Scanned<'_>, ExchangeError> {
             record
                 .events()
                 .iter()
-                .any(|event| event.event_type == "turn/end")
+                .any(|event| event.event_type == crate::session::TURN_END)
         };
         if let Some((text, _)) = &issue {
             if decoded.as_ref().is_ok_and(has_turn_end) {

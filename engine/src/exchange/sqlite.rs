@@ -163,11 +163,10 @@ impl SessionLog {
     /// DSH's `scanRows` drops every row from the first bad one after the last `turn/end`
     /// (§5.4), and the user should learn which rows and why.
     fn physical_tail(&self, tail: DroppedTail) -> DroppedTail {
-        let offset = usize::try_from(tail.offset).unwrap_or(usize::MAX);
-        let lines_before = self
-            .text
-            .as_bytes()
-            .get(..offset)
+        // A tail offset past the text (or past memory) has no line before it in the text.
+        let lines_before = usize::try_from(tail.offset)
+            .ok()
+            .and_then(|offset| self.text.as_bytes().get(..offset))
             .map_or(0, |head| head.iter().filter(|&&byte| byte == b'\n').count());
         // The header is the first line; record lines follow it.
         let first_row = lines_before.saturating_sub(1);

@@ -8,6 +8,10 @@ pub const USER_MESSAGE: &str = "user/message";
 pub const ASSISTANT_MESSAGE: &str = "assistant/message";
 pub const TOOL_RESULT: &str = "tool/result";
 pub const END_SEED_TYPE: &str = "session/end-seed";
+/// Opens a turn; the fork rule and repair look for the last `turn/start`/`turn/end`.
+pub const TURN_START: &str = "turn/start";
+/// Closes a turn.
+pub const TURN_END: &str = "turn/end";
 
 /// `KNOWN_SESSION_EVENT_TYPES` at DSH `b150a551b8` (48 entries, sorted).
 pub const KNOWN_EVENT_TYPES: [&str; 48] = [

@@ -25,7 +25,7 @@ pub use error::{ForkErrorCode, MessageProblem, SessionError};
 pub use event::{
     is_known_event_type, is_surface_eligible_type, parse_event_line, parse_event_line_at, KeyOrder,
     SessionEvent, SurfaceOp, END_SEED_TYPE, ENVELOPE_KEYS, KNOWN_EVENT_TYPES,
-    OPTIONAL_ENVELOPE_KEYS,
+    OPTIONAL_ENVELOPE_KEYS, TURN_END, TURN_START,
 };
 pub use json::MAX_SAFE_INTEGER;
 pub use legacy::{migrate_legacy, migrate_next, needs_migration, MigratedLog};

@@ -2,7 +2,10 @@
 //! persistence §5.5). Pure: callers pass the clock (`now`) and own all I/O.
 
 use super::error::SessionError;
-use super::event::{is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED_TYPE};
+use super::event::{
+    is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED_TYPE, TURN_END,
+    TURN_START,
+};
 use super::json::{is_lossless, raw_from_built, MAX_SAFE_INTEGER};
 use super::legacy::migrate_legacy;
 use super::message::{check_message_shape_with, check_request_header, is_fallback_header};
@@ -247,8 +250,8 @@ pub fn validate_fork_boundary_of<E: ForkBoundaryEvent>(
     let last_bracket = events[..=index]
         .iter()
         .rev()
-        .find(|event| matches!(event.fork_event_type(), "turn/start" | "turn/end"));
-    if let Some(open) = last_bracket.filter(|event| event.fork_event_type() == "turn/start") {
+        .find(|event| matches!(event.fork_event_type(), TURN_START | TURN_END));
+    if let Some(open) = last_bracket.filter(|event| event.fork_event_type() == TURN_START) {
         let turn = open
             .fork_data()
             .get("turn")

@@ -478,14 +478,16 @@ impl EventIndex {
         };
         while at < self.extents.len() && self.starts[at] < to {
             let (extent, start) = (self.extents[at], self.starts[at]);
-            let skip = from.saturating_sub(start);
-            let end = to.min(start + u64::from(extent.count));
+            // Both lie within the extent, so they fit its u32 count.
+            let count = u64::from(extent.count);
+            let skip = from.saturating_sub(start).min(count);
+            let take = to.min(start + count).saturating_sub(start + skip);
             out.push(ExtentSlice {
                 session,
                 extent,
                 first_seq: seed_length + start,
-                skip: u32::try_from(skip).unwrap_or(u32::MAX),
-                take: u32::try_from(end - start - skip).unwrap_or(u32::MAX),
+                skip: u32::try_from(skip).unwrap_or(extent.count),
+                take: u32::try_from(take).unwrap_or(extent.count),
             });
             at += 1;
         }

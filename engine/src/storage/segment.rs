@@ -234,9 +234,14 @@ const ZERO_SKIP_BYTES: usize = 64;
 /// had been made durable before it was written (F-05-3). Such a frame's `durable_offset`
 /// lies past the damage.
 pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
-    let start = usize::try_from(damage)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1);
+    // Damage past the bytes (or past memory) has nothing after it.
+    let Some(start) = usize::try_from(damage)
+        .ok()
+        .and_then(|damage| damage.checked_add(1))
+        .filter(|start| *start <= bytes.len())
+    else {
+        return false;
+    };
     let mut offset = start;
     while offset + FRAME_HEADER_BYTES <= bytes.len() {
         // A candidate needs a non-zero kind byte at `offset + 8`: skip zero stretches (the
@@ -290,6 +295,14 @@ pub fn nonzero_end(bytes: &[u8], from: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damage_at_or_past_the_end_has_no_evidence_after_it() {
+        let bytes = vec![0u8; 200];
+        for damage in [199, 200, 1 << 40, u64::MAX] {
+            assert!(!durable_evidence_after(&bytes, 1, damage), "{damage}");
+        }
+    }
 
     #[test]
     fn a_header_round_trips_and_a_wrong_salt_is_refused() {

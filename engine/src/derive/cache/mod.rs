@@ -181,8 +181,8 @@ struct LiveMark {
     turn_end_pending: bool,
 }
 
-/// The event type after which a live session's checkpoints are written (F-07-8).
-const TURN_END: &str = "turn/end";
+/// After a `turn/end` a live session's checkpoints are written (F-07-8).
+use crate::session::TURN_END;
 
 impl ProjectionCache {
     pub fn new(store: &Store, options: CacheOptions) -> Self {

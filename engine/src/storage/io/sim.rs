@@ -240,10 +240,12 @@ impl StorageFile for SimHandle {
             return Err(power_cut());
         }
         let file = state.file(self.inode)?;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        if start >= file.volatile.len() {
+        let Some(start) = usize::try_from(offset)
+            .ok()
+            .filter(|start| *start < file.volatile.len())
+        else {
             return Ok(0);
-        }
+        };
         let count = buf.len().min(file.volatile.len() - start);
         buf[..count].copy_from_slice(&file.volatile[start..start + count]);
         Ok(count)
