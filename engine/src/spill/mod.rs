@@ -197,6 +197,7 @@ impl SpillStore {
         if size > MAX_BLOB_BYTES {
             return Err(Error::TooLarge {
                 what: "spill blob",
+                unit: "bytes",
                 size,
                 limit: MAX_BLOB_BYTES,
             });

@@ -194,24 +194,20 @@ impl<'out> Writer<'out> {
     }
 }
 
-/// `value` as a `u16` field, or `TooLarge` naming the field.
-pub fn checked_u16(value: usize, field: &'static str) -> Result<u16> {
-    u16::try_from(value).map_err(|_| too_large(field, value, u64::from(u16::MAX)))
+/// A byte length as a `u16` field, or `TooLarge` naming the field.
+pub fn checked_u16(length: usize, field: &'static str) -> Result<u16> {
+    u16::try_from(length).map_err(|_| too_large(field, length, u64::from(u16::MAX), "bytes"))
 }
 
-/// `value` as a `u32` field, or `TooLarge` naming the field.
-pub fn checked_u32(value: usize, field: &'static str) -> Result<u32> {
-    u32::try_from(value).map_err(|_| too_large(field, value, u64::from(u32::MAX)))
+/// A byte length as a `u32` field, or `TooLarge` naming the field.
+pub fn checked_u32(length: usize, field: &'static str) -> Result<u32> {
+    u32::try_from(length).map_err(|_| too_large(field, length, u64::from(u32::MAX), "bytes"))
 }
 
-/// A `u64` read from disk as an in-memory length, or `TooLarge` naming the field (only on a
-/// target whose `usize` is narrower than 64 bits).
-pub fn checked_usize(value: u64, field: &'static str) -> Result<usize> {
-    usize::try_from(value).map_err(|_| Error::TooLarge {
-        what: field,
-        size: value,
-        limit: widen(usize::MAX),
-    })
+/// A count of `unit` (`events`, `entries`, ...) as a `u32` field, or `TooLarge` naming the
+/// field.
+pub fn checked_count_u32(count: usize, field: &'static str, unit: &'static str) -> Result<u32> {
+    u32::try_from(count).map_err(|_| too_large(field, count, u64::from(u32::MAX), unit))
 }
 
 /// A `usize` as a `u64`: lossless wherever this crate builds (the assertion below), so the
@@ -228,11 +224,12 @@ pub fn u32_to_usize(value: u32) -> usize {
     value as usize
 }
 
-fn too_large(field: &'static str, value: usize, limit: u64) -> Error {
+fn too_large(field: &'static str, value: usize, limit: u64, unit: &'static str) -> Error {
     Error::TooLarge {
         what: field,
         size: widen(value),
         limit,
+        unit,
     }
 }
 
@@ -304,6 +301,7 @@ mod tests {
                 outcome,
                 Err(Error::TooLarge {
                     what: "unit name",
+                    unit: "bytes",
                     size: 70_000,
                     limit: 65_535
                 })

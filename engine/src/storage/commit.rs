@@ -149,6 +149,7 @@ fn check_batch_size(bytes: usize, limit: u64) -> Result<()> {
     if size > limit {
         return Err(Error::TooLarge {
             what: "batch",
+            unit: "bytes",
             size,
             limit,
         });
@@ -289,6 +290,7 @@ impl Log {
             if state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES > capacity {
                 return Err(Error::TooLarge {
                     what: "batch",
+                    unit: "bytes",
                     size: bytes.len() as u64,
                     limit: capacity - SEGMENT_HEADER_BYTES - SEAL_FRAME_BYTES,
                 });

@@ -249,6 +249,7 @@ pub fn encode_frame(
     if length > MAX_PAYLOAD_BYTES {
         return Err(Error::TooLarge {
             what: "record payload",
+            unit: "bytes",
             size: widen(length),
             limit: widen(MAX_PAYLOAD_BYTES),
         });
@@ -549,7 +550,7 @@ mod tests {
         assert!(
             matches!(
                 outcome,
-                Err(Error::TooLarge { what: "record payload", size, limit })
+                Err(Error::TooLarge { what: "record payload", unit: "bytes", size, limit })
                     if size == (MAX_PAYLOAD_BYTES + EVENT_FIXED_BYTES + event.envelope.len()) as u64
                         && limit == MAX_PAYLOAD_BYTES as u64
             ),

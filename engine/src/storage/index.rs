@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, EventIndex, Extent, Seed};
-use crate::storage::coding::{checked_u32, u32_at, u32_to_usize, Reader, Writer};
+use crate::storage::coding::{checked_count_u32, u32_at, u32_to_usize, Reader, Writer};
 use crate::storage::frame::NO_SEED_PARENT;
 use crate::storage::io::Storage;
 use crate::storage::manifest::{Manifest, RunEntry};
@@ -284,9 +284,10 @@ pub fn write_checkpoint(storage: &dyn Storage, bytes: &[u8]) -> Result<()> {
         .map_err(io("checkpoint directory sync"))
 }
 
-/// A count or length as its u32 field; one that does not fit is `TooLarge`.
+/// A count of entries (or a name's or header's length) as its u32 field; one that does not
+/// fit is `TooLarge`.
 fn count_u32(count: usize) -> Result<u32> {
-    checked_u32(count, "index checkpoint count or length")
+    checked_count_u32(count, "index checkpoint", "entries or bytes")
 }
 
 /// A `u32` count of items of at least `item_bytes` bytes each, checked against the bytes

@@ -2,7 +2,7 @@
 //! Replaced atomically: write `MANIFEST.tmp`, sync it, rename over `MANIFEST`, sync the root.
 
 use crate::error::{Error, Result};
-use crate::storage::coding::{checked_u32, u32_at, u32_to_usize, widen, Reader, Writer};
+use crate::storage::coding::{checked_count_u32, u32_at, u32_to_usize, widen, Reader, Writer};
 use crate::storage::io::Storage;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
@@ -56,8 +56,8 @@ impl Manifest {
     /// or runs than a reader accepts ([`MAX_SEGMENTS`], [`MAX_RUNS`]) is `TooLarge`: such a
     /// manifest would make the store unopenable.
     pub fn encode(&self) -> Result<Vec<u8>> {
-        let count = checked_count(self.segments.len(), MAX_SEGMENTS, "manifest segments")?;
-        let run_count = checked_count(self.runs.len(), MAX_RUNS, "manifest runs")?;
+        let count = checked_count(self.segments.len(), MAX_SEGMENTS, "segments")?;
+        let run_count = checked_count(self.runs.len(), MAX_RUNS, "runs")?;
         let mut out = Vec::with_capacity(
             FIXED_BYTES_V2
                 + self.segments.len() * ENTRY_BYTES
@@ -241,16 +241,18 @@ impl Manifest {
     }
 }
 
-/// `count` as a u32 count field, or `TooLarge` when above `limit` (what a reader accepts).
-fn checked_count(count: usize, limit: usize, what: &'static str) -> Result<u32> {
+/// A count of `unit` as its u32 field, or `TooLarge` when above `limit` (what a reader
+/// accepts).
+fn checked_count(count: usize, limit: usize, unit: &'static str) -> Result<u32> {
     if count > limit {
         return Err(Error::TooLarge {
-            what,
+            what: "manifest",
             size: widen(count),
             limit: widen(limit),
+            unit,
         });
     }
-    checked_u32(count, what)
+    checked_count_u32(count, "manifest", unit)
 }
 
 /// A failed manifest replacement and whether it failed after the rename.
@@ -359,7 +361,7 @@ mod run_list_tests {
         assert!(
             matches!(
                 outcome,
-                Err(Error::TooLarge { what: "manifest segments", size, limit })
+                Err(Error::TooLarge { what: "manifest", unit: "segments", size, limit })
                     if size == MAX_SEGMENTS as u64 + 1 && limit == MAX_SEGMENTS as u64
             ),
             "{:?}",

@@ -6,7 +6,8 @@
 use crate::error::{Error, Result};
 use crate::storage::catalog::Extent;
 use crate::storage::coding::{
-    id_file_name, parse_id_file_name, u32_at, u32_to_usize, u64_at, Reader, ShortInput, Writer,
+    checked_count_u32, checked_u32, id_file_name, parse_id_file_name, u32_at, u32_to_usize, u64_at,
+    Reader, ShortInput, Writer,
 };
 use crate::storage::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::StorageFile;
@@ -347,11 +348,7 @@ fn assemble(
             }
             let last = session.frames[end - 1];
             let raw = &session.raw[block_raw_start..last.1 + last.2 as usize];
-            let count = u32::try_from(end - start).map_err(|_| Error::TooLarge {
-                what: "run block events",
-                size: (end - start) as u64,
-                limit: u64::from(u32::MAX),
-            })?;
+            let count = checked_count_u32(end - start, "run block", "events")?;
             moved.push((
                 session.session,
                 session.frames[start].0,
@@ -409,11 +406,7 @@ impl BlockWriter {
             block.encode(&mut out);
         }
         Writer::new(&mut out).u64(footer_offset);
-        let block_count = u32::try_from(blocks.len()).map_err(|_| Error::TooLarge {
-            what: "run blocks",
-            size: blocks.len() as u64,
-            limit: u64::from(u32::MAX),
-        })?;
+        let block_count = checked_count_u32(blocks.len(), "run", "blocks")?;
         Writer::new(&mut out).u32(block_count);
         let sum = crc32fast::hash(&out[footer_start..]);
         Writer::new(&mut out).u32(sum).bytes(RUN_TRAILER_MAGIC);
@@ -450,13 +443,8 @@ impl BlockWriter {
             .compressor
             .compress(raw)
             .map_err(|error| Error::io("run block compress", error))?;
-        let too_large = |size: usize| Error::TooLarge {
-            what: "run block",
-            size: size as u64,
-            limit: u64::from(u32::MAX),
-        };
-        let raw_bytes = u32::try_from(raw.len()).map_err(|_| too_large(raw.len()))?;
-        let stored_bytes = u32::try_from(stored.len()).map_err(|_| too_large(stored.len()))?;
+        let raw_bytes = checked_u32(raw.len(), "run block")?;
+        let stored_bytes = checked_u32(stored.len(), "run block")?;
         self.blocks.push(BlockEntry {
             session,
             event_count,

@@ -10,6 +10,7 @@ pub(super) fn validate_header(header_json: &str) -> Result<String> {
     if header_json.len() > MAX_HEADER_BYTES {
         return Err(Error::TooLarge {
             what: "session header",
+            unit: "bytes",
             size: header_json.len() as u64,
             limit: MAX_HEADER_BYTES as u64,
         });
@@ -43,6 +44,7 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
     if event.data.len() > MAX_EVENT_DATA_BYTES {
         return Err(Error::TooLarge {
             what: "event data",
+            unit: "bytes",
             size: event.data.len() as u64,
             limit: MAX_EVENT_DATA_BYTES as u64,
         });

@@ -3,7 +3,7 @@
 use super::{now_millis, validate::validate_event, NewEvent, Receipt, SessionWriter, Store};
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Position, Seed};
-use crate::storage::coding::{checked_u32, widen};
+use crate::storage::coding::{checked_count_u32, checked_u32, widen};
 use crate::storage::commit::{Durability, Log, SegmentContext};
 use crate::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
 
@@ -210,7 +210,7 @@ impl Store {
                     frame_bytes: checked_u32(out.len() - start, "event frame")?,
                 });
             }
-            let count = checked_u32(events.len(), "batch events")?;
+            let count = checked_count_u32(events.len(), "batch", "events")?;
             encode_commit(context, out, number, first_seq, count)?;
             Ok(positions)
         })?;

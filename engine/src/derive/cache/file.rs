@@ -1,7 +1,7 @@
 //! Checkpoint files: names, byte layout, checksum (format-spec/07, F-07-1..F-07-5).
 
 use crate::error::{Error, Result};
-use crate::storage::coding::{Reader, Writer};
+use crate::storage::coding::{checked_u16, Reader, Writer};
 use crate::storage::io::Storage;
 use crate::store::Event;
 
@@ -88,11 +88,7 @@ pub(crate) fn cache_error(path: &str, reason: &str) -> Error {
 /// state version u32, seq u64, identity, anchor, state (u64 length), then blake3 of all
 /// preceding bytes. Integers little-endian.
 pub fn encode_checkpoint(checkpoint: &Checkpoint<'_>) -> Result<Vec<u8>> {
-    let unit_length = u16::try_from(checkpoint.unit.len()).map_err(|_| Error::TooLarge {
-        what: "projection unit name",
-        size: checkpoint.unit.len() as u64,
-        limit: u64::from(u16::MAX),
-    })?;
+    let unit_length = checked_u16(checkpoint.unit.len(), "projection unit name")?;
     let mut out = Vec::with_capacity(checkpoint.state.len() + 160);
     Writer::new(&mut out)
         .bytes(&CHECKPOINT_MAGIC)

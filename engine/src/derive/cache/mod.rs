@@ -515,6 +515,7 @@ fn read_bounded(file: &dyn crate::storage::io::StorageFile) -> Result<Vec<u8>> {
     if length > MAX_CHECKPOINT_BYTES {
         return Err(Error::TooLarge {
             what: "projection checkpoint",
+            unit: "bytes",
             size: length,
             limit: MAX_CHECKPOINT_BYTES,
         });
