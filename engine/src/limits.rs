@@ -114,6 +114,10 @@ const _: () = assert!(FRAME_HEADER_BYTES + MAX_PAYLOAD_BYTES <= DEFAULT_BLOCK_CA
 
 // ---- reading in steps ----------------------------------------------------------------------
 
+/// Most events reserved up front from a count an input announces (a dshdb-json header's
+/// `events`); more grow as they arrive, so a hostile count cannot reserve memory.
+pub const MAX_PREALLOCATED_EVENTS: usize = 1 << 20;
+
 /// Events read per step by the code that walks a whole session (export, cold resume, spill
 /// scans, retention, the projection cache's tail): bounds the read buffer the store fills
 /// for an unsealed segment per call (about 1 MB at the DSH mix's ~225 bytes an event).

@@ -61,7 +61,7 @@ pub struct CanonicalImport {
     pub batches: u64,
 }
 
-use crate::limits::EVENTS_PER_READ;
+use crate::limits::{EVENTS_PER_READ, MAX_PREALLOCATED_EVENTS};
 
 /// JSON whitespace, the only text [`RawValue`] drops around a value.
 fn is_json_whitespace(c: char) -> bool {
@@ -346,8 +346,10 @@ pub fn import_canonical_with_progress(
     }
     let total_bytes = bytes.len() as u64;
     let mut parsed_bytes = first.len() as u64 + 1;
-    let mut events: Vec<Parsed<'_>> =
-        Vec::with_capacity(usize::try_from(header.events.min(1 << 20)).unwrap_or(0));
+    let reserved = usize::try_from(header.events).map_or(MAX_PREALLOCATED_EVENTS, |events| {
+        events.min(MAX_PREALLOCATED_EVENTS)
+    });
+    let mut events: Vec<Parsed<'_>> = Vec::with_capacity(reserved);
     for (index, raw_line) in lines.enumerate() {
         let line = index + 2;
         let event: EventLine<'_> =
