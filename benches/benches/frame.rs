@@ -20,13 +20,13 @@ fn frames(c: &mut Criterion) {
             envelope: b"",
         };
         let mut encoded = Vec::new();
-        record.encode(&mut encoded, SALT);
+        record.encode(&mut encoded, SALT).expect("encode");
         group.throughput(Throughput::Bytes(encoded.len() as u64));
         group.bench_with_input(BenchmarkId::new("encode", size), &record, |b, record| {
             let mut out = Vec::with_capacity(2 * encoded.len());
             b.iter(|| {
                 out.clear();
-                black_box(record).encode(&mut out, SALT);
+                black_box(record).encode(&mut out, SALT).expect("encode");
                 black_box(out.len())
             })
         });

@@ -6,7 +6,8 @@ use dshdb::session::error::SessionError;
 use dshdb::session::event::{closest_known_event_type, is_known_event_type, parse_event_line};
 use dshdb::session::json::single_line_error;
 use dshdb::session::seed::{validate_seed_event, SeedMode};
-use dshdb::store::{check_data_depth, Event, NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
+use dshdb::session::{MAX_SAFE_INTEGER, OPTIONAL_ENVELOPE_KEYS};
+use dshdb::store::{check_data_depth, Event, NewEvent};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -162,7 +163,7 @@ pub fn parse_line(line: &str) -> Result<InputEvent, String> {
                 let parsed = raw
                     .parse::<i64>()
                     .ok()
-                    .filter(|time| time.unsigned_abs() < MAX_SAFE_INTEGER_EXCLUSIVE);
+                    .filter(|time| time.unsigned_abs() <= MAX_SAFE_INTEGER);
                 time = Some(parsed.ok_or_else(|| {
                     format!("\"time\" must be a safe integer (epoch milliseconds), got {raw}")
                 })?);
@@ -171,7 +172,7 @@ pub fn parse_line(line: &str) -> Result<InputEvent, String> {
                 let parsed = raw
                     .parse::<u64>()
                     .ok()
-                    .filter(|seq| *seq < MAX_SAFE_INTEGER_EXCLUSIVE);
+                    .filter(|seq| *seq <= MAX_SAFE_INTEGER);
                 seq =
                     Some(parsed.ok_or_else(|| {
                         format!("\"seq\" must be a safe integer >= 0, got {raw}")
@@ -190,7 +191,7 @@ pub fn parse_line(line: &str) -> Result<InputEvent, String> {
             other => {
                 return Err(format!(
                     "unknown member {other:?}; allowed: type, data, time, seq, {}",
-                    ENVELOPE_KEYS.join(", ")
+                    OPTIONAL_ENVELOPE_KEYS.join(", ")
                 ))
             }
         }

@@ -81,12 +81,15 @@ pub enum Error {
     /// The caller's input is malformed; nothing was written.
     #[error("invalid input: {reason}")]
     InvalidInput { reason: String },
-    /// A record or batch exceeds a size limit; nothing was written.
-    #[error("{what} is {size} bytes; the limit is {limit} bytes")]
+    /// A record, batch or field exceeds a limit (or a value does not fit its field on
+    /// disk); nothing was written. `unit` is what `size` and `limit` count (`bytes`,
+    /// `events`, `segments`, ...).
+    #[error("{what} is {size} {unit}; the limit is {limit} {unit}")]
     TooLarge {
         what: &'static str,
         size: u64,
         limit: u64,
+        unit: &'static str,
     },
     /// A seq outside the session's log.
     #[error("session {id:?} has no event at seq {seq} (length {length})")]
@@ -99,6 +102,10 @@ pub enum Error {
         #[source]
         source: SessionError,
     },
+    /// A fork was refused by DSH's fork rule (`SessionForkError`): the text is DSH's and
+    /// [`SessionError::fork_error_code`] gives its code.
+    #[error(transparent)]
+    Fork { source: SessionError },
     /// A projection unit cannot fold an event or decode its state.
     #[error("projection {unit}: {reason}")]
     Projection { unit: String, reason: String },

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The layers, bottom to top. One entry per line; a module may import only from its own
-/// entry and the entries above it in this list.
+/// entry and the entries before it in this list (the layers below it). `limits` is the
+/// bottom (every limit, importing nothing); `storage::coding` (the checked byte
+/// reader/writer and file-name parser) sits under every storage format that uses it.
 const LAYERS: &[&str] = &[
     "limits",
     "session",

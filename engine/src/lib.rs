@@ -3,9 +3,10 @@
 //! Layers, bottom to top (a layer imports only from layers below it; `layers.rs`, a unit test,
 //! fails on an import against this order):
 //!
+//! - `limits`: every limit of the engine, each with its unit; `const` asserts tie them.
 //! - `session`: the DSH session model, pure (no I/O, nothing else of the crate).
 //! - `error`: the crate's typed [`Error`].
-//! - `storage`: bytes and durability, nothing of DSH: `io`, `frame`, `segment`, `manifest`,
+//! - `storage`: bytes and durability, nothing of DSH: `io`, `coding`, `frame`, `segment`, `manifest`,
 //!   `commit`, `recovery`, `run`, `index`, `catalog`.
 //! - `store`: [`Store`] and [`SessionWriter`], the only place that wires storage and session.
 //! - `spill`: the content-addressed artifact store.
@@ -15,6 +16,9 @@
 //!
 //! The on-disk format is specified normatively in `format-spec/`.
 
+// Unit tests may unwrap; the library may not (the workspace denies `clippy::unwrap_used`).
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod compaction;
 pub mod derive;
 pub mod error;
@@ -23,6 +27,7 @@ pub mod exchange;
 pub mod fuzzing;
 #[cfg(test)]
 mod layers;
+pub mod limits;
 pub mod session;
 pub mod spill;
 pub mod storage;

@@ -1,6 +1,6 @@
 //! Who holds a store, where a store is, and the torn-tail test hook's file surgery.
 
-use dshdb::storage::frame::peek_frame;
+use dshdb::storage::frame::{peek_frame, FRAME_HEADER_BYTES};
 use dshdb::storage::segment::{parse_segment_name, SEGMENT_HEADER_BYTES, WAL_DIR};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -64,9 +64,7 @@ fn lock_holder(store: &Path) -> Option<u32> {
     })
 }
 
-/// Bytes a frame header takes; all zero, they are the unwritten end of a segment.
-const FRAME_HEADER_BYTES: usize = 12;
-
+/// A frame header of all zero bytes is the unwritten end of a segment.
 fn zero_header(bytes: &[u8]) -> bool {
     bytes.iter().take(FRAME_HEADER_BYTES).all(|byte| *byte == 0)
 }

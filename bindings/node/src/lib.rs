@@ -24,8 +24,6 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-/// Zstandard frame magic (`28 B5 2F FD`): an import input starting so is `.jsonl.zstd`.
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 /// Revision prefix: revisions name the store they come from.
 const REVISION_SCHEME: &str = "dshdb";
 
@@ -74,7 +72,7 @@ fn parse_durability(name: &str) -> Result<Durability> {
 fn seq_from(value: i64, what: &str) -> Result<u64> {
     u64::try_from(value)
         .ok()
-        .filter(|seq| *seq < dshdb::store::MAX_SAFE_INTEGER_EXCLUSIVE)
+        .filter(|seq| *seq <= dshdb::session::MAX_SAFE_INTEGER)
         .ok_or_else(|| {
             invalid(format!(
                 "{what} must be a non-negative safe integer, got {value}"
@@ -298,7 +296,7 @@ impl Task for ImportTask {
 
     fn compute(&mut self) -> Result<Self::Output> {
         let store = &self.shared.store;
-        let report = if self.bytes.starts_with(&ZSTD_MAGIC) {
+        let report = if self.bytes.starts_with(&dshdb::exchange::ZSTD_MAGIC) {
             exchange::import_dsh_jsonl_zstd(store, &self.bytes)
         } else {
             exchange::import_dsh_jsonl(store, &self.bytes)

@@ -10,6 +10,7 @@
 
 use dshdb::exchange;
 use dshdb::session::line::push_event_line;
+use dshdb::session::OPTIONAL_ENVELOPE_KEYS;
 use dshdb::storage::frame::EVENT_FLAG_VERBATIM_LINE;
 use dshdb::NewEvent;
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -17,8 +18,6 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-/// Envelope members the store admits besides `type`, `seq`, `time` and `data`.
-const ENVELOPE_KEYS: [&str; 3] = ["surfaceOp", "sourceEventSeqs", "ignorable"];
 /// Type recorded for a verbatim line whose `type` the store cannot hold as text.
 const UNREADABLE_TYPE: &str = "dshdb:unreadable-type";
 
@@ -127,7 +126,7 @@ fn split_line(line: &str, index: usize, expected_seq: u64) -> Result<StoredLine,
         if matches!(key.as_ref(), "type" | "seq" | "time" | "data") {
             continue;
         }
-        if !ENVELOPE_KEYS.contains(&key.as_ref()) {
+        if !OPTIONAL_ENVELOPE_KEYS.contains(&key.as_ref()) {
             return Ok(verbatim(line, &event_type, time));
         }
         if !envelope.is_empty() {

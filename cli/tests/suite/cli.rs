@@ -487,3 +487,29 @@ fn rm_deletes_a_session_and_maintain_reclaims_its_events() {
     let alias = dshdb(&["delete", store, "kept"], "");
     assert!(alias.status.success(), "{}", stderr(&alias));
 }
+
+#[test]
+fn fork_inside_an_open_turn_prints_dsh_text_and_creates_no_child() {
+    let dir = temp_dir("fork-open-turn");
+    let store = dir.join("store");
+    let store = path_str(&store);
+    let input = concat!(
+        r#"{"type":"turn/start","data":{"turn":1},"time":1}"#,
+        "\n",
+        r#"{"type":"assistant/chunk","data":{},"time":2}"#,
+        "\n",
+    );
+    ok(&["append", store, "p", "--create"], input);
+    let output = dshdb(&["fork", store, "p", "c", "--at", "1"], "");
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output).trim_end(),
+        r#"dshdb: error: fork boundary 1 in session "p" ends inside open turn 1"#
+    );
+    let info = dshdb(&["info", store, "c"], "");
+    assert_ne!(
+        info.status.code(),
+        Some(0),
+        "a refused fork creates no child"
+    );
+}

@@ -333,7 +333,7 @@ impl Plan {
                 String::new(),
             ),
             text(
-                "user/message",
+                crate::session::event::USER_MESSAGE,
                 checkpoint.to_string(),
                 format!(
                     "\"sourceEventSeqs\":[{}],\"surfaceOp\":{}",

@@ -6,8 +6,7 @@ use crate::spill::{locators_in, BlobHash, GcReport, SpillStore};
 use crate::store::Store;
 use std::collections::HashSet;
 
-/// Events read per step while scanning a session for locators.
-const SCAN_EVENTS_PER_READ: u64 = 4096;
+use crate::limits::EVENTS_PER_READ;
 
 /// Every blob cited by an event of any session in `store` (F-07-13).
 pub fn spill_references(store: &Store) -> Result<HashSet<BlobHash>> {
@@ -15,7 +14,7 @@ pub fn spill_references(store: &Store) -> Result<HashSet<BlobHash>> {
     for summary in store.sessions() {
         let mut from = 0;
         while from < summary.events {
-            let to = (from + SCAN_EVENTS_PER_READ).min(summary.events);
+            let to = (from + EVENTS_PER_READ).min(summary.events);
             for event in store.read(&summary.id, from, to)? {
                 referenced.extend(locators_in(&event.data));
                 referenced.extend(locators_in(&event.envelope));

@@ -44,7 +44,7 @@
 use super::skeleton::{self, Skeleton};
 use crate::exchange::scan::{decode_record, Record, RowTag};
 use crate::exchange::{event_line, row_line, Result};
-use crate::session::event::{ASSISTANT_MESSAGE, END_SEED, TOOL_RESULT, USER_MESSAGE};
+use crate::session::event::{ASSISTANT_MESSAGE, END_SEED_TYPE, TOOL_RESULT, USER_MESSAGE};
 use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
 use crate::session::repair::repair_observes_type;
 use crate::session::surface::{projected_message, rewrite_key, rewrite_key_from};
@@ -61,10 +61,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
 
-/// Stored events visited per [`Store::visit_events`] call: bounds the read buffer the store
-/// fills for an unsealed segment (one span per call, about 1 MB at the DSH mix's ~225 bytes
-/// an event) besides the messages.
-pub const READ_CHUNK_EVENTS: u64 = 4_096;
+pub use crate::limits::EVENTS_PER_READ as READ_CHUNK_EVENTS;
 
 /// What [`stream_messages`] or [`stream_message_texts`] produced.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +94,11 @@ pub fn is_log_only_type(event_type: &str) -> bool {
         && !repair_observes_type(event_type)
         && !matches!(
             event_type,
-            "request/header" | "request/header-delta" | "mode/set" | "steering/message" | END_SEED
+            "request/header"
+                | "request/header-delta"
+                | "mode/set"
+                | "steering/message"
+                | END_SEED_TYPE
         )
 }
 
@@ -238,7 +239,7 @@ impl<'a> StreamLoad<'a> {
             && event.time.unsigned_abs() <= MAX_SAFE_INTEGER;
         if plain_log_only {
             // What `single` decides for such an event, without the copy.
-            return self.log_only(event.seq, event.time, event.event_type == END_SEED);
+            return self.log_only(event.seq, event.time, event.event_type == END_SEED_TYPE);
         }
         self.stored(event.to_event(), row)
     }
@@ -297,7 +298,7 @@ impl<'a> StreamLoad<'a> {
             return Err(fallback(seq, "envelope"));
         }
         if event.envelope.is_empty() && is_log_only_type(&event.event_type) {
-            return self.log_only(seq, event.time, event.event_type == END_SEED);
+            return self.log_only(seq, event.time, event.event_type == END_SEED_TYPE);
         }
         let (head, data) = plain_parts(event)?;
         if is_surface_eligible_type(&head.event_type) {
@@ -389,7 +390,7 @@ impl<'a> StreamLoad<'a> {
                 .apply(event)
                 .map_err(|_| fallback(seq, "surface"))?;
         }
-        self.advance(seq, event.time, event.event_type == END_SEED);
+        self.advance(seq, event.time, event.event_type == END_SEED_TYPE);
         Ok(())
     }
 

@@ -6,19 +6,12 @@
 //! kept, so a decompression bomb is refused after at most one step past a limit.
 
 use super::ExchangeError;
-use crate::storage::frame::MAX_PAYLOAD_BYTES;
 use std::io::Read;
 
-/// Room for a line's envelope around the largest event payload, in bytes: `type`, `seq`,
-/// `time`, `surfaceOp`, `sourceEventSeqs` and the JSON punctuation around `data`.
-pub const IMPORT_LINE_ENVELOPE_BYTES: usize = 64 * 1024;
-/// Longest DSH JSONL line (header or record, without its `\n`) an import reads, in bytes.
-pub const MAX_IMPORT_LINE_BYTES: usize = MAX_PAYLOAD_BYTES + IMPORT_LINE_ENVELOPE_BYTES;
-/// Largest decoded plaintext of one imported DSH log, in bytes (4 GiB). The import keeps
-/// the plaintext and its parsed events in memory while it validates the whole session.
-pub const MAX_IMPORT_PLAINTEXT_BYTES: u64 = 4 << 30;
-/// Bytes a zstd frame is decompressed by per step before the bounds are checked again.
-const DECODE_STEP_BYTES: usize = 64 * 1024;
+use crate::limits::IMPORT_DECODE_STEP_BYTES;
+pub use crate::limits::IMPORT_LINE_ENVELOPE_BYTES;
+pub use crate::limits::MAX_IMPORT_LINE_BYTES;
+pub use crate::limits::MAX_IMPORT_PLAINTEXT_BYTES;
 
 /// The bounds one import works under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +114,7 @@ pub(crate) fn decode_frame(
     // Decode straight into `out`'s spare room, one step at a time.
     loop {
         let start = out.len();
-        out.resize(start + DECODE_STEP_BYTES, 0);
+        out.resize(start + IMPORT_DECODE_STEP_BYTES, 0);
         let read = decoder.read(&mut out[start..]);
         out.truncate(start + *read.as_ref().unwrap_or(&0));
         match read {
@@ -194,15 +187,15 @@ mod tests {
 
     #[test]
     fn a_frame_of_zeros_stops_one_step_past_the_line_limit() {
-        let zeros = vec![0u8; 4 * DECODE_STEP_BYTES];
+        let zeros = vec![0u8; 4 * IMPORT_DECODE_STEP_BYTES];
         let frame = zstd::bulk::compress(&zeros, 3).expect("compress");
         let limits = ImportLimits {
-            max_line_bytes: DECODE_STEP_BYTES,
+            max_line_bytes: IMPORT_DECODE_STEP_BYTES,
             max_plaintext_bytes: u64::MAX,
         };
         let mut guard = LineGuard::new(limits);
         let mut out = Vec::new();
         assert!(decode_frame(&frame, &mut guard, &mut out).is_err());
-        assert!(out.len() <= DECODE_STEP_BYTES);
+        assert!(out.len() <= IMPORT_DECODE_STEP_BYTES);
     }
 }

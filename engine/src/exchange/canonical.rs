@@ -66,8 +66,7 @@ pub struct CanonicalImport {
     pub batches: u64,
 }
 
-/// Events read from the store per call while exporting.
-const EXPORT_CHUNK: u64 = 4096;
+use crate::limits::{EVENTS_PER_READ, MAX_PREALLOCATED_EVENTS};
 
 /// JSON whitespace, the only text [`RawValue`] drops around a value.
 fn is_json_whitespace(c: char) -> bool {
@@ -142,7 +141,7 @@ pub fn write_canonical(
     let mut from = 0;
     progress(0, total);
     while from < total {
-        let to = total.min(from + EXPORT_CHUNK);
+        let to = total.min(from + EVENTS_PER_READ);
         let events = store.read(id, from, to)?;
         for event in &events {
             line.clear();
@@ -412,8 +411,10 @@ pub fn import_canonical_with_progress(
     }
     let total_bytes = bytes.len() as u64;
     let mut parsed_bytes = first.len() as u64 + 1;
-    let mut events: Vec<Parsed<'_>> =
-        Vec::with_capacity(usize::try_from(header.events.min(1 << 20)).unwrap_or(0));
+    let reserved = usize::try_from(header.events).map_or(MAX_PREALLOCATED_EVENTS, |events| {
+        events.min(MAX_PREALLOCATED_EVENTS)
+    });
+    let mut events: Vec<Parsed<'_>> = Vec::with_capacity(reserved);
     for (index, raw_line) in lines.enumerate() {
         let line = index + 2;
         let event: EventLine<'_> =

@@ -10,8 +10,7 @@ use super::ExchangeError;
 use crate::session::json::member;
 use std::path::{Path, PathBuf};
 
-/// Longest project slug kept by `projectKey`, in UTF-16 code units (before the `--` wrapping).
-pub const PROJECT_SLUG_MAX_UNITS: usize = 251;
+pub use crate::limits::PROJECT_SLUG_MAX_UNITS;
 /// The project directory of a session whose header has no `cwd`.
 pub const NO_CWD_DIRECTORY: &str = "_no-cwd";
 /// The plain-text session log name inside a session directory.

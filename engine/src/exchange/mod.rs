@@ -14,6 +14,18 @@
 //! `{"dshdb:hex":"…"}`; an original line that itself starts that way is hex-encoded too, so
 //! decoding is unambiguous.
 
+// Format code: a value that does not fit its field is a typed error, never a silent `as`
+// narrowing (the lossless widenings live in `storage::coding`). Unit tests may index their
+// own buffers with `as`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 mod bounded;
 pub mod canonical;
 mod dsh_lines;
@@ -43,16 +55,12 @@ pub use canonical::{
 pub use dsh_lines::{visit_dsh_lines, DshLine};
 pub use zstd_codec::{
     export_dsh_jsonl_zstd, import_dsh_jsonl_zstd, import_dsh_jsonl_zstd_limited,
-    write_dsh_jsonl_zstd,
+    write_dsh_jsonl_zstd, ZSTD_MAGIC,
 };
 
-/// Bytes of events per append batch on import: half the default batch limit, leaving room
-/// for framing, so a session log of up to 512 MiB of events imports as one atomic batch
-/// (a batch larger than a segment gets a segment of its own). A larger log is committed in
-/// batches of this size.
-const IMPORT_BATCH_BYTES: usize = 512 * 1024 * 1024;
+use crate::limits::IMPORT_BATCH_BYTES;
 /// Prefix of a hex-encoded verbatim envelope.
-const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
+pub(crate) const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]

@@ -181,7 +181,7 @@ pub(crate) fn scan(bytes: &[u8]) -> Result<Scanned<'_>, ExchangeError> {
             record
                 .events()
                 .iter()
-                .any(|event| event.event_type == "turn/end")
+                .any(|event| event.event_type == crate::session::TURN_END)
         };
         if let Some((text, _)) = &issue {
             if decoded.as_ref().is_ok_and(has_turn_end) {
@@ -439,7 +439,12 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
             let gap = js_safe_integer(gaps[offset - 1].get()).ok_or(())?;
             time = time.checked_add(gap).and_then(safe).ok_or(())?;
         }
-        let seq = seq0.checked_add(offset as i64).and_then(safe).ok_or(())? as u64;
+        let seq = i64::try_from(offset)
+            .ok()
+            .and_then(|offset| seq0.checked_add(offset))
+            .and_then(safe)
+            .and_then(|seq| u64::try_from(seq).ok())
+            .ok_or(())?;
         let data_text = shape.member_data(payload.get());
         members.push(SessionEvent::new("assistant/chunk", seq, time, &data_text).map_err(|_| ())?);
         member_data.push(data_text);

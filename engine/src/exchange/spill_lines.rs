@@ -5,13 +5,13 @@
 use super::canonical::{import_canonical_with_progress, CanonicalError, CanonicalImport};
 use crate::session::json::single_line_error;
 use crate::spill::{locators_in, BlobHash, SpillStore};
+use crate::storage::coding::widen;
 use crate::store::Store;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::Write;
 
-/// Events read per call while collecting a session's locators.
-const SCAN_EVENTS_PER_READ: u64 = 4096;
+use crate::limits::EVENTS_PER_READ;
 
 /// The blobs cited by session `id`, in hash order.
 pub fn cited_blobs(store: &Store, id: &str) -> crate::Result<BTreeSet<BlobHash>> {
@@ -19,7 +19,7 @@ pub fn cited_blobs(store: &Store, id: &str) -> crate::Result<BTreeSet<BlobHash>>
     let mut cited = BTreeSet::new();
     let mut from = 0;
     while from < total {
-        let to = total.min(from + SCAN_EVENTS_PER_READ);
+        let to = total.min(from + EVENTS_PER_READ);
         for event in store.read(id, from, to)? {
             cited.extend(locators_in(&event.data));
             cited.extend(locators_in(&event.envelope));
@@ -79,15 +79,17 @@ fn canonical_length(bytes: &[u8]) -> Result<(usize, usize), CanonicalError> {
         .and_then(Value::as_u64)
         .ok_or_else(|| malformed(1, "no event count"))?;
     let mut end = 0;
-    let mut lines = 0_u64;
-    while lines < events + 1 {
+    // Each line takes at least its `\n`, so the count fits `usize`; a hostile count runs out
+    // of bytes first (saturating: `events + 1` must not overflow).
+    let mut lines = 0_usize;
+    while widen(lines) < events.saturating_add(1) {
         let Some(newline) = bytes[end..].iter().position(|&byte| byte == b'\n') else {
             return Ok((bytes.len(), 0));
         };
         end += newline + 1;
         lines += 1;
     }
-    Ok((end, usize::try_from(lines).unwrap_or(usize::MAX)))
+    Ok((end, lines))
 }
 
 /// Decodes one spill line (1-based `line` for errors) and checks its hash.
@@ -170,4 +172,20 @@ pub fn import_canonical_with_spill(
         spill.remove_uncited(&created);
     }
     imported
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hostile_event_count_runs_out_of_lines_instead_of_overflowing() {
+        let bytes = b"{\"events\":18446744073709551615}\n{\"a\":1}\n";
+        let length = canonical_length(bytes).map_err(|error| error.to_string());
+        assert_eq!(
+            length,
+            Ok((bytes.len(), 0)),
+            "every line is the canonical part's"
+        );
+    }
 }

@@ -24,10 +24,9 @@ pub const DSH_SQLITE_SCHEMA_VERSION: i64 = 17;
 pub const DSH_SQLITE_APPLICATION_ID: i64 = 0x4453_4850;
 /// The SQLite file magic.
 pub const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
-/// Uncompressed size limit of a packed row's data (§3.5).
-const MAX_PACKED_DATA_BYTES: u64 = 1_048_576;
-const MIN_PACKED_ROW_MEMBERS: usize = 3;
-const MAX_PACKED_ROW_MEMBERS: usize = 1024;
+use crate::limits::MAX_PACKED_DATA_BYTES;
+use crate::limits::MAX_PACKED_ROW_MEMBERS;
+use crate::limits::MIN_PACKED_ROW_MEMBERS;
 
 /// Why a SQLite import failed.
 #[derive(Debug, thiserror::Error)]
@@ -164,11 +163,10 @@ impl SessionLog {
     /// DSH's `scanRows` drops every row from the first bad one after the last `turn/end`
     /// (§5.4), and the user should learn which rows and why.
     fn physical_tail(&self, tail: DroppedTail) -> DroppedTail {
-        let offset = usize::try_from(tail.offset).unwrap_or(usize::MAX);
-        let lines_before = self
-            .text
-            .as_bytes()
-            .get(..offset)
+        // A tail offset past the text (or past memory) has no line before it in the text.
+        let lines_before = usize::try_from(tail.offset)
+            .ok()
+            .and_then(|offset| self.text.as_bytes().get(..offset))
             .map_or(0, |head| head.iter().filter(|&&byte| byte == b'\n').count());
         // The header is the first line; record lines follow it.
         let first_row = lines_before.saturating_sub(1);
@@ -422,10 +420,7 @@ fn decode_seqs(bytes: &[u8]) -> Option<Vec<u64>> {
 fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
     let mut value: u64 = 0;
     for (index, byte) in bytes.iter().enumerate() {
-        let shift = 7 * index as u32;
-        if shift > 56 {
-            return None;
-        }
+        let shift = u32::try_from(7 * index).ok().filter(|shift| *shift <= 56)?;
         value |= u64::from(byte & 0x7f) << shift;
         if byte & 0x80 == 0 {
             if index > 0 && *byte == 0 {

@@ -13,7 +13,8 @@ use std::io::Write;
 /// zstd frame (8 MiB: DSH's reader then holds one such frame at a time).
 pub const UNMARKED_FRAME_BYTES: usize = 8 * 1024 * 1024;
 
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// Zstandard frame magic (`28 B5 2F FD`): an input starting so is `.jsonl.zstd`.
+pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 /// DSH compresses with Node's default zstd level.
 const LEVEL: i32 = 3;
 

@@ -7,7 +7,11 @@ use serde_json::value::RawValue;
 pub const USER_MESSAGE: &str = "user/message";
 pub const ASSISTANT_MESSAGE: &str = "assistant/message";
 pub const TOOL_RESULT: &str = "tool/result";
-pub const END_SEED: &str = "session/end-seed";
+pub const END_SEED_TYPE: &str = "session/end-seed";
+/// Opens a turn; the fork rule and repair look for the last `turn/start`/`turn/end`.
+pub const TURN_START: &str = "turn/start";
+/// Closes a turn.
+pub const TURN_END: &str = "turn/end";
 
 /// `KNOWN_SESSION_EVENT_TYPES` at DSH `b150a551b8` (48 entries, sorted).
 pub const KNOWN_EVENT_TYPES: [&str; 48] = [
@@ -233,7 +237,8 @@ pub fn parse_event_line_at(line: &str, index: usize) -> Result<SessionEvent, Ses
     parse_line(line, Some(index))
 }
 
-const ENVELOPE_KEYS: [&str; 7] = [
+/// Every key an event envelope may have (persistence §1.2); any other is corruption.
+pub const ENVELOPE_KEYS: [&str; 7] = [
     "type",
     "seq",
     "time",
@@ -242,6 +247,10 @@ const ENVELOPE_KEYS: [&str; 7] = [
     "sourceEventSeqs",
     "ignorable",
 ];
+
+/// The envelope keys besides `type`, `seq`, `time` and `data`: the ones an event may carry.
+pub const OPTIONAL_ENVELOPE_KEYS: [&str; 3] =
+    [ENVELOPE_KEYS[4], ENVELOPE_KEYS[5], ENVELOPE_KEYS[6]];
 
 fn parse_line(line: &str, index: Option<usize>) -> Result<SessionEvent, SessionError> {
     let members = json::object_members(line).ok_or_else(|| SessionError::UnparsableLine {

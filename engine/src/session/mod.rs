@@ -24,14 +24,17 @@ pub mod surface;
 pub use error::{ForkErrorCode, MessageProblem, SessionError};
 pub use event::{
     is_known_event_type, is_surface_eligible_type, parse_event_line, parse_event_line_at, KeyOrder,
-    SessionEvent, SurfaceOp, KNOWN_EVENT_TYPES,
+    SessionEvent, SurfaceOp, END_SEED_TYPE, ENVELOPE_KEYS, KNOWN_EVENT_TYPES,
+    OPTIONAL_ENVELOPE_KEYS, TURN_END, TURN_START,
 };
+pub use json::MAX_SAFE_INTEGER;
 pub use legacy::{migrate_legacy, migrate_next, needs_migration, MigratedLog};
 pub use relational::{InvariantTracker, ToolPairing};
 pub use repair::{interrupted_turn_closers, RepairScan};
 pub use seed::{
     check_known_types, end_seed_marker, fork_seed, restore_session, validate_fork_boundary,
-    validate_seed, validate_seed_event, validate_seed_event_parsed, RestoredSession, SeedMode,
+    validate_fork_boundary_of, validate_seed, validate_seed_event, validate_seed_event_parsed,
+    ForkBoundaryEvent, RestoredSession, SeedMode,
 };
 pub use surface::{
     fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldParts, SurfaceFoldResult,

@@ -2,7 +2,10 @@
 //! persistence §5.5). Pure: callers pass the clock (`now`) and own all I/O.
 
 use super::error::SessionError;
-use super::event::{is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED};
+use super::event::{
+    is_known_event_type, is_surface_eligible_type, SessionEvent, END_SEED_TYPE, TURN_END,
+    TURN_START,
+};
 use super::json::{is_lossless, raw_from_built, MAX_SAFE_INTEGER};
 use super::legacy::migrate_legacy;
 use super::message::{check_message_shape_with, check_request_header, is_fallback_header};
@@ -84,11 +87,14 @@ pub fn validate_seed_event_parsed(
 
 /// The `session/end-seed` a seeded session appends, unless the seed already ends with one.
 pub fn end_seed_marker(seed: &[SessionEvent], now: i64) -> Option<SessionEvent> {
-    if seed.last().is_some_and(|last| last.event_type == END_SEED) {
+    if seed
+        .last()
+        .is_some_and(|last| last.event_type == END_SEED_TYPE)
+    {
         return None;
     }
     Some(SessionEvent {
-        event_type: END_SEED.to_owned(),
+        event_type: END_SEED_TYPE.to_owned(),
         seq: seed.len() as u64,
         time: now,
         data: raw_from_built("{}".to_owned()),
@@ -174,6 +180,32 @@ pub fn check_known_types(session_id: &str, events: &[SessionEvent]) -> Result<()
     }
 }
 
+/// What a fork-boundary check needs of an event: its seq, its type and (for a `turn/start`)
+/// its payload. Implemented by [`SessionEvent`] and by the store's decoded events, so the
+/// store checks its forks with this module's rule and DSH's text instead of a copy.
+pub trait ForkBoundaryEvent {
+    /// The event's `seq`.
+    fn fork_seq(&self) -> u64;
+    /// The event's `type`.
+    fn fork_event_type(&self) -> &str;
+    /// The event's `data`, parsed (only asked of the last turn bracket).
+    fn fork_data(&self) -> serde_json::Value;
+}
+
+impl ForkBoundaryEvent for SessionEvent {
+    fn fork_seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn fork_event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    fn fork_data(&self) -> serde_json::Value {
+        self.data_value()
+    }
+}
+
 /// Validates a fork boundary like `SessionStore.fork` (§7 steps 3-4) and returns the
 /// effective boundary: `None` for the default boundary of an empty source (empty seed).
 pub fn validate_fork_boundary(
@@ -181,7 +213,16 @@ pub fn validate_fork_boundary(
     events: &[SessionEvent],
     boundary: Option<u64>,
 ) -> Result<Option<u64>, SessionError> {
-    let Some(boundary) = boundary.or_else(|| events.last().map(|event| event.seq)) else {
+    validate_fork_boundary_of(session_id, events, boundary)
+}
+
+/// [`validate_fork_boundary`] over any event representation (the store's, for one).
+pub fn validate_fork_boundary_of<E: ForkBoundaryEvent>(
+    session_id: &str,
+    events: &[E],
+    boundary: Option<u64>,
+) -> Result<Option<u64>, SessionError> {
+    let Some(boundary) = boundary.or_else(|| events.last().map(ForkBoundaryEvent::fork_seq)) else {
         return Ok(None);
     };
     if boundary > MAX_SAFE_INTEGER {
@@ -191,31 +232,28 @@ pub fn validate_fork_boundary(
             boundary,
         });
     }
-    let Some(event) = usize::try_from(boundary)
-        .ok()
-        .and_then(|index| events.get(index))
-    else {
-        let last_seq = events.last().map(|event| event.seq);
+    let index = usize::try_from(boundary).ok();
+    let Some((index, event)) = index.and_then(|index| Some((index, events.get(index)?))) else {
+        let last_seq = events.last().map(ForkBoundaryEvent::fork_seq);
         return Err(SessionError::ForkBoundaryMissing {
             session_id: session_id.to_owned(),
             boundary,
             last_seq,
         });
     };
-    if event.seq != boundary {
+    if event.fork_seq() != boundary {
         return Err(SessionError::ForkBoundaryNotContiguous {
             session_id: session_id.to_owned(),
             boundary,
         });
     }
-    let prefix = &events[..=boundary as usize];
-    let last_bracket = prefix
+    let last_bracket = events[..=index]
         .iter()
         .rev()
-        .find(|event| matches!(event.event_type.as_str(), "turn/start" | "turn/end"));
-    if let Some(open) = last_bracket.filter(|event| event.event_type == "turn/start") {
+        .find(|event| matches!(event.fork_event_type(), TURN_START | TURN_END));
+    if let Some(open) = last_bracket.filter(|event| event.fork_event_type() == TURN_START) {
         let turn = open
-            .data_value()
+            .fork_data()
             .get("turn")
             .map_or_else(|| "undefined".to_owned(), turn_text);
         return Err(SessionError::ForkOpenTurn {

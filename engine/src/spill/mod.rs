@@ -6,6 +6,18 @@
 //! once (a second put of the same bytes is a no-op). Events keep a head/tail preview and the
 //! locator `dshdb-spill:<hex>`. Blobs are collected when no event refers to them.
 
+// Format code: a value that does not fit its field is a typed error, never a silent `as`
+// narrowing (the lossless widenings live in `storage::coding`). Unit tests may index their
+// own buffers with `as`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 mod policy;
 
 pub use policy::{
@@ -13,6 +25,7 @@ pub use policy::{
 };
 
 use crate::error::{Error, Result};
+use crate::storage::coding::{Reader, Writer};
 use crate::storage::io::{Storage, StorageFile};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -27,8 +40,7 @@ pub const SPILL_LOCATOR_PREFIX: &str = "dshdb-spill:";
 pub const BLOB_MAGIC: [u8; 8] = *b"DSHDBSP1";
 /// Version of the blob layout.
 pub const BLOB_FORMAT_VERSION: u16 = 1;
-/// Largest payload stored as one blob, in bytes (1 GiB).
-pub const MAX_BLOB_BYTES: u64 = 1 << 30;
+pub use crate::limits::MAX_BLOB_BYTES;
 /// zstd level of blob payloads.
 pub const BLOB_ZSTD_LEVEL: i32 = 3;
 /// Bytes of a blake3 digest.
@@ -185,6 +197,7 @@ impl SpillStore {
         if size > MAX_BLOB_BYTES {
             return Err(Error::TooLarge {
                 what: "spill blob",
+                unit: "bytes",
                 size,
                 limit: MAX_BLOB_BYTES,
             });
@@ -366,12 +379,13 @@ fn encode_blob(hash: &BlobHash, bytes: &[u8]) -> Result<Vec<u8>> {
     let compressed = zstd::bulk::compress(bytes, BLOB_ZSTD_LEVEL)
         .map_err(|error| blob_error(hash, format!("zstd: {error}")))?;
     let mut out = Vec::with_capacity(compressed.len() + BLOB_HEADER_BYTES + DIGEST_BYTES);
-    out.extend_from_slice(&BLOB_MAGIC);
-    out.extend_from_slice(&BLOB_FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-    out.extend_from_slice(&hash.0);
-    out.extend_from_slice(&(compressed.len() as u64).to_le_bytes());
-    out.extend_from_slice(&compressed);
+    Writer::new(&mut out)
+        .bytes(&BLOB_MAGIC)
+        .u16(BLOB_FORMAT_VERSION)
+        .u64_length(bytes.len())
+        .bytes(&hash.0)
+        .u64_length(compressed.len())
+        .bytes(&compressed);
     let checksum = blake3::hash(&out);
     out.extend_from_slice(checksum.as_bytes());
     Ok(out)
@@ -388,24 +402,25 @@ fn decode_blob<'bytes>(hash: &BlobHash, bytes: &'bytes [u8]) -> Result<DecodedBl
     if blake3::hash(body).as_bytes() != checksum {
         return Err(damaged("blob checksum mismatch"));
     }
-    let u64_at = |at: usize| {
-        let mut field = [0; 8];
-        field.copy_from_slice(&body[at..at + 8]);
-        u64::from_le_bytes(field)
-    };
-    if body[..8] != BLOB_MAGIC || body[8..10] != BLOB_FORMAT_VERSION.to_le_bytes() {
+    let truncated = |_| damaged("blob truncated");
+    let mut reader = Reader::new(body);
+    let magic = reader.array::<8>("blob magic").map_err(truncated)?;
+    let version = reader.u16("blob layout version").map_err(truncated)?;
+    if magic != BLOB_MAGIC || version != BLOB_FORMAT_VERSION {
         return Err(damaged("not a blob of this layout version"));
     }
-    if body[18..18 + DIGEST_BYTES] != hash.0 {
+    let raw_bytes = reader.u64("blob raw length").map_err(truncated)?;
+    if reader.bytes(DIGEST_BYTES, "blob hash").map_err(truncated)? != hash.0 {
         return Err(damaged("blob names another hash"));
     }
-    let compressed_length = usize::try_from(u64_at(18 + DIGEST_BYTES))
-        .map_err(|_| damaged("compressed length out of range"))?;
-    if BLOB_HEADER_BYTES.checked_add(compressed_length) != Some(body.len()) {
+    let compressed_length =
+        usize::try_from(reader.u64("blob compressed length").map_err(truncated)?)
+            .map_err(|_| damaged("compressed length out of range"))?;
+    if compressed_length != reader.remaining() {
         return Err(damaged("compressed length does not match the file"));
     }
     Ok(DecodedBlob {
-        raw_bytes: u64_at(10),
-        compressed: &body[BLOB_HEADER_BYTES..],
+        raw_bytes,
+        compressed: reader.rest(),
     })
 }

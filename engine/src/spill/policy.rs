@@ -4,8 +4,7 @@ use super::{BlobHash, SpillStore};
 use crate::error::Result;
 use serde_json::Value;
 
-/// DSH's shipped `maxInlineBytes`: plain-text tool results above it are spilled, in bytes.
-pub const DSH_MAX_INLINE_BYTES: usize = 50_000;
+pub use crate::limits::DSH_MAX_INLINE_BYTES;
 
 /// How the model can read a spilled blob (DSH's `retrievalHint` slot).
 pub const RETRIEVAL_HINT: &str =

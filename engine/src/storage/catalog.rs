@@ -366,13 +366,8 @@ impl Extent {
     }
 }
 
-/// Largest span one extent of write-ahead frames grows to, in bytes: a point read of an
-/// event not yet sealed reads at most this much (or its own frame if larger).
-pub const MAX_SEGMENT_EXTENT_BYTES: u64 = 64 * 1024;
-/// Largest run of other frames, in bytes, an extent of write-ahead frames grows across:
-/// enough for a batch's commit record and type definitions, small enough that a range read
-/// of one session reads little of the sessions interleaved with it.
-pub const MAX_EXTENT_GAP_BYTES: u64 = 256;
+pub use crate::limits::MAX_EXTENT_GAP_BYTES;
+pub use crate::limits::MAX_SEGMENT_EXTENT_BYTES;
 
 /// The seq index of one session's own log: its extents in seq order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -483,14 +478,16 @@ impl EventIndex {
         };
         while at < self.extents.len() && self.starts[at] < to {
             let (extent, start) = (self.extents[at], self.starts[at]);
-            let skip = from.saturating_sub(start);
-            let end = to.min(start + u64::from(extent.count));
+            // Both lie within the extent, so they fit its u32 count.
+            let count = u64::from(extent.count);
+            let skip = from.saturating_sub(start).min(count);
+            let take = to.min(start + count).saturating_sub(start + skip);
             out.push(ExtentSlice {
                 session,
                 extent,
                 first_seq: seed_length + start,
-                skip: u32::try_from(skip).unwrap_or(u32::MAX),
-                take: u32::try_from(end - start - skip).unwrap_or(u32::MAX),
+                skip: u32::try_from(skip).unwrap_or(extent.count),
+                take: u32::try_from(take).unwrap_or(extent.count),
             });
             at += 1;
         }

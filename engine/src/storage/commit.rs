@@ -140,21 +140,16 @@ pub struct Submitted {
     pub offset: u64,
 }
 
-/// Longest a group waits for the appenders the previous group woke to submit again.
-/// Waiting lets one `fdatasync` cover them all instead of starting a sync for the first
-/// arrival alone; it only happens when several appenders were active (gathering never
-/// delays a lone appender).
-pub const MAX_GROUP_GATHER: Duration = Duration::from_micros(100);
+pub use crate::limits::MAX_GROUP_GATHER;
 
-/// Default largest encoded batch, in bytes (1 GiB). A batch is built in memory and written
-/// by one write; above a segment's size it gets a segment of its own (F-03-9).
-pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
+pub use crate::limits::DEFAULT_MAX_BATCH_BYTES;
 
 fn check_batch_size(bytes: usize, limit: u64) -> Result<()> {
     let size = bytes as u64;
     if size > limit {
         return Err(Error::TooLarge {
             what: "batch",
+            unit: "bytes",
             size,
             limit,
         });
@@ -295,6 +290,7 @@ impl Log {
             if state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES > capacity {
                 return Err(Error::TooLarge {
                     what: "batch",
+                    unit: "bytes",
                     size: bytes.len() as u64,
                     limit: capacity - SEGMENT_HEADER_BYTES - SEAL_FRAME_BYTES,
                 });
@@ -691,7 +687,7 @@ impl Shared {
             used_bytes: old.base_offset,
             durable_offset: old.durable_offset,
         }
-        .encode(&mut seal, old.salt);
+        .encode(&mut seal, old.salt)?;
         let (old_segment, old_offset) = (old.segment, old.base_offset);
         let trim = old_offset + seal.len() as u64;
         let old_file = state.active.file.clone();
@@ -802,7 +798,7 @@ impl Shared {
             used_bytes: context.base_offset,
             durable_offset: context.base_offset,
         }
-        .encode(&mut seal, context.salt);
+        .encode(&mut seal, context.salt)?;
         let file = &state.active.file;
         let io = |operation| move |error| Error::io(operation, error);
         file.write_at(&seal, context.base_offset)

@@ -10,10 +10,13 @@
 //! 12     n    payload
 //! ```
 
-/// Bytes of the fixed frame header.
-pub const FRAME_HEADER_BYTES: usize = 12;
-/// Largest payload one record may carry, in bytes (F-02-4).
-pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
+use crate::error::{Error, Result as EngineResult};
+use crate::storage::coding::{
+    checked_u32, u32_at, u32_to_usize, widen, Reader, ShortInput, Writer,
+};
+
+pub use crate::limits::FRAME_HEADER_BYTES;
+pub use crate::limits::MAX_PAYLOAD_BYTES;
 /// Frame flag: a reader that does not know the kind skips the record (F-02-7).
 pub const FLAG_SKIPPABLE: u8 = 1;
 
@@ -37,8 +40,7 @@ pub const KNOWN_EVENT_FLAGS: u8 = EVENT_FLAG_VERBATIM_LINE
 pub const NO_SEED_PARENT: u32 = u32::MAX;
 /// Bytes of a tombstone payload: the session number (F-02-18).
 pub const TOMBSTONE_PAYLOAD_BYTES: usize = 4;
-/// Fixed bytes of a session header payload before its JSON text.
-pub const SESSION_HEADER_FIXED_BYTES: usize = 4 + 4 + 8;
+pub use crate::limits::SESSION_HEADER_FIXED_BYTES;
 
 /// Record kinds (F-02-5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,16 +146,16 @@ pub fn checksum(salt: u64, frame_after_checksum: &[u8]) -> u32 {
     hasher.finalize()
 }
 
-fn read_u32(bytes: &[u8], at: usize) -> u32 {
-    let mut word = [0u8; 4];
-    word.copy_from_slice(&bytes[at..at + 4]);
-    u32::from_le_bytes(word)
+/// A payload field past the end of its payload: the payload does not match its layout.
+impl From<ShortInput> for FrameError {
+    fn from(short: ShortInput) -> Self {
+        FrameError::BadPayload(short.field)
+    }
 }
 
-fn read_u64(bytes: &[u8], at: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(word)
+/// A header field of a frame whose header is known to be whole.
+fn header_u32(bytes: &[u8], offset: usize, field: &'static str) -> Result<u32, FrameError> {
+    u32_at(bytes, offset, field).map_err(|_| FrameError::Incomplete)
 }
 
 /// Decodes the frame at the start of `bytes`.
@@ -165,7 +167,7 @@ pub fn decode_frame(bytes: &[u8], salt: u64) -> Result<Frame<'_>, FrameError> {
         return Err(FrameError::Zero);
     }
     let frame = frame_after_checksum(bytes)?;
-    if checksum(salt, &bytes[4..frame.total_bytes]) != read_u32(bytes, 0) {
+    if checksum(salt, &bytes[4..frame.total_bytes]) != header_u32(bytes, 0, "frame checksum")? {
         return Err(FrameError::BadChecksum);
     }
     Ok(frame)
@@ -177,7 +179,7 @@ pub fn decode_run_frame(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
     if bytes.len() < FRAME_HEADER_BYTES {
         return Err(FrameError::Incomplete);
     }
-    if read_u32(bytes, 0) != 0 {
+    if header_u32(bytes, 0, "frame checksum")? != 0 {
         return Err(FrameError::BadHeader);
     }
     frame_after_checksum(bytes)
@@ -199,8 +201,9 @@ pub fn peek_frame(bytes: &[u8]) -> Result<FramePeek, FrameError> {
         return Err(FrameError::Incomplete);
     }
     let frame = frame_after_checksum(bytes)?;
-    let event_session = (frame.kind == Kind::Event as u8 && frame.payload.len() >= 4)
-        .then(|| read_u32(frame.payload, 0));
+    let event_session = (frame.kind == Kind::Event as u8)
+        .then(|| u32_at(frame.payload, 0, "event session").ok())
+        .flatten();
     Ok(FramePeek {
         total_bytes: frame.total_bytes,
         event_session,
@@ -210,7 +213,7 @@ pub fn peek_frame(bytes: &[u8]) -> Result<FramePeek, FrameError> {
 /// The header checks both frame forms share (length, flags, reserved bytes) and the frame
 /// they delimit; the caller has checked that `bytes` holds a whole header.
 fn frame_after_checksum(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
-    let length = read_u32(bytes, 4) as usize;
+    let length = u32_to_usize(header_u32(bytes, 4, "frame length")?);
     let flags = bytes[9];
     if length > MAX_PAYLOAD_BYTES
         || flags & !FLAG_SKIPPABLE != 0
@@ -231,29 +234,44 @@ fn frame_after_checksum(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
     })
 }
 
-/// Appends one frame to `out`. The caller checks the payload limit first.
-pub fn encode_frame(out: &mut Vec<u8>, salt: u64, kind: u8, flags: u8, payload_parts: &[&[u8]]) {
+/// Appends one frame to `out`. A payload above [`MAX_PAYLOAD_BYTES`] is `TooLarge` and
+/// appends nothing (callers check their limits first; this keeps a bug from writing a frame
+/// no reader accepts).
+pub fn encode_frame(
+    out: &mut Vec<u8>,
+    salt: u64,
+    kind: u8,
+    flags: u8,
+    payload_parts: &[&[u8]],
+) -> EngineResult<()> {
     let start = out.len();
     let length: usize = payload_parts.iter().map(|part| part.len()).sum();
-    debug_assert!(length <= MAX_PAYLOAD_BYTES);
-    let length_field = u32::try_from(length).unwrap_or(u32::MAX);
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&length_field.to_le_bytes());
-    out.extend_from_slice(&[kind, flags, 0, 0]);
+    if length > MAX_PAYLOAD_BYTES {
+        return Err(Error::TooLarge {
+            what: "record payload",
+            unit: "bytes",
+            size: widen(length),
+            limit: widen(MAX_PAYLOAD_BYTES),
+        });
+    }
+    let length_field = checked_u32(length, "record payload")?;
+    let mut writer = Writer::new(out);
+    writer.u32(0).u32(length_field).u8(kind).u8(flags).u16(0);
     for part in payload_parts {
-        out.extend_from_slice(part);
+        writer.bytes(part);
     }
     let sum = checksum(salt, &out[start + 4..]);
     out[start..start + 4].copy_from_slice(&sum.to_le_bytes());
+    Ok(())
 }
 
-/// Payload bytes an event record needs besides its data and envelope.
-pub const EVENT_FIXED_BYTES: usize = 4 + 8 + 8 + 4 + 1 + 4;
+pub use crate::limits::EVENT_FIXED_BYTES;
 
 impl<'a> Record<'a> {
     /// Decodes a frame's payload by kind. `Ok(None)` for an unknown kind.
     pub fn decode(frame: &Frame<'a>) -> Result<Option<Record<'a>>, FrameError> {
         let payload = frame.payload;
+        let mut reader = Reader::new(payload);
         let Some(kind) = Kind::from_byte(frame.kind) else {
             return Ok(None);
         };
@@ -278,48 +296,48 @@ impl<'a> Record<'a> {
                     "session header shorter than its fixed fields",
                 )?;
                 Record::SessionHeader {
-                    session: read_u32(payload, 0),
-                    seed_parent: read_u32(payload, 4),
-                    seed_length: read_u64(payload, 8),
-                    header_json: &payload[SESSION_HEADER_FIXED_BYTES..],
+                    session: reader.u32("session header session")?,
+                    seed_parent: reader.u32("session header seed parent")?,
+                    seed_length: reader.u64("session header seed length")?,
+                    header_json: reader.rest(),
                 }
             }
             Kind::TypeDefinition => {
                 need(4, "type definition shorter than 4 bytes")?;
                 Record::TypeDefinition {
-                    type_number: read_u32(payload, 0),
-                    name: &payload[4..],
+                    type_number: reader.u32("type definition number")?,
+                    name: reader.rest(),
                 }
             }
             Kind::Event => Record::Event(decode_event(payload)?),
             Kind::Commit => {
                 exact(24, "commit payload is not 24 bytes")?;
                 Record::Commit {
-                    session: read_u32(payload, 0),
-                    first_seq: read_u64(payload, 4),
-                    event_count: read_u32(payload, 12),
-                    durable_offset: read_u64(payload, 16),
+                    session: reader.u32("commit session")?,
+                    first_seq: reader.u64("commit first seq")?,
+                    event_count: reader.u32("commit event count")?,
+                    durable_offset: reader.u64("commit durable offset")?,
                 }
             }
             Kind::Seal => {
                 exact(16, "seal payload is not 16 bytes")?;
                 Record::Seal {
-                    used_bytes: read_u64(payload, 0),
-                    durable_offset: read_u64(payload, 8),
+                    used_bytes: reader.u64("seal used bytes")?,
+                    durable_offset: reader.u64("seal durable offset")?,
                 }
             }
             Kind::Tombstone => {
                 exact(TOMBSTONE_PAYLOAD_BYTES, "tombstone payload is not 4 bytes")?;
                 Record::Tombstone {
-                    session: read_u32(payload, 0),
+                    session: reader.u32("tombstone session")?,
                 }
             }
         };
         Ok(Some(record))
     }
 
-    /// Appends this record as one frame.
-    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) {
+    /// Appends this record as one frame (`TooLarge` if it does not fit one).
+    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) -> EngineResult<()> {
         match self {
             Record::SessionHeader {
                 session,
@@ -390,23 +408,27 @@ fn decode_event(payload: &[u8]) -> Result<EventRecord<'_>, FrameError> {
             "event shorter than its fixed fields",
         ));
     }
-    let flags = payload[24];
+    let mut reader = Reader::new(payload);
+    let session = reader.u32("event session")?;
+    let seq = reader.u64("event seq")?;
+    let time = reader.i64("event time")?;
+    let type_number = reader.u32("event type number")?;
+    let flags = reader.u8("event flags")?;
     if flags & !KNOWN_EVENT_FLAGS != 0 {
         return Err(FrameError::BadPayload("unknown event flags"));
     }
-    let data_length = read_u32(payload, 25) as usize;
-    let data_end = EVENT_FIXED_BYTES
-        .checked_add(data_length)
-        .filter(|end| *end <= payload.len())
-        .ok_or(FrameError::BadPayload("event data length past the payload"))?;
+    let data_length = u32_to_usize(reader.u32("event data length")?);
+    let data = reader
+        .bytes(data_length, "event data")
+        .map_err(|_| FrameError::BadPayload("event data length past the payload"))?;
     Ok(EventRecord {
-        session: read_u32(payload, 0),
-        seq: read_u64(payload, 4),
-        time: i64::from_le_bytes(payload[12..20].try_into().unwrap_or([0; 8])),
-        type_number: read_u32(payload, 20),
+        session,
+        seq,
+        time,
+        type_number,
         flags,
-        data: &payload[EVENT_FIXED_BYTES..data_end],
-        envelope: &payload[data_end..],
+        data,
+        envelope: reader.rest(),
     })
 }
 
@@ -416,8 +438,9 @@ impl EventRecord<'_> {
         EVENT_FIXED_BYTES + self.data.len() + self.envelope.len()
     }
 
-    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) {
-        let data_length = u32::try_from(self.data.len()).unwrap_or(u32::MAX);
+    /// Appends this event as one frame (`TooLarge` if it does not fit one).
+    pub fn encode(&self, out: &mut Vec<u8>, salt: u64) -> EngineResult<()> {
+        let data_length = checked_u32(self.data.len(), "event data")?;
         encode_frame(
             out,
             salt,
@@ -433,7 +456,7 @@ impl EventRecord<'_> {
                 self.data,
                 self.envelope,
             ],
-        );
+        )
     }
 }
 
@@ -481,7 +504,7 @@ mod tests {
         ];
         for record in records {
             let mut bytes = Vec::new();
-            record.encode(&mut bytes, 99);
+            record.encode(&mut bytes, 99).expect("encode");
             let frame = decode_frame(&bytes, 99).expect("valid frame");
             assert_eq!(frame.total_bytes, bytes.len());
             let decoded = Record::decode(&frame).expect("valid payload");
@@ -492,7 +515,9 @@ mod tests {
     #[test]
     fn a_frame_checked_with_another_salt_fails() {
         let mut bytes = Vec::new();
-        Record::Event(sample_event()).encode(&mut bytes, 1);
+        Record::Event(sample_event())
+            .encode(&mut bytes, 1)
+            .expect("encode");
         assert_eq!(
             decode_frame(&bytes, 2).map(|frame| frame.total_bytes),
             Err(FrameError::BadChecksum)
@@ -502,13 +527,39 @@ mod tests {
     #[test]
     fn every_single_byte_flip_is_detected() {
         let mut bytes = Vec::new();
-        Record::Event(sample_event()).encode(&mut bytes, 5);
+        Record::Event(sample_event())
+            .encode(&mut bytes, 5)
+            .expect("encode");
         for index in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[index] ^= 0x40;
             let outcome = decode_frame(&damaged, 5);
             assert!(outcome.is_err(), "flip at {index} went unnoticed");
         }
+    }
+
+    #[test]
+    fn a_payload_above_the_limit_is_too_large_and_appends_nothing() {
+        let mut out = vec![7u8];
+        let data = vec![b'x'; MAX_PAYLOAD_BYTES];
+        let event = EventRecord {
+            data: &data,
+            ..sample_event()
+        };
+        let outcome = Record::Event(event).encode(&mut out, 1);
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::TooLarge { what: "record payload", unit: "bytes", size, limit })
+                    if size == (MAX_PAYLOAD_BYTES + EVENT_FIXED_BYTES + event.envelope.len()) as u64
+                        && limit == MAX_PAYLOAD_BYTES as u64
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(out, [7], "nothing appended");
+        let at_limit = vec![b'x'; MAX_PAYLOAD_BYTES];
+        encode_frame(&mut out, 1, Kind::Event as u8, 0, &[&at_limit]).expect("at the limit");
+        assert_eq!(out.len(), 1 + FRAME_HEADER_BYTES + MAX_PAYLOAD_BYTES);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, EventIndex, Extent, Seed};
+use crate::storage::coding::{checked_count_u32, u32_at, u32_to_usize, Reader, Writer};
 use crate::storage::frame::NO_SEED_PARENT;
 use crate::storage::io::Storage;
 use crate::storage::manifest::{Manifest, RunEntry};
@@ -23,8 +24,7 @@ const CHECKPOINT_MAGIC: &[u8; 8] = b"DSHDBIDX";
 pub const CHECKPOINT_VERSION: u32 = 3;
 /// Bytes of one encoded extent (F-06-21).
 const EXTENT_BYTES: usize = 8 + 8 + 8 + 4;
-/// Largest checkpoint this build loads, in bytes (bounds memory on a damaged length).
-pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 34;
+pub use crate::limits::MAX_INDEX_CHECKPOINT_BYTES as MAX_CHECKPOINT_BYTES;
 
 /// A sealed segment a checkpoint covers, with the end of its data (past its seal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub fn encode_checkpoint(
     catalog: &Catalog,
     runs: &[RunEntry],
     segments: &[CoveredSegment],
-) -> Vec<u8> {
+) -> Result<Vec<u8>> {
     let covered: HashSet<u64> = runs
         .iter()
         .map(|run| run.id)
@@ -68,43 +68,41 @@ pub fn encode_checkpoint(
         .map(|entry| entry.number)
         .collect();
     let mut out = Vec::new();
-    out.extend_from_slice(CHECKPOINT_MAGIC);
-    put_u32(&mut out, CHECKPOINT_VERSION);
-    put_u32(&mut out, 0);
-    put_u32(&mut out, count_u32(runs.len()));
+    let mut writer = Writer::new(&mut out);
+    writer.bytes(CHECKPOINT_MAGIC);
+    writer.u32(CHECKPOINT_VERSION);
+    writer.u32(0);
+    writer.u32(count_u32(runs.len())?);
     for run in runs {
-        put_u64(&mut out, run.id);
-        put_u64(&mut out, run.salt);
+        writer.u64(run.id);
+        writer.u64(run.salt);
     }
-    put_u32(&mut out, count_u32(segments.len()));
+    writer.u32(count_u32(segments.len())?);
     for segment in segments {
-        put_u64(&mut out, segment.id);
-        put_u64(&mut out, segment.salt);
-        put_u64(&mut out, segment.end);
+        writer.u64(segment.id);
+        writer.u64(segment.salt);
+        writer.u64(segment.end);
     }
     let mut types: Vec<(&u32, &String)> = catalog.type_names.iter().collect();
     types.sort();
-    put_u32(&mut out, count_u32(types.len()));
+    writer.u32(count_u32(types.len())?);
     for (number, name) in types {
-        put_u32(&mut out, *number);
-        put_u32(&mut out, count_u32(name.len()));
-        out.extend_from_slice(name.as_bytes());
+        writer.u32(*number);
+        writer.u32(count_u32(name.len())?);
+        writer.bytes(name.as_bytes());
     }
-    put_u32(&mut out, count_u32(deleted.len()));
+    writer.u32(count_u32(deleted.len())?);
     for number in &deleted {
-        put_u32(&mut out, *number);
+        writer.u32(*number);
     }
-    put_u32(&mut out, count_u32(sessions.len()));
+    writer.u32(count_u32(sessions.len())?);
     for entry in sessions {
-        put_u32(&mut out, entry.number);
-        put_u32(
-            &mut out,
-            entry.seed.map_or(NO_SEED_PARENT, |seed| seed.parent),
-        );
-        put_u64(&mut out, entry.seed.map_or(0, |seed| seed.length));
-        put_u64(&mut out, entry.defined_in.unwrap_or(0));
-        put_u32(&mut out, count_u32(entry.header_json.len()));
-        out.extend_from_slice(entry.header_json.as_bytes());
+        writer.u32(entry.number);
+        writer.u32(entry.seed.map_or(NO_SEED_PARENT, |seed| seed.parent));
+        writer.u64(entry.seed.map_or(0, |seed| seed.length));
+        writer.u64(entry.defined_in.unwrap_or(0));
+        writer.u32(count_u32(entry.header_json.len())?);
+        writer.bytes(entry.header_json.as_bytes());
         let extents = entry.events.extents();
         let covered_count = extents
             .iter()
@@ -115,18 +113,18 @@ pub fn encode_checkpoint(
             .iter()
             .map(|extent| u64::from(extent.count))
             .sum();
-        put_u64(&mut out, events);
-        put_u32(&mut out, count_u32(covered_extents.len()));
+        writer.u64(events);
+        writer.u32(count_u32(covered_extents.len())?);
         for extent in covered_extents {
-            put_u64(&mut out, extent.file);
-            put_u64(&mut out, extent.offset);
-            put_u64(&mut out, extent.bytes);
-            put_u32(&mut out, extent.count);
+            writer.u64(extent.file);
+            writer.u64(extent.offset);
+            writer.u64(extent.bytes);
+            writer.u32(extent.count);
         }
     }
     let sum = crc32fast::hash(&out);
-    put_u32(&mut out, sum);
-    out
+    Writer::new(&mut out).u32(sum);
+    Ok(out)
 }
 
 /// Decodes a checkpoint; the error says why it is unusable (it is then ignored, F-06-22).
@@ -135,46 +133,46 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
         return Err("bad magic or too short".to_string());
     }
     let (body, sum) = bytes.split_at(bytes.len() - 4);
-    if crc32fast::hash(body) != u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]) {
+    if crc32fast::hash(body) != u32_at(sum, 0, "checkpoint checksum")? {
         return Err("checksum mismatch".to_string());
     }
-    let mut reader = Reader { bytes: body, at: 8 };
-    let version = reader.u32()?;
-    if version != CHECKPOINT_VERSION || reader.u32()? != 0 {
+    let mut reader = Reader::at(body, CHECKPOINT_MAGIC.len());
+    let version = reader.u32("checkpoint version")?;
+    if version != CHECKPOINT_VERSION || reader.u32("checkpoint reserved")? != 0 {
         return Err(format!("version {version} is not {CHECKPOINT_VERSION}"));
     }
-    let run_count = reader.count(16)?;
+    let run_count = count(&mut reader, 16, "run count")?;
     let runs = (0..run_count)
-        .map(|_| Ok((reader.u64()?, reader.u64()?)))
+        .map(|_| Ok((reader.u64("run id")?, reader.u64("run salt")?)))
         .collect::<std::result::Result<Vec<_>, String>>()?;
-    let segment_count = reader.count(24)?;
+    let segment_count = count(&mut reader, 24, "segment count")?;
     let segments = (0..segment_count)
         .map(|_| {
             Ok(CoveredSegment {
-                id: reader.u64()?,
-                salt: reader.u64()?,
-                end: reader.u64()?,
+                id: reader.u64("segment id")?,
+                salt: reader.u64("segment salt")?,
+                end: reader.u64("segment end")?,
             })
         })
         .collect::<std::result::Result<Vec<_>, String>>()?;
     let mut catalog = Catalog::default();
-    for _ in 0..reader.count(8)? {
-        let number = reader.u32()?;
-        let length = reader.count(1)?;
-        catalog.define_type(number, reader.take(length)?)?;
+    for _ in 0..count(&mut reader, 8, "type count")? {
+        let number = reader.u32("type number")?;
+        let length = count(&mut reader, 1, "type name length")?;
+        catalog.define_type(number, reader.bytes(length, "type name")?)?;
     }
     let mut deleted = HashSet::new();
-    for _ in 0..reader.count(4)? {
-        deleted.insert(reader.u32()?);
+    for _ in 0..count(&mut reader, 4, "deleted session count")? {
+        deleted.insert(reader.u32("deleted session")?);
     }
-    for _ in 0..reader.count(32)? {
+    for _ in 0..count(&mut reader, 32, "session count")? {
         let number = decode_session(&mut reader, &mut catalog)?;
         // Right after its own restore, before a later session reuses its id.
         if deleted.contains(&number) {
             catalog.delete_session(number)?;
         }
     }
-    if reader.at != body.len() {
+    if !reader.is_at_end() {
         return Err("bytes after the last session".to_string());
     }
     catalog.check_seeds()?;
@@ -190,20 +188,20 @@ fn decode_session(
     reader: &mut Reader<'_>,
     catalog: &mut Catalog,
 ) -> std::result::Result<u32, String> {
-    let number = reader.u32()?;
-    let seed_parent = reader.u32()?;
-    let seed_length = reader.u64()?;
-    let defined_in = reader.u64()?;
-    let header_length = reader.count(1)?;
-    let header = reader.take(header_length)?;
-    let event_count = reader.u64()?;
+    let number = reader.u32("session number")?;
+    let seed_parent = reader.u32("session seed parent")?;
+    let seed_length = reader.u64("session seed length")?;
+    let defined_in = reader.u64("session defined in")?;
+    let header_length = count(reader, 1, "session header length")?;
+    let header = reader.bytes(header_length, "session header")?;
+    let event_count = reader.u64("session event count")?;
     let mut events = EventIndex::default();
-    for _ in 0..reader.count(EXTENT_BYTES)? {
+    for _ in 0..count(reader, EXTENT_BYTES, "extent count")? {
         let extent = Extent {
-            file: reader.u64()?,
-            offset: reader.u64()?,
-            bytes: reader.u64()?,
-            count: reader.u32()?,
+            file: reader.u64("extent file")?,
+            offset: reader.u64("extent offset")?,
+            bytes: reader.u64("extent bytes")?,
+            count: reader.u32("extent event count")?,
         };
         if extent.count == 0 || extent.offset.checked_add(extent.bytes).is_none() {
             return Err("an empty or overflowing extent".to_string());
@@ -286,56 +284,24 @@ pub fn write_checkpoint(storage: &dyn Storage, bytes: &[u8]) -> Result<()> {
         .map_err(io("checkpoint directory sync"))
 }
 
-fn count_u32(count: usize) -> u32 {
-    u32::try_from(count).unwrap_or(u32::MAX)
+/// A count of entries (or a name's or header's length) as its u32 field; one that does not
+/// fit is `TooLarge`.
+fn count_u32(count: usize) -> Result<u32> {
+    checked_count_u32(count, "index checkpoint", "entries or bytes")
 }
 
-fn put_u32(out: &mut Vec<u8>, value: u32) {
-    out.extend_from_slice(&value.to_le_bytes());
-}
-
-fn put_u64(out: &mut Vec<u8>, value: u64) {
-    out.extend_from_slice(&value.to_le_bytes());
-}
-
-/// Bounds-checked little-endian reads.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, length: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self
-            .at
-            .checked_add(length)
-            .filter(|end| *end <= self.bytes.len())
-            .ok_or_else(|| "truncated".to_string())?;
-        let slice = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(slice)
+/// A `u32` count of items of at least `item_bytes` bytes each, checked against the bytes
+/// left (a damaged count cannot make the decoder allocate more than the file holds).
+fn count(
+    reader: &mut Reader<'_>,
+    item_bytes: usize,
+    field: &'static str,
+) -> std::result::Result<usize, String> {
+    let count = u32_to_usize(reader.u32(field)?);
+    if count.saturating_mul(item_bytes) > reader.remaining() {
+        return Err(format!("{field} larger than the bytes left"));
     }
-
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        let bytes = self.take(4)?;
-        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
-    }
-
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        let bytes = self.take(8)?;
-        let mut word = [0; 8];
-        word.copy_from_slice(bytes);
-        Ok(u64::from_le_bytes(word))
-    }
-
-    /// A count of items of at least `item_bytes` bytes each, checked against what is left.
-    fn count(&mut self, item_bytes: usize) -> std::result::Result<usize, String> {
-        let count = self.u32()? as usize;
-        if count.saturating_mul(item_bytes) > self.bytes.len() - self.at {
-            return Err("count larger than the bytes left".to_string());
-        }
-        Ok(count)
-    }
+    Ok(count)
 }
 
 #[cfg(test)]
@@ -384,7 +350,7 @@ mod tests {
             salt: 55,
             file_bytes: 1000,
         }];
-        let bytes = encode_checkpoint(&catalog, &runs, &[]);
+        let bytes = encode_checkpoint(&catalog, &runs, &[]).expect("encode");
         let loaded = decode_checkpoint(&bytes).expect("valid");
         assert_eq!(loaded.runs, vec![(5, 55)]);
         let session = &loaded.catalog.sessions[&0];
@@ -405,7 +371,8 @@ mod tests {
                 salt: 99,
                 end: 500,
             }],
-        );
+        )
+        .expect("encode");
         let loaded = decode_checkpoint(&all).expect("valid");
         assert_eq!(
             loaded.catalog.sessions[&0].events,
@@ -416,7 +383,7 @@ mod tests {
 
     #[test]
     fn every_flip_makes_the_checkpoint_unusable() {
-        let bytes = encode_checkpoint(&sample_catalog(), &[], &[]);
+        let bytes = encode_checkpoint(&sample_catalog(), &[], &[]).expect("encode");
         for index in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[index] ^= 0x04;

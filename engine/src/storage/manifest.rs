@@ -2,6 +2,7 @@
 //! Replaced atomically: write `MANIFEST.tmp`, sync it, rename over `MANIFEST`, sync the root.
 
 use crate::error::{Error, Result};
+use crate::storage::coding::{checked_count_u32, u32_at, u32_to_usize, widen, Reader, Writer};
 use crate::storage::io::Storage;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
@@ -22,10 +23,8 @@ const ENTRY_BYTES: usize = 16;
 /// Bytes of one run entry of a version-2 manifest: id, salt, file length.
 const RUN_ENTRY_BYTES: usize = 24;
 const CHECKSUM_BYTES: usize = 4;
-/// Most segments one manifest may name (bounds what a damaged count can make us allocate).
-pub const MAX_SEGMENTS: usize = 1 << 20;
-/// Most runs one manifest may name (F-06-7).
-pub const MAX_RUNS: usize = 1 << 20;
+pub use crate::limits::MAX_RUNS;
+pub use crate::limits::MAX_SEGMENTS;
 
 /// One live run file (format-spec/06-runs-and-index.md): id, frame salt and exact length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,15 +52,18 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Encodes as version 1 without runs and as version 2 with them (F-06-8).
-    pub fn encode(&self) -> Vec<u8> {
+    /// Encodes as version 1 without runs and as version 2 with them (F-06-8). More segments
+    /// or runs than a reader accepts ([`MAX_SEGMENTS`], [`MAX_RUNS`]) is `TooLarge`: such a
+    /// manifest would make the store unopenable.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let count = checked_count(self.segments.len(), MAX_SEGMENTS, "segments")?;
+        let run_count = checked_count(self.runs.len(), MAX_RUNS, "runs")?;
         let mut out = Vec::with_capacity(
             FIXED_BYTES_V2
                 + self.segments.len() * ENTRY_BYTES
                 + self.runs.len() * RUN_ENTRY_BYTES
                 + CHECKSUM_BYTES,
         );
-        out.extend_from_slice(MANIFEST_MAGIC);
         let version = if self.runs.is_empty() {
             MANIFEST_VERSION
         } else if self.runs.windows(2).all(|pair| pair[0].id < pair[1].id) {
@@ -69,27 +71,24 @@ impl Manifest {
         } else {
             MANIFEST_VERSION_REWRITTEN_RUNS
         };
-        out.extend_from_slice(&version.to_le_bytes());
-        let count = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
-        out.extend_from_slice(&count.to_le_bytes());
-        out.extend_from_slice(&self.next_segment_id.to_le_bytes());
+        let mut writer = Writer::new(&mut out);
+        writer
+            .bytes(MANIFEST_MAGIC)
+            .u32(version)
+            .u32(count)
+            .u64(self.next_segment_id);
         if !self.runs.is_empty() {
-            let run_count = u32::try_from(self.runs.len()).unwrap_or(u32::MAX);
-            out.extend_from_slice(&run_count.to_le_bytes());
-            out.extend_from_slice(&0u32.to_le_bytes());
+            writer.u32(run_count).u32(0);
         }
         for entry in &self.segments {
-            out.extend_from_slice(&entry.id.to_le_bytes());
-            out.extend_from_slice(&entry.salt.to_le_bytes());
+            writer.u64(entry.id).u64(entry.salt);
         }
         for run in &self.runs {
-            out.extend_from_slice(&run.id.to_le_bytes());
-            out.extend_from_slice(&run.salt.to_le_bytes());
-            out.extend_from_slice(&run.file_bytes.to_le_bytes());
+            writer.u64(run.id).u64(run.salt).u64(run.file_bytes);
         }
         let sum = crc32fast::hash(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
-        out
+        Writer::new(&mut out).u32(sum);
+        Ok(out)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Manifest> {
@@ -100,12 +99,13 @@ impl Manifest {
         if bytes.len() < FIXED_BYTES + CHECKSUM_BYTES || &bytes[..8] != MANIFEST_MAGIC {
             return Err(corrupt("bad magic or too short"));
         }
-        let body = &bytes[..bytes.len() - CHECKSUM_BYTES];
-        let stored = u32::from_le_bytes(word4(bytes, bytes.len() - CHECKSUM_BYTES));
-        if crc32fast::hash(body) != stored {
+        let short = |_| corrupt("shorter than its fields");
+        let (body, stored) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
+        if crc32fast::hash(body) != u32_at(stored, 0, "manifest checksum").map_err(short)? {
             return Err(corrupt("checksum mismatch"));
         }
-        let version = u32::from_le_bytes(word4(bytes, 8));
+        let mut reader = Reader::at(body, MANIFEST_MAGIC.len());
+        let version = reader.u32("manifest version").map_err(short)?;
         let fixed_bytes = match version {
             MANIFEST_VERSION => FIXED_BYTES,
             MANIFEST_VERSION_RUNS | MANIFEST_VERSION_REWRITTEN_RUNS
@@ -124,12 +124,14 @@ impl Manifest {
                 })
             }
         };
-        let count = u32::from_le_bytes(word4(bytes, 12)) as usize;
+        let count = u32_to_usize(reader.u32("manifest segment count").map_err(short)?);
+        let next_segment_id = reader.u64("manifest next segment id").map_err(short)?;
         let run_count = if version != MANIFEST_VERSION {
-            if word4(bytes, 28) != [0; 4] {
+            let run_count = u32_to_usize(reader.u32("manifest run count").map_err(short)?);
+            if reader.u32("manifest reserved").map_err(short)? != 0 {
                 return Err(corrupt("reserved bytes are not zero"));
             }
-            u32::from_le_bytes(word4(bytes, 24)) as usize
+            run_count
         } else {
             0
         };
@@ -140,27 +142,25 @@ impl Manifest {
         {
             return Err(corrupt("segment or run count does not match the length"));
         }
-        let next_segment_id = u64::from_le_bytes(word8(bytes, 16));
         let segments = (0..count)
-            .map(|index| {
-                let at = fixed_bytes + index * ENTRY_BYTES;
-                SegmentEntry {
-                    id: u64::from_le_bytes(word8(bytes, at)),
-                    salt: u64::from_le_bytes(word8(bytes, at + 8)),
-                }
+            .map(|_| {
+                Ok(SegmentEntry {
+                    id: reader.u64("manifest segment id")?,
+                    salt: reader.u64("manifest segment salt")?,
+                })
             })
-            .collect::<Vec<_>>();
-        let runs_start = fixed_bytes + count * ENTRY_BYTES;
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(short)?;
         let runs = (0..run_count)
-            .map(|index| {
-                let at = runs_start + index * RUN_ENTRY_BYTES;
-                RunEntry {
-                    id: u64::from_le_bytes(word8(bytes, at)),
-                    salt: u64::from_le_bytes(word8(bytes, at + 8)),
-                    file_bytes: u64::from_le_bytes(word8(bytes, at + 16)),
-                }
+            .map(|_| {
+                Ok(RunEntry {
+                    id: reader.u64("manifest run id")?,
+                    salt: reader.u64("manifest run salt")?,
+                    file_bytes: reader.u64("manifest run file bytes")?,
+                })
             })
-            .collect::<Vec<_>>();
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(short)?;
         let runs_in_order = if version == MANIFEST_VERSION_REWRITTEN_RUNS {
             let distinct: std::collections::HashSet<u64> = runs.iter().map(|run| run.id).collect();
             distinct.len() == runs.len()
@@ -207,7 +207,10 @@ impl Manifest {
         &self,
         storage: &dyn Storage,
     ) -> std::result::Result<(), ManifestWriteFailure> {
-        let bytes = self.encode();
+        let bytes = self.encode().map_err(|error| ManifestWriteFailure {
+            error,
+            after_rename: false,
+        })?;
         let before = |operation| {
             move |error| ManifestWriteFailure {
                 error: Error::io(operation, error),
@@ -238,23 +241,25 @@ impl Manifest {
     }
 }
 
+/// A count of `unit` as its u32 field, or `TooLarge` when above `limit` (what a reader
+/// accepts).
+fn checked_count(count: usize, limit: usize, unit: &'static str) -> Result<u32> {
+    if count > limit {
+        return Err(Error::TooLarge {
+            what: "manifest",
+            size: widen(count),
+            limit: widen(limit),
+            unit,
+        });
+    }
+    checked_count_u32(count, "manifest", unit)
+}
+
 /// A failed manifest replacement and whether it failed after the rename.
 #[derive(Debug)]
 pub struct ManifestWriteFailure {
     pub error: Error,
     pub after_rename: bool,
-}
-
-pub(crate) fn word4(bytes: &[u8], at: usize) -> [u8; 4] {
-    let mut word = [0; 4];
-    word.copy_from_slice(&bytes[at..at + 4]);
-    word
-}
-
-pub(crate) fn word8(bytes: &[u8], at: usize) -> [u8; 8] {
-    let mut word = [0; 8];
-    word.copy_from_slice(&bytes[at..at + 8]);
-    word
 }
 
 #[cfg(test)]
@@ -271,7 +276,7 @@ mod tests {
             runs: Vec::new(),
             next_segment_id: 5,
         };
-        let bytes = manifest.encode();
+        let bytes = manifest.encode().expect("encode");
         assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
         for index in 0..bytes.len() {
             let mut damaged = bytes.clone();
@@ -303,8 +308,11 @@ mod run_list_tests {
             ],
             next_segment_id: 12,
         };
-        let bytes = manifest.encode();
-        assert_eq!(u32::from_le_bytes(word4(&bytes, 8)), MANIFEST_VERSION_RUNS);
+        let bytes = manifest.encode().expect("encode");
+        assert_eq!(
+            u32_at(&bytes, 8, "version").expect("encoded"),
+            MANIFEST_VERSION_RUNS
+        );
         assert_eq!(bytes.len(), 36 + 16 + 2 * 24);
         assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
         for index in 0..bytes.len() {
@@ -326,17 +334,39 @@ mod run_list_tests {
             runs: vec![run(12), run(11)],
             next_segment_id: 13,
         };
-        let bytes = manifest.encode();
+        let bytes = manifest.encode().expect("encode");
         assert_eq!(
-            u32::from_le_bytes(word4(&bytes, 8)),
+            u32_at(&bytes, 8, "version").expect("encoded"),
             MANIFEST_VERSION_REWRITTEN_RUNS
         );
         assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
         manifest.runs = vec![run(11), run(11)];
         assert!(matches!(
-            Manifest::decode(&manifest.encode()),
+            Manifest::decode(&manifest.encode().expect("encode")),
             Err(Error::CorruptFile { .. })
         ));
+    }
+
+    #[test]
+    fn a_manifest_a_reader_would_refuse_is_too_large_to_encode() {
+        let segments = (0..=MAX_SEGMENTS as u64)
+            .map(|id| SegmentEntry { id, salt: 0 })
+            .collect::<Vec<_>>();
+        let manifest = Manifest {
+            next_segment_id: segments.len() as u64,
+            segments,
+            runs: Vec::new(),
+        };
+        let outcome = manifest.encode();
+        assert!(
+            matches!(
+                outcome,
+                Err(Error::TooLarge { what: "manifest", unit: "segments", size, limit })
+                    if size == MAX_SEGMENTS as u64 + 1 && limit == MAX_SEGMENTS as u64
+            ),
+            "{:?}",
+            outcome.map(|bytes| bytes.len())
+        );
     }
 
     #[test]
@@ -346,8 +376,11 @@ mod run_list_tests {
             runs: Vec::new(),
             next_segment_id: 2,
         };
-        let bytes = manifest.encode();
-        assert_eq!(u32::from_le_bytes(word4(&bytes, 8)), MANIFEST_VERSION);
+        let bytes = manifest.encode().expect("encode");
+        assert_eq!(
+            u32_at(&bytes, 8, "version").expect("encoded"),
+            MANIFEST_VERSION
+        );
         assert_eq!(Manifest::decode(&bytes).expect("valid"), manifest);
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, Extent, Position, Seed};
+use crate::storage::coding::checked_u32;
 use crate::storage::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
 use crate::storage::index::{load_checkpoint, CoveredSegment};
 use crate::storage::io::Storage;
@@ -436,7 +437,10 @@ impl<'a> SegmentReplay<'a> {
                     let position = Position {
                         segment,
                         offset,
-                        frame_bytes: (FRAME_HEADER_BYTES + event.payload_bytes()) as u32,
+                        frame_bytes: checked_u32(
+                            FRAME_HEADER_BYTES + event.payload_bytes(),
+                            "event frame",
+                        )?,
                     };
                     catalog
                         .push_event(session, next_seq, position)

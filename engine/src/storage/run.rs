@@ -5,9 +5,13 @@
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::Extent;
+use crate::storage::coding::{
+    checked_count_u32, checked_u32, id_file_name, parse_id_file_name, u32_at, u32_to_usize, u64_at,
+    Reader, ShortInput, Writer,
+};
 use crate::storage::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::StorageFile;
-use crate::storage::manifest::{word4, word8, RunEntry};
+use crate::storage::manifest::RunEntry;
 use crate::storage::segment::scan_frames;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -15,17 +19,17 @@ use std::sync::Arc;
 
 /// Directory that holds run files.
 pub const RUNS_DIR: &str = "runs";
+/// Bytes of the run header, as its `header_bytes` field holds them (F-06-5).
+const HEADER_BYTES_FIELD: u32 = 64;
 /// Bytes of the run header; block 0 starts here (F-06-5).
-pub const RUN_HEADER_BYTES: u64 = 64;
+pub const RUN_HEADER_BYTES: u64 = HEADER_BYTES_FIELD as u64;
+/// [`RUN_HEADER_BYTES`] as an in-memory length.
+const HEADER_LENGTH: usize = HEADER_BYTES_FIELD as usize;
 const RUN_MAGIC: &[u8; 8] = b"DSHDBRUN";
 const RUN_TRAILER_MAGIC: &[u8; 8] = b"DSHDBRNF";
 /// The run file format version this build reads and writes (F-06-2).
 pub const RUN_VERSION: u32 = 1;
-/// Largest raw (decompressed) size of an event block, in bytes, unless one frame alone is
-/// larger (F-06-3): bounds what a point read decompresses (~0.5 ms for 512 KiB). Measured on
-/// the DSH mix with `run_sweep` (BENCHMARKS.md): at level 12, 512 KiB blocks store 31.1
-/// B/event against 31.3 for 256 KiB; 1 MiB gains only 0.2 more.
-pub const RUN_BLOCK_RAW_BYTES: usize = 512 * 1024;
+pub use crate::limits::RUN_BLOCK_RAW_BYTES;
 /// Bytes of one footer entry.
 pub const FOOTER_ENTRY_BYTES: usize = 48;
 /// Bytes of the trailer that ends a run file.
@@ -38,22 +42,19 @@ pub const DEFINITIONS_SESSION: u32 = u32::MAX;
 /// Sealing runs on the maintenance thread, off the append path; 12 is the cheapest level
 /// that meets the 0.8x target with margin.
 pub const RUN_ZSTD_LEVEL: i32 = 12;
-/// Most blocks one run may have (bounds what a damaged count can make us allocate).
-pub const MAX_RUN_BLOCKS: usize = 1 << 24;
+pub use crate::limits::MAX_RUN_BLOCKS;
+
+/// Extension of a run file (`<id as 16 lower-case hex digits>.run`, F-01-1).
+const RUN_EXTENSION: &str = "run";
 
 /// The path of run `id`.
 pub fn run_path(id: u64) -> String {
-    format!("{RUNS_DIR}/{id:016x}.run")
+    format!("{RUNS_DIR}/{}", id_file_name(id, RUN_EXTENSION))
 }
 
 /// Parses a run file name back to its id.
 pub fn parse_run_name(name: &str) -> Option<u64> {
-    let hex = name.strip_suffix(".run")?;
-    let lower_hex = |byte: u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
-    if hex.len() != 16 || !hex.bytes().all(lower_hex) {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
+    parse_id_file_name(name, RUN_EXTENSION)
 }
 
 /// One footer entry: where a block lies and what it holds.
@@ -71,28 +72,32 @@ pub struct BlockEntry {
 
 impl BlockEntry {
     fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.session.to_le_bytes());
-        out.extend_from_slice(&self.event_count.to_le_bytes());
-        out.extend_from_slice(&self.first_seq.to_le_bytes());
-        out.extend_from_slice(&self.raw_offset.to_le_bytes());
-        out.extend_from_slice(&self.raw_bytes.to_le_bytes());
-        out.extend_from_slice(&self.stored_checksum.to_le_bytes());
-        out.extend_from_slice(&self.file_offset.to_le_bytes());
-        out.extend_from_slice(&self.stored_bytes.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        Writer::new(out)
+            .u32(self.session)
+            .u32(self.event_count)
+            .u64(self.first_seq)
+            .u64(self.raw_offset)
+            .u32(self.raw_bytes)
+            .u32(self.stored_checksum)
+            .u64(self.file_offset)
+            .u32(self.stored_bytes)
+            .u32(0);
     }
 
-    fn decode(bytes: &[u8]) -> BlockEntry {
-        BlockEntry {
-            session: u32::from_le_bytes(word4(bytes, 0)),
-            event_count: u32::from_le_bytes(word4(bytes, 4)),
-            first_seq: u64::from_le_bytes(word8(bytes, 8)),
-            raw_offset: u64::from_le_bytes(word8(bytes, 16)),
-            raw_bytes: u32::from_le_bytes(word4(bytes, 24)),
-            stored_checksum: u32::from_le_bytes(word4(bytes, 28)),
-            file_offset: u64::from_le_bytes(word8(bytes, 32)),
-            stored_bytes: u32::from_le_bytes(word4(bytes, 40)),
-        }
+    fn decode(reader: &mut Reader<'_>) -> std::result::Result<BlockEntry, ShortInput> {
+        let entry = BlockEntry {
+            session: reader.u32("block session")?,
+            event_count: reader.u32("block event count")?,
+            first_seq: reader.u64("block first seq")?,
+            raw_offset: reader.u64("block raw offset")?,
+            raw_bytes: reader.u32("block raw bytes")?,
+            stored_checksum: reader.u32("block checksum")?,
+            file_offset: reader.u64("block file offset")?,
+            stored_bytes: reader.u32("block stored bytes")?,
+        };
+        // The entry's reserved word (FOOTER_ENTRY_BYTES = 48 with it).
+        reader.u32("block reserved")?;
+        Ok(entry)
     }
 
     /// One past the block's last raw byte.
@@ -172,7 +177,7 @@ pub fn build_run(
             | Record::TypeDefinition { .. }
             | Record::Tombstone { .. } => {
                 let start = definitions.len();
-                record.encode(&mut definitions, run_salt);
+                record.encode(&mut definitions, run_salt)?;
                 clear_checksum(&mut definitions[start..]);
                 uncommitted += 1;
             }
@@ -205,7 +210,7 @@ pub fn build_run(
                     ));
                 }
                 let start = frames.raw.len();
-                event.encode(&mut frames.raw, run_salt);
+                event.encode(&mut frames.raw, run_salt)?;
                 clear_checksum(&mut frames.raw[start..]);
                 let length = u32::try_from(frames.raw.len() - start)
                     .map_err(|_| corrupt(segment, offset, "frame larger than 4 GiB"))?;
@@ -352,11 +357,7 @@ fn assemble(
             }
             let last = session.frames[end - 1];
             let raw = &session.raw[block_raw_start..last.1 + last.2 as usize];
-            let count = u32::try_from(end - start).map_err(|_| Error::TooLarge {
-                what: "run block events",
-                size: (end - start) as u64,
-                limit: u64::from(u32::MAX),
-            })?;
+            let count = checked_count_u32(end - start, "run block", "events")?;
             moved.push((
                 session.session,
                 session.frames[start].0,
@@ -413,16 +414,11 @@ impl BlockWriter {
         for block in &blocks {
             block.encode(&mut out);
         }
-        out.extend_from_slice(&footer_offset.to_le_bytes());
-        let block_count = u32::try_from(blocks.len()).map_err(|_| Error::TooLarge {
-            what: "run blocks",
-            size: blocks.len() as u64,
-            limit: u64::from(u32::MAX),
-        })?;
-        out.extend_from_slice(&block_count.to_le_bytes());
+        Writer::new(&mut out).u64(footer_offset);
+        let block_count = checked_count_u32(blocks.len(), "run", "blocks")?;
+        Writer::new(&mut out).u32(block_count);
         let sum = crc32fast::hash(&out[footer_start..]);
-        out.extend_from_slice(&sum.to_le_bytes());
-        out.extend_from_slice(RUN_TRAILER_MAGIC);
+        Writer::new(&mut out).u32(sum).bytes(RUN_TRAILER_MAGIC);
         let file_bytes = out.len() as u64;
         Ok(BuiltRun {
             bytes: out,
@@ -456,13 +452,8 @@ impl BlockWriter {
             .compressor
             .compress(raw)
             .map_err(|error| Error::io("run block compress", error))?;
-        let too_large = |size: usize| Error::TooLarge {
-            what: "run block",
-            size: size as u64,
-            limit: u64::from(u32::MAX),
-        };
-        let raw_bytes = u32::try_from(raw.len()).map_err(|_| too_large(raw.len()))?;
-        let stored_bytes = u32::try_from(stored.len()).map_err(|_| too_large(stored.len()))?;
+        let raw_bytes = checked_u32(raw.len(), "run block")?;
+        let stored_bytes = checked_u32(stored.len(), "run block")?;
         self.blocks.push(BlockEntry {
             session,
             event_count,
@@ -481,16 +472,17 @@ impl BlockWriter {
 
 /// The 64-byte run header.
 pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(RUN_HEADER_BYTES as usize);
-    out.extend_from_slice(RUN_MAGIC);
-    out.extend_from_slice(&RUN_VERSION.to_le_bytes());
-    out.extend_from_slice(&(RUN_HEADER_BYTES as u32).to_le_bytes());
-    out.extend_from_slice(&run_id.to_le_bytes());
-    out.extend_from_slice(&salt.to_le_bytes());
-    out.extend_from_slice(&source_segment.to_le_bytes());
+    let mut out = Vec::with_capacity(HEADER_LENGTH);
+    Writer::new(&mut out)
+        .bytes(RUN_MAGIC)
+        .u32(RUN_VERSION)
+        .u32(HEADER_BYTES_FIELD)
+        .u64(run_id)
+        .u64(salt)
+        .u64(source_segment);
     out.resize(60, 0);
     let sum = crc32fast::hash(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
+    Writer::new(&mut out).u32(sum);
     out
 }
 
@@ -514,16 +506,17 @@ impl RunIndex {
             reason: reason.to_string(),
         };
         let minimum = RUN_HEADER_BYTES + (FOOTER_ENTRY_BYTES + TRAILER_BYTES) as u64;
-        if entry.file_bytes < minimum
-            || header.len() < RUN_HEADER_BYTES as usize
-            || &header[..8] != RUN_MAGIC
-        {
+        if entry.file_bytes < minimum || header.len() < HEADER_LENGTH || &header[..8] != RUN_MAGIC {
             return Err(corrupt("bad magic or shorter than a run"));
         }
-        if crc32fast::hash(&header[..60]) != u32::from_le_bytes(word4(header, 60)) {
+        let short = |_| corrupt("bad magic or shorter than a run");
+        if crc32fast::hash(&header[..60])
+            != u32_at(header, 60, "run header checksum").map_err(short)?
+        {
             return Err(corrupt("header checksum mismatch"));
         }
-        let version = u32::from_le_bytes(word4(header, 8));
+        let mut reader = Reader::at(header, RUN_MAGIC.len());
+        let version = reader.u32("run version").map_err(short)?;
         if version != RUN_VERSION {
             return Err(Error::UnsupportedVersion {
                 file,
@@ -531,9 +524,11 @@ impl RunIndex {
                 supported: RUN_VERSION,
             });
         }
-        if u64::from_le_bytes(word8(header, 16)) != entry.id
-            || u64::from_le_bytes(word8(header, 24)) != entry.salt
-        {
+        let _header_bytes = reader.u32("run header bytes").map_err(short)?;
+        let stored_id = reader.u64("run id").map_err(short)?;
+        let stored_salt = reader.u64("run salt").map_err(short)?;
+        let source_segment = reader.u64("run source segment").map_err(short)?;
+        if stored_id != entry.id || stored_salt != entry.salt {
             return Err(corrupt("header id or salt differs from the manifest"));
         }
         if tail_start + tail.len() as u64 != entry.file_bytes || tail.len() < TRAILER_BYTES {
@@ -543,8 +538,10 @@ impl RunIndex {
         if &trailer[16..24] != RUN_TRAILER_MAGIC {
             return Err(corrupt("bad trailer magic"));
         }
-        let footer_offset = u64::from_le_bytes(word8(trailer, 0));
-        let block_count = u32::from_le_bytes(word4(trailer, 8)) as usize;
+        let mut trailer_reader = Reader::new(trailer);
+        let footer_offset = trailer_reader.u64("run footer offset").map_err(short)?;
+        let block_count = u32_to_usize(trailer_reader.u32("run block count").map_err(short)?);
+        let footer_checksum = trailer_reader.u32("run footer checksum").map_err(short)?;
         let footer_bytes = (block_count as u64).saturating_mul(FOOTER_ENTRY_BYTES as u64);
         let expected_length = footer_offset
             .checked_add(footer_bytes)
@@ -560,18 +557,19 @@ impl RunIndex {
         let footer_start = usize::try_from(footer_offset - tail_start)
             .map_err(|_| corrupt("footer larger than memory"))?;
         let checked = &tail[footer_start..tail.len() - 12];
-        if crc32fast::hash(checked) != u32::from_le_bytes(word4(trailer, 12)) {
+        if crc32fast::hash(checked) != footer_checksum {
             return Err(corrupt("footer checksum mismatch"));
         }
-        let blocks: Vec<BlockEntry> = checked[..block_count * FOOTER_ENTRY_BYTES]
-            .chunks_exact(FOOTER_ENTRY_BYTES)
-            .map(BlockEntry::decode)
-            .collect();
+        let mut footer = Reader::new(&checked[..block_count * FOOTER_ENTRY_BYTES]);
+        let blocks = (0..block_count)
+            .map(|_| BlockEntry::decode(&mut footer))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| corrupt("footer does not fit the file"))?;
         check_block_layout(&blocks, footer_offset).map_err(corrupt)?;
         Ok(RunIndex {
             id: entry.id,
             salt: entry.salt,
-            source_segment: u64::from_le_bytes(word8(header, 32)),
+            source_segment,
             blocks,
         })
     }
@@ -586,12 +584,16 @@ impl RunIndex {
                 reason: "file length differs from the manifest".to_string(),
             });
         }
-        let mut header = vec![0; RUN_HEADER_BYTES as usize];
+        let mut header = vec![0; HEADER_LENGTH];
         file.read_exact_at(&mut header, 0).map_err(io)?;
         let mut trailer = [0u8; TRAILER_BYTES];
         file.read_exact_at(&mut trailer, length - TRAILER_BYTES as u64)
             .map_err(io)?;
-        let footer_offset = u64::from_le_bytes(word8(&trailer, 0))
+        let footer_offset = u64_at(&trailer, 0, "run footer offset")
+            .map_err(|_| Error::CorruptFile {
+                file: run_path(entry.id),
+                reason: "trailer shorter than its fields".to_string(),
+            })?
             .clamp(RUN_HEADER_BYTES, length - TRAILER_BYTES as u64);
         let tail_length =
             usize::try_from(length - footer_offset).map_err(|_| Error::CorruptFile {
@@ -850,13 +852,15 @@ mod tests {
                 header_json: format!(r#"{{"version":0,"id":"s{session}","createdAt":1}}"#)
                     .as_bytes(),
             }
-            .encode(&mut bytes, salt);
+            .encode(&mut bytes, salt)
+            .expect("encode");
         }
         Record::TypeDefinition {
             type_number: 0,
             name: b"note",
         }
-        .encode(&mut bytes, salt);
+        .encode(&mut bytes, salt)
+        .expect("encode");
         let data: Vec<String> = (0..events).map(|seq| format!(r#"{{"n":{seq}}}"#)).collect();
         for seq in 0..events {
             for session in 0..2u32 {
@@ -869,14 +873,16 @@ mod tests {
                     data: data[seq as usize].as_bytes(),
                     envelope: b"",
                 }
-                .encode(&mut bytes, salt);
+                .encode(&mut bytes, salt)
+                .expect("encode");
                 Record::Commit {
                     session,
                     first_seq: seq,
                     event_count: 1,
                     durable_offset: SEGMENT_HEADER_BYTES,
                 }
-                .encode(&mut bytes, salt);
+                .encode(&mut bytes, salt)
+                .expect("encode");
             }
         }
         let used = bytes.len() as u64;
@@ -884,7 +890,8 @@ mod tests {
             used_bytes: used,
             durable_offset: used,
         }
-        .encode(&mut bytes, salt);
+        .encode(&mut bytes, salt)
+        .expect("encode");
         bytes
     }
 
@@ -961,6 +968,7 @@ mod tests {
 
     fn index_footer_offset(bytes: &[u8]) -> usize {
         let trailer = &bytes[bytes.len() - TRAILER_BYTES..];
-        u64::from_le_bytes(word8(trailer, 0)) as usize
+        usize::try_from(u64_at(trailer, 0, "footer offset").expect("a whole trailer"))
+            .expect("fits memory")
     }
 }

@@ -2,47 +2,50 @@
 //! tells a torn tail from corruption.
 
 use crate::error::{Error, Result};
+use crate::storage::coding::{id_file_name, parse_id_file_name, u32_at, Reader, Writer};
 use crate::storage::frame::{self, decode_frame, FrameError, Kind, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::{Storage, StorageFile};
-use crate::storage::manifest::{word4, word8};
 use std::sync::Arc;
 
 /// Directory that holds write-ahead segments.
 pub const WAL_DIR: &str = "wal";
+/// Bytes of the segment header, as its `header_bytes` field holds them (F-03-1).
+const HEADER_BYTES_FIELD: u32 = 64;
 /// Bytes of the segment header; frames start here.
-pub const SEGMENT_HEADER_BYTES: u64 = 64;
+pub const SEGMENT_HEADER_BYTES: u64 = HEADER_BYTES_FIELD as u64;
+/// [`SEGMENT_HEADER_BYTES`] as an in-memory length.
+const HEADER_LENGTH: usize = HEADER_BYTES_FIELD as usize;
 const SEGMENT_MAGIC: &[u8; 8] = b"DSHDBSEG";
 /// The segment format version this build reads and writes (F-03-2).
 pub const SEGMENT_VERSION: u32 = 1;
 /// Bytes of a seal frame (header plus its 16-byte payload).
 pub const SEAL_FRAME_BYTES: u64 = FRAME_HEADER_BYTES as u64 + 16;
 
+/// Extension of a segment file (`<id as 16 lower-case hex digits>.seg`, F-01-1).
+const SEGMENT_EXTENSION: &str = "seg";
+
 /// The path of segment `id`.
 pub fn segment_path(id: u64) -> String {
-    format!("{WAL_DIR}/{id:016x}.seg")
+    format!("{WAL_DIR}/{}", id_file_name(id, SEGMENT_EXTENSION))
 }
 
 /// Parses a segment file name back to its id.
 pub fn parse_segment_name(name: &str) -> Option<u64> {
-    let hex = name.strip_suffix(".seg")?;
-    let lower_hex = |byte: u8| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
-    if hex.len() != 16 || !hex.bytes().all(lower_hex) {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
+    parse_id_file_name(name, SEGMENT_EXTENSION)
 }
 
 /// Encodes the 64-byte segment header (F-03-1).
 pub fn encode_header(id: u64, salt: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(SEGMENT_HEADER_BYTES as usize);
-    out.extend_from_slice(SEGMENT_MAGIC);
-    out.extend_from_slice(&SEGMENT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(SEGMENT_HEADER_BYTES as u32).to_le_bytes());
-    out.extend_from_slice(&id.to_le_bytes());
-    out.extend_from_slice(&salt.to_le_bytes());
+    let mut out = Vec::with_capacity(HEADER_LENGTH);
+    Writer::new(&mut out)
+        .bytes(SEGMENT_MAGIC)
+        .u32(SEGMENT_VERSION)
+        .u32(HEADER_BYTES_FIELD)
+        .u64(id)
+        .u64(salt);
     out.resize(60, 0);
     let sum = crc32fast::hash(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
+    Writer::new(&mut out).u32(sum);
     out
 }
 
@@ -53,13 +56,17 @@ pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
         file: file.clone(),
         reason: reason.to_string(),
     };
-    if bytes.len() < SEGMENT_HEADER_BYTES as usize || &bytes[..8] != SEGMENT_MAGIC {
+    if bytes.len() < HEADER_LENGTH || &bytes[..8] != SEGMENT_MAGIC {
         return Err(corrupt("bad magic or shorter than its header"));
     }
-    if crc32fast::hash(&bytes[..60]) != u32::from_le_bytes(word4(bytes, 60)) {
+    let short = |_| corrupt("bad magic or shorter than its header");
+    if crc32fast::hash(&bytes[..60])
+        != u32_at(bytes, 60, "segment header checksum").map_err(short)?
+    {
         return Err(corrupt("header checksum mismatch"));
     }
-    let version = u32::from_le_bytes(word4(bytes, 8));
+    let mut reader = Reader::at(bytes, SEGMENT_MAGIC.len());
+    let version = reader.u32("segment version").map_err(short)?;
     if version != SEGMENT_VERSION {
         return Err(Error::UnsupportedVersion {
             file,
@@ -67,7 +74,10 @@ pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
             supported: SEGMENT_VERSION,
         });
     }
-    if u64::from_le_bytes(word8(bytes, 16)) != id || u64::from_le_bytes(word8(bytes, 24)) != salt {
+    let _header_bytes = reader.u32("segment header bytes").map_err(short)?;
+    let stored_id = reader.u64("segment id").map_err(short)?;
+    let stored_salt = reader.u64("segment salt").map_err(short)?;
+    if stored_id != id || stored_salt != salt {
         return Err(corrupt("header id or salt differs from the manifest"));
     }
     Ok(())
@@ -177,7 +187,7 @@ pub fn scan_frames<'a>(
     salt: u64,
     mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
 ) -> Result<SegmentScan> {
-    let mut offset = SEGMENT_HEADER_BYTES as usize;
+    let mut offset = HEADER_LENGTH;
     loop {
         let position = offset as u64;
         let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {
@@ -248,9 +258,14 @@ const ZERO_SKIP_BYTES: usize = 64;
 /// had been made durable before it was written (F-05-3). Such a frame's `durable_offset`
 /// lies past the damage.
 pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
-    let start = usize::try_from(damage)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1);
+    // Damage past the bytes (or past memory) has nothing after it.
+    let Some(start) = usize::try_from(damage)
+        .ok()
+        .and_then(|damage| damage.checked_add(1))
+        .filter(|start| *start <= bytes.len())
+    else {
+        return false;
+    };
     let mut offset = start;
     while offset + FRAME_HEADER_BYTES <= bytes.len() {
         // A candidate needs a non-zero kind byte at `offset + 8`: skip zero stretches (the
@@ -285,7 +300,7 @@ pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
 /// Whether the segment holds at least one valid frame (used to decide whether an earlier
 /// segment's damage lies before data that was written after it was synced).
 pub fn has_valid_frame(bytes: &[u8], salt: u64) -> bool {
-    let start = SEGMENT_HEADER_BYTES as usize;
+    let start = HEADER_LENGTH;
     start < bytes.len() && decode_frame(&bytes[start..], salt).is_ok()
 }
 
@@ -304,6 +319,14 @@ pub fn nonzero_end(bytes: &[u8], from: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damage_at_or_past_the_end_has_no_evidence_after_it() {
+        let bytes = vec![0u8; 200];
+        for damage in [199, 200, 1 << 40, u64::MAX] {
+            assert!(!durable_evidence_after(&bytes, 1, damage), "{damage}");
+        }
+    }
 
     #[test]
     fn a_header_round_trips_and_a_wrong_salt_is_refused() {

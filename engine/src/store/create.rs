@@ -213,7 +213,7 @@ pub(super) fn seal_torn_segment(storage: &dyn Storage, torn: &TornSegment) -> Re
         used_bytes: torn.committed_end,
         durable_offset: torn.committed_end,
     }
-    .encode(&mut patch, torn.salt);
+    .encode(&mut patch, torn.salt)?;
     let wiped = torn.wipe_end.saturating_sub(torn.committed_end);
     if (patch.len() as u64) < wiped {
         patch.resize(wiped as usize, 0);

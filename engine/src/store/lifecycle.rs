@@ -7,6 +7,7 @@ use super::{
     SessionWriter, Store,
 };
 use crate::error::{Error, Result};
+use crate::session::{validate_fork_boundary_of, ForkBoundaryEvent, END_SEED_TYPE};
 use crate::storage::catalog::{Catalog, Seed, SessionEntry};
 use crate::storage::commit::Durability;
 use crate::storage::frame::Record;
@@ -27,23 +28,21 @@ pub(super) fn claim_writer_slot<'catalog>(
     Ok((number, entry))
 }
 
-/// The event type DSH appends after a seed.
-pub const END_SEED_TYPE: &str = "session/end-seed";
-
-/// The open turn, if the last `turn/start`/`turn/end` of `events` is a start (DSH `OPEN_TURN`).
-pub(super) fn open_turn_at_end(events: &[Event]) -> Option<String> {
-    let last = events
-        .iter()
-        .rev()
-        .find(|event| event.event_type == "turn/start" || event.event_type == "turn/end")?;
-    if last.event_type != "turn/start" {
-        return None;
+/// The store's events checked by the session model's fork rule (one rule, DSH's text).
+impl ForkBoundaryEvent for Event {
+    fn fork_seq(&self) -> u64 {
+        self.seq
     }
-    let data: serde_json::Value = serde_json::from_str(&last.data).unwrap_or_default();
-    Some(match data.get("turn") {
-        Some(turn) => turn.to_string(),
-        None => last.seq.to_string(),
-    })
+
+    fn fork_event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    fn fork_data(&self) -> serde_json::Value {
+        // Stored payloads are JSON (checked on append); an unreadable one has no `turn`,
+        // which DSH shows as `undefined`.
+        serde_json::from_str(&self.data).unwrap_or_default()
+    }
 }
 
 impl Store {
@@ -179,19 +178,11 @@ impl Store {
             });
         }
         let parent_summary = self.session(parent)?;
-        if at >= parent_summary.events {
-            return Err(Error::SeqOutOfRange {
-                id: parent.to_string(),
-                seq: at,
-                length: parent_summary.events,
-            });
-        }
-        let seed_events = self.read(parent, 0, at + 1)?;
-        if let Some(open_turn) = open_turn_at_end(&seed_events) {
-            return Err(Error::invalid(format!(
-                "fork boundary {at} in session \"{parent}\" ends inside open turn {open_turn}"
-            )));
-        }
+        // Enough events to check the boundary: all of `0..=at`, or the whole log when `at`
+        // is past its end (DSH's text then names the last seq).
+        let seed_events = self.read(parent, 0, at.saturating_add(1))?;
+        validate_fork_boundary_of(parent, &seed_events, Some(at))
+            .map_err(|source| Error::Fork { source })?;
         let parent_number = self.with_session(parent, |entry| entry.number)?;
         let mut header = serde_json::Map::new();
         header.insert("version".into(), 0.into());
@@ -238,9 +229,9 @@ impl Store {
         let durable = log
             .submit(Durability::Sync, |context, out| {
                 // A batch's commit must name a session its segment defines (F-05-1).
-                encode_header_if_new(context, out, number, seed, &header_json);
-                Record::Tombstone { session: number }.encode(out, context.salt);
-                encode_commit(context, out, number, length, 0);
+                encode_header_if_new(context, out, number, seed, &header_json)?;
+                Record::Tombstone { session: number }.encode(out, context.salt)?;
+                encode_commit(context, out, number, length, 0)?;
                 Ok(())
             })
             .and_then(|(submitted, ())| log.wait(submitted.ticket, true));

@@ -343,7 +343,7 @@ impl Store {
             return Ok(());
         };
         let manifest = log.manifest();
-        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &[]);
+        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &[])?;
         write_checkpoint(self.inner.storage.as_ref(), &bytes)
     }
 
@@ -365,7 +365,7 @@ impl Store {
                 end,
             });
         }
-        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &covered);
+        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &covered)?;
         write_checkpoint(self.inner.storage.as_ref(), &bytes)
     }
 }

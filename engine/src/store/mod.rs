@@ -16,7 +16,7 @@ mod stats;
 mod validate;
 mod writer;
 
-pub use lifecycle::END_SEED_TYPE;
+pub use crate::session::END_SEED_TYPE;
 pub use maintenance::MaintenanceReport;
 pub use stats::Stats;
 pub use validate::check_data_depth;
@@ -29,7 +29,6 @@ use maintenance::MaintenanceSignal;
 use crate::error::{Error, Result};
 use crate::storage::catalog::Catalog;
 use crate::storage::commit::{Durability, Log, DEFAULT_MAX_BATCH_BYTES};
-use crate::storage::frame::{EVENT_FIXED_BYTES, MAX_PAYLOAD_BYTES};
 use crate::storage::io::fs::FsStorage;
 use crate::storage::io::{LockGuard, Storage, StorageFile};
 use crate::storage::manifest::{Manifest, RunEntry, MANIFEST_FILE};
@@ -43,31 +42,13 @@ use std::time::Duration;
 
 /// The writer lock file.
 pub const LOCK_FILE: &str = "LOCK";
-/// Default preallocated segment size, in bytes (64 MiB).
-pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
-/// Default queued bytes above which appenders wait, in bytes (64 MiB).
-pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
-/// Largest `data` text of one event, in bytes: what fits in one record.
-pub const MAX_EVENT_DATA_BYTES: usize = MAX_PAYLOAD_BYTES - EVENT_FIXED_BYTES - 4096;
-/// Largest session header, in bytes.
-pub const MAX_HEADER_BYTES: usize = 1024 * 1024;
-/// Default bytes of decompressed run blocks kept in memory (64 MiB): bounds read memory
-/// whatever the store's size.
-pub const DEFAULT_BLOCK_CACHE_BYTES: usize = 64 * 1024 * 1024;
-/// The nesting depth at which serde_json stops parsing (its recursion limit, in levels of
-/// arrays and objects).
-pub const SERDE_JSON_DEPTH_LIMIT: usize = 128;
-/// Deepest nesting of arrays and objects an event's `data` may have, in levels (a scalar is
-/// 0, `{}` is 1): one below serde_json's limit, because every derived view (messages,
-/// surface, repair, DSH import) parses the event's line, whose own object holds `data` one
-/// level down. Deeper data could be stored but never read back as a session.
-pub const MAX_EVENT_DATA_DEPTH: usize = SERDE_JSON_DEPTH_LIMIT - 1;
-/// Largest event type name, in bytes.
-pub const MAX_TYPE_BYTES: usize = 1024;
-/// 2^53: JavaScript's safe integers (DSH's `createdAt`, `seq`, `time`) lie below it.
-pub const MAX_SAFE_INTEGER_EXCLUSIVE: u64 = 1 << 53;
-/// Envelope keys besides `type`, `seq`, `time` and `data` that an event may carry.
-pub const ENVELOPE_KEYS: [&str; 3] = ["surfaceOp", "sourceEventSeqs", "ignorable"];
+pub use crate::limits::DEFAULT_BLOCK_CACHE_BYTES;
+pub use crate::limits::DEFAULT_MAX_PENDING_BYTES;
+pub use crate::limits::DEFAULT_SEGMENT_BYTES;
+pub use crate::limits::MAX_EVENT_DATA_BYTES;
+pub use crate::limits::MAX_EVENT_DATA_DEPTH;
+pub use crate::limits::MAX_HEADER_BYTES;
+pub use crate::limits::MAX_TYPE_BYTES;
 
 /// How to open a store.
 #[derive(Debug, Clone)]
@@ -115,8 +96,8 @@ impl Options {
     /// `Batched` durability with the usual settings: sync within 5 ms or 1 MiB.
     pub fn batched() -> Durability {
         Durability::Batched {
-            max_delay: Duration::from_millis(5),
-            max_bytes: 1024 * 1024,
+            max_delay: crate::limits::DEFAULT_BATCHED_MAX_DELAY,
+            max_bytes: crate::limits::DEFAULT_BATCHED_MAX_BYTES,
         }
     }
 }

@@ -1,10 +1,8 @@
 //! Validation of a session header and of an event before anything is encoded.
 
-use super::{
-    NewEvent, ENVELOPE_KEYS, MAX_EVENT_DATA_BYTES, MAX_EVENT_DATA_DEPTH, MAX_HEADER_BYTES,
-    MAX_SAFE_INTEGER_EXCLUSIVE, MAX_TYPE_BYTES,
-};
+use super::{NewEvent, MAX_EVENT_DATA_BYTES, MAX_EVENT_DATA_DEPTH, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
 use crate::error::{Error, Result};
+use crate::session::{MAX_SAFE_INTEGER, OPTIONAL_ENVELOPE_KEYS};
 use crate::storage::catalog::header_id;
 use crate::storage::frame::{EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
 
@@ -12,6 +10,7 @@ pub(super) fn validate_header(header_json: &str) -> Result<String> {
     if header_json.len() > MAX_HEADER_BYTES {
         return Err(Error::TooLarge {
             what: "session header",
+            unit: "bytes",
             size: header_json.len() as u64,
             limit: MAX_HEADER_BYTES as u64,
         });
@@ -26,7 +25,7 @@ pub(super) fn validate_header(header_json: &str) -> Result<String> {
         _ => return Err(Error::invalid("session header version must be 0")),
     }
     match object.get("createdAt").and_then(serde_json::Value::as_u64) {
-        Some(created) if created < MAX_SAFE_INTEGER_EXCLUSIVE => {}
+        Some(created) if created <= MAX_SAFE_INTEGER => {}
         _ => {
             return Err(Error::invalid(
                 "session header createdAt must be a safe integer >= 0",
@@ -98,6 +97,7 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
     if event.data.len() > MAX_EVENT_DATA_BYTES {
         return Err(Error::TooLarge {
             what: "event data",
+            unit: "bytes",
             size: event.data.len() as u64,
             limit: MAX_EVENT_DATA_BYTES as u64,
         });
@@ -127,7 +127,7 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
         })?;
     if let Some(key) = members
         .keys()
-        .find(|key| !ENVELOPE_KEYS.contains(&key.as_str()))
+        .find(|key| !OPTIONAL_ENVELOPE_KEYS.contains(&key.as_str()))
     {
         return Err(Error::invalid(format!(
             "event envelope key {key:?} is not allowed"

@@ -3,6 +3,7 @@
 use super::{now_millis, validate::validate_event, NewEvent, Receipt, SessionWriter, Store};
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Position, Seed};
+use crate::storage::coding::{checked_count_u32, checked_u32, widen};
 use crate::storage::commit::{Durability, Log, SegmentContext};
 use crate::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
 
@@ -122,7 +123,7 @@ pub(super) fn encode_header_if_new(
     number: u32,
     seed: Option<Seed>,
     header_json: &str,
-) {
+) -> Result<()> {
     if context.defined_sessions.insert(number) {
         Record::SessionHeader {
             session: number,
@@ -130,8 +131,9 @@ pub(super) fn encode_header_if_new(
             seed_length: seed.map_or(0, |seed| seed.length),
             header_json: header_json.as_bytes(),
         }
-        .encode(out, context.salt);
+        .encode(out, context.salt)?;
     }
+    Ok(())
 }
 
 pub(super) fn encode_commit(
@@ -140,14 +142,14 @@ pub(super) fn encode_commit(
     session: u32,
     first_seq: u64,
     count: u32,
-) {
+) -> Result<()> {
     Record::Commit {
         session,
         first_seq,
         event_count: count,
         durable_offset: context.durable_offset,
     }
-    .encode(out, context.salt);
+    .encode(out, context.salt)
 }
 
 impl Store {
@@ -179,14 +181,14 @@ impl Store {
             )
         };
         let (submitted, positions) = log.submit(durability, |context, out| {
-            encode_header_if_new(context, out, number, seed, &header_json);
+            encode_header_if_new(context, out, number, seed, &header_json)?;
             for (event, type_number) in events.iter().zip(&type_numbers) {
                 if context.defined_types.insert(*type_number) {
                     Record::TypeDefinition {
                         type_number: *type_number,
                         name: event.event_type.as_bytes(),
                     }
-                    .encode(out, context.salt);
+                    .encode(out, context.salt)?;
                 }
             }
             let mut positions = Vec::with_capacity(events.len());
@@ -201,15 +203,15 @@ impl Store {
                     data: event.data.as_bytes(),
                     envelope: event.envelope.as_bytes(),
                 }
-                .encode(out, context.salt);
+                .encode(out, context.salt)?;
                 positions.push(Position {
                     segment: context.segment,
-                    offset: context.base_offset + start as u64,
-                    frame_bytes: u32::try_from(out.len() - start).unwrap_or(u32::MAX),
+                    offset: context.base_offset + widen(start),
+                    frame_bytes: checked_u32(out.len() - start, "event frame")?,
                 });
             }
-            let count = u32::try_from(events.len()).unwrap_or(u32::MAX);
-            encode_commit(context, out, number, first_seq, count);
+            let count = checked_count_u32(events.len(), "batch", "events")?;
+            encode_commit(context, out, number, first_seq, count)?;
             Ok(positions)
         })?;
         if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {

@@ -162,7 +162,7 @@ fn record_frames_decode_to_their_json_and_re_encode_identically() {
         let expected = record_from_json(&json["record"]);
         assert_eq!(decoded, expected, "{name}: decoded record");
         let mut encoded = Vec::new();
-        expected.encode(&mut encoded, salt);
+        expected.encode(&mut encoded, salt).expect("encode");
         assert_eq!(encoded, bytes, "{name}: re-encoding differs");
         if let Some(export) = json.get("export") {
             assert_eq!(
@@ -253,7 +253,8 @@ fn an_unknown_kind_is_skipped_only_when_skippable() {
             used_bytes,
             durable_offset: used_bytes,
         }
-        .encode(&mut segment, salt);
+        .encode(&mut segment, salt)
+        .expect("encode");
         segment
     };
     let segment = segment_with(&bytes);
@@ -295,7 +296,11 @@ fn segment_header_vector() {
     let salt = hex(&json["salt"]);
     assert_eq!(bytes.len(), 64);
     assert_eq!(&bytes[0..8], text(&json["magic"]).as_bytes());
-    let word = |at: usize| u64::from(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()));
+    let word = |at: usize| {
+        u64::from(u32::from_le_bytes(
+            bytes[at..at + 4].try_into().expect("4 bytes"),
+        ))
+    };
     assert_eq!(word(8), uint(&json["version"]));
     assert_eq!(word(12), uint(&json["header_bytes"]));
     assert_eq!(word(60), hex(&json["header_checksum"]));
@@ -357,10 +362,14 @@ fn manifest_vector() {
     let expected = manifest_from_json(&json);
     assert_eq!(&bytes[0..8], text(&json["magic"]).as_bytes());
     assert_eq!(bytes.len(), 28 + 16 * expected.segments.len());
-    let stored = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
+    let stored = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().expect("4 bytes"));
     assert_eq!(u64::from(stored), hex(&json["checksum"]));
     assert_eq!(Manifest::decode(&bytes).expect("valid manifest"), expected);
-    assert_eq!(expected.encode(), bytes, "re-encoding differs");
+    assert_eq!(
+        expected.encode().expect("encode"),
+        bytes,
+        "re-encoding differs"
+    );
     for index in 0..bytes.len() {
         let mut damaged = bytes.clone();
         damaged[index] ^= 0x01;
@@ -409,7 +418,7 @@ fn check_segment_scan(name: &str) {
         assert_eq!(encoded.len() as u64, *offset, "records are contiguous");
         let want_record = record_from_json(want);
         assert_eq!(record, &want_record, "{name}: record at {offset}");
-        want_record.encode(&mut encoded, salt);
+        want_record.encode(&mut encoded, salt).expect("encode");
     }
     assert_eq!(encoded, bytes, "{name}: re-encoding the segment differs");
 }
@@ -493,7 +502,9 @@ fn regenerate_vectors_with_engine_encoders() {
     for name in RECORD_FRAMES {
         let json = load_json(name);
         let mut bytes = Vec::new();
-        record_from_json(&json["record"]).encode(&mut bytes, hex(&json["salt"]));
+        record_from_json(&json["record"])
+            .encode(&mut bytes, hex(&json["salt"]))
+            .expect("encode");
         write(name, &bytes);
     }
     let json = load_json("frame-unknown-skippable");
@@ -504,7 +515,8 @@ fn regenerate_vectors_with_engine_encoders() {
         u8::try_from(uint(&json["frame"]["kind"])).expect("kind"),
         FLAG_SKIPPABLE,
         &[text(&json["payload_utf8"]).as_bytes()],
-    );
+    )
+    .expect("encode");
     write("frame-unknown-skippable", &bytes);
     let json = load_json("segment-header");
     write(
@@ -513,14 +525,18 @@ fn regenerate_vectors_with_engine_encoders() {
     );
     write(
         "manifest",
-        &manifest_from_json(&load_json("manifest")).encode(),
+        &manifest_from_json(&load_json("manifest"))
+            .encode()
+            .expect("encode"),
     );
     for name in SEGMENTS {
         let json = load_json(name);
         let salt = hex(&json["salt"]);
         let mut bytes = encode_header(hex(&json["segment_id"]), salt);
         for record in json["records"].as_array().expect("records") {
-            record_from_json(record).encode(&mut bytes, salt);
+            record_from_json(record)
+                .encode(&mut bytes, salt)
+                .expect("encode");
         }
         write(name, &bytes);
     }

@@ -108,12 +108,14 @@ fn encoded_records() -> Vec<u8> {
         seed_length: 0,
         header_json: br#"{"version":0,"id":"f","createdAt":1}"#,
     }
-    .encode(&mut out, FUZZ_SALT);
+    .encode(&mut out, FUZZ_SALT)
+    .expect("encode");
     Record::TypeDefinition {
         type_number: 0,
         name: b"assistant/chunk",
     }
-    .encode(&mut out, FUZZ_SALT);
+    .encode(&mut out, FUZZ_SALT)
+    .expect("encode");
     for seq in 0..3 {
         Record::Event(EventRecord {
             session: 0,
@@ -124,7 +126,8 @@ fn encoded_records() -> Vec<u8> {
             data: br#"{"t":"x"}"#,
             envelope: b"",
         })
-        .encode(&mut out, FUZZ_SALT);
+        .encode(&mut out, FUZZ_SALT)
+        .expect("encode");
     }
     Record::Commit {
         session: 0,
@@ -132,7 +135,8 @@ fn encoded_records() -> Vec<u8> {
         event_count: 3,
         durable_offset: 64,
     }
-    .encode(&mut out, FUZZ_SALT);
+    .encode(&mut out, FUZZ_SALT)
+    .expect("encode");
     out
 }
 

@@ -168,7 +168,7 @@ fn append_frames(disk: &SimStorage, frames: &[u8]) {
 fn encoded(records: &[Record<'_>], salt: u64) -> Vec<u8> {
     let mut out = Vec::new();
     for record in records {
-        record.encode(&mut out, salt);
+        record.encode(&mut out, salt).expect("encode");
     }
     out
 }
@@ -200,7 +200,7 @@ fn unknown_kind_then_commit(flags: u8) -> SimStorage {
     let disk = live();
     let salt = last_segment(&disk).salt;
     let mut frames = Vec::new();
-    encode_frame(&mut frames, salt, 77, flags, &[b"future"]);
+    encode_frame(&mut frames, salt, 77, flags, &[b"future"]).expect("encode");
     let commit = empty_commit(&disk);
     frames.extend(encoded(&[commit], salt));
     append_frames(&disk, &frames);
@@ -497,7 +497,8 @@ fn cases() -> Vec<Case> {
             build: || {
                 let disk = live();
                 let mut frame = Vec::new();
-                encode_frame(&mut frame, last_segment(&disk).salt, 3, 0, &[&[1, 2, 3]]);
+                encode_frame(&mut frame, last_segment(&disk).salt, 3, 0, &[&[1, 2, 3]])
+                    .expect("encode");
                 append_frames(&disk, &frame);
                 disk
             },
@@ -719,7 +720,7 @@ fn cases() -> Vec<Case> {
                 replace(&disk, &segment_path(id), &file);
                 named.segments.push(SegmentEntry { id, salt });
                 named.next_segment_id = id + 1;
-                replace(&disk, MANIFEST_FILE, &named.encode());
+                replace(&disk, MANIFEST_FILE, &named.encode().expect("encode"));
                 disk
             },
             open: OpenMode::Writable,

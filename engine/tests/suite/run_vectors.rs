@@ -238,7 +238,7 @@ fn regenerate_run_vectors() {
     let manifest = manifest_with_run(&built.bytes);
     write(
         "manifest-runs",
-        &manifest.encode(),
+        &manifest.encode().expect("encode"),
         &describe_manifest(&manifest),
     );
     let disk = store_with_run(&built.bytes);
@@ -287,7 +287,7 @@ fn the_version_2_manifest_vector_round_trips() {
     let bytes = read_bin("manifest-runs");
     let manifest = Manifest::decode(&bytes).expect("valid");
     assert_eq!(describe_manifest(&manifest), read_json("manifest-runs"));
-    assert_eq!(manifest.encode(), bytes);
+    assert_eq!(manifest.encode().expect("encode"), bytes);
 }
 
 #[test]
@@ -306,7 +306,7 @@ fn the_checkpoint_vector_round_trips_and_a_store_on_the_run_reads_its_events() {
         .collect();
     let segments: Vec<CoveredSegment> = checkpoint.segments.clone();
     assert_eq!(
-        encode_checkpoint(&checkpoint.catalog, &runs, &segments),
+        encode_checkpoint(&checkpoint.catalog, &runs, &segments).expect("encode"),
         bytes
     );
     let run_bytes = read_bin("run-two-sessions");

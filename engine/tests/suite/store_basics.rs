@@ -3,6 +3,7 @@
 use crate::common;
 
 use common::*;
+use dshdb::session::ForkErrorCode;
 use dshdb::storage::commit::Durability;
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::store::{NewEvent, Options, Store};
@@ -314,10 +315,15 @@ fn a_fork_reads_its_seed_from_the_parent_and_survives_reopen() {
     };
     check(&store);
     assert!(forked_bytes < 10, "a fork writes one batch, not a copy");
-    assert!(matches!(
-        store.fork("parent", 99, "other"),
-        Err(Error::SeqOutOfRange { .. })
-    ));
+    let past_the_end = store.fork("parent", 99, "other").err();
+    assert_eq!(
+        past_the_end.as_ref().map(ToString::to_string).as_deref(),
+        Some("fork boundary 99 does not exist in session \"parent\" (last seq: 6)"),
+        "DSH's INVALID_BOUNDARY text"
+    );
+    assert!(
+        matches!(&past_the_end, Some(Error::Fork { source }) if source.fork_error_code() == Some(ForkErrorCode::InvalidBoundary))
+    );
     assert!(matches!(
         store.fork("parent", 1, "child"),
         Err(Error::DuplicateSession { .. })
@@ -336,11 +342,18 @@ fn a_fork_inside_an_open_turn_is_refused() {
         .append(NewEvent::new("turn/start", "{\"turn\":1}"))
         .expect("append");
     parent.append(chunk("{}")).expect("append");
-    let outcome = store.fork("p", 1, "c");
+    let outcome = store.fork("p", 1, "c").err();
+    assert_eq!(
+        outcome.as_ref().map(ToString::to_string).as_deref(),
+        Some("fork boundary 1 in session \"p\" ends inside open turn 1"),
+        "DSH's OPEN_TURN text, exactly"
+    );
     assert!(
-        matches!(&outcome, Err(Error::InvalidInput { reason }) if reason.contains("open turn 1")),
-        "{:?}",
-        outcome.err()
+        matches!(&outcome, Some(Error::Fork { source }) if source.fork_error_code() == Some(ForkErrorCode::OpenTurn))
+    );
+    assert!(
+        store.session("c").is_err(),
+        "a refused fork creates no child"
     );
 }
 

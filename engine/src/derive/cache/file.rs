@@ -1,6 +1,7 @@
 //! Checkpoint files: names, byte layout, checksum (format-spec/07, F-07-1..F-07-5).
 
 use crate::error::{Error, Result};
+use crate::storage::coding::{checked_u16, Reader, Writer};
 use crate::storage::io::Storage;
 use crate::store::Event;
 
@@ -10,8 +11,7 @@ pub const CACHE_DIR: &str = "cache";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"DSHDBPC1";
 /// Version of the checkpoint layout (not of a unit's state).
 pub const CHECKPOINT_FORMAT_VERSION: u16 = 1;
-/// Largest checkpoint file read, in bytes (1 GiB); a larger file is discarded.
-pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 30;
+pub use crate::limits::MAX_CACHE_CHECKPOINT_BYTES as MAX_CHECKPOINT_BYTES;
 /// Bytes of a blake3 digest (identity, anchor, checksum).
 const DIGEST_BYTES: usize = 32;
 /// Checkpoint file suffix.
@@ -88,51 +88,22 @@ pub(crate) fn cache_error(path: &str, reason: &str) -> Error {
 /// state version u32, seq u64, identity, anchor, state (u64 length), then blake3 of all
 /// preceding bytes. Integers little-endian.
 pub fn encode_checkpoint(checkpoint: &Checkpoint<'_>) -> Result<Vec<u8>> {
-    let unit_length = u16::try_from(checkpoint.unit.len()).map_err(|_| Error::TooLarge {
-        what: "projection unit name",
-        size: checkpoint.unit.len() as u64,
-        limit: u64::from(u16::MAX),
-    })?;
+    let unit_length = checked_u16(checkpoint.unit.len(), "projection unit name")?;
     let mut out = Vec::with_capacity(checkpoint.state.len() + 160);
-    out.extend_from_slice(&CHECKPOINT_MAGIC);
-    out.extend_from_slice(&CHECKPOINT_FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&unit_length.to_le_bytes());
-    out.extend_from_slice(checkpoint.unit.as_bytes());
-    out.extend_from_slice(&checkpoint.state_version.to_le_bytes());
-    out.extend_from_slice(&checkpoint.seq.to_le_bytes());
-    out.extend_from_slice(&checkpoint.identity);
-    out.extend_from_slice(&checkpoint.anchor);
-    out.extend_from_slice(&(checkpoint.state.len() as u64).to_le_bytes());
-    out.extend_from_slice(checkpoint.state);
+    Writer::new(&mut out)
+        .bytes(&CHECKPOINT_MAGIC)
+        .u16(CHECKPOINT_FORMAT_VERSION)
+        .u16(unit_length)
+        .bytes(checkpoint.unit.as_bytes())
+        .u32(checkpoint.state_version)
+        .u64(checkpoint.seq)
+        .bytes(&checkpoint.identity)
+        .bytes(&checkpoint.anchor)
+        .u64_length(checkpoint.state.len())
+        .bytes(checkpoint.state);
     let checksum = blake3::hash(&out);
     out.extend_from_slice(checksum.as_bytes());
     Ok(out)
-}
-
-/// Reads fields off a byte slice; every read is bounds-checked.
-struct Cursor<'bytes> {
-    bytes: &'bytes [u8],
-    position: usize,
-}
-
-impl<'bytes> Cursor<'bytes> {
-    fn take(&mut self, count: usize) -> Result<&'bytes [u8]> {
-        let end = self
-            .position
-            .checked_add(count)
-            .filter(|end| *end <= self.bytes.len())
-            .ok_or_else(|| cache_error(CACHE_DIR, "checkpoint truncated"))?;
-        let field = &self.bytes[self.position..end];
-        self.position = end;
-        Ok(field)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let field = self.take(N)?;
-        let mut array = [0; N];
-        array.copy_from_slice(field);
-        Ok(array)
-    }
 }
 
 /// Decodes and verifies a checkpoint (F-07-2); any damage is a typed error.
@@ -145,27 +116,25 @@ pub fn decode_checkpoint(bytes: &[u8]) -> Result<Checkpoint<'_>> {
     if blake3::hash(body).as_bytes() != checksum {
         return Err(cache_error(CACHE_DIR, "checkpoint checksum mismatch"));
     }
-    let mut cursor = Cursor {
-        bytes: body,
-        position: 0,
-    };
-    if cursor.array::<8>()? != CHECKPOINT_MAGIC {
+    let truncated = |_| cache_error(CACHE_DIR, "checkpoint truncated");
+    let mut reader = Reader::new(body);
+    if reader.array::<8>("magic").map_err(truncated)? != CHECKPOINT_MAGIC {
         return Err(cache_error(CACHE_DIR, "not a checkpoint"));
     }
-    if u16::from_le_bytes(cursor.array()?) != CHECKPOINT_FORMAT_VERSION {
+    if reader.u16("layout version").map_err(truncated)? != CHECKPOINT_FORMAT_VERSION {
         return Err(cache_error(CACHE_DIR, "unknown checkpoint layout version"));
     }
-    let unit_length = usize::from(u16::from_le_bytes(cursor.array()?));
-    let unit = std::str::from_utf8(cursor.take(unit_length)?)
+    let unit_length = usize::from(reader.u16("unit name length").map_err(truncated)?);
+    let unit = std::str::from_utf8(reader.bytes(unit_length, "unit name").map_err(truncated)?)
         .map_err(|_| cache_error(CACHE_DIR, "unit name is not UTF-8"))?;
-    let state_version = u32::from_le_bytes(cursor.array()?);
-    let seq = u64::from_le_bytes(cursor.array()?);
-    let identity = cursor.array()?;
-    let anchor = cursor.array()?;
-    let state_length = usize::try_from(u64::from_le_bytes(cursor.array()?))
+    let state_version = reader.u32("state version").map_err(truncated)?;
+    let seq = reader.u64("seq").map_err(truncated)?;
+    let identity = reader.array("identity").map_err(truncated)?;
+    let anchor = reader.array("anchor").map_err(truncated)?;
+    let state_length = usize::try_from(reader.u64("state length").map_err(truncated)?)
         .map_err(|_| cache_error(CACHE_DIR, "state length out of range"))?;
-    let state = cursor.take(state_length)?;
-    if cursor.position != body.len() {
+    let state = reader.bytes(state_length, "state").map_err(truncated)?;
+    if !reader.is_at_end() {
         return Err(cache_error(CACHE_DIR, "trailing bytes after the state"));
     }
     Ok(Checkpoint {

@@ -8,6 +8,18 @@
 //! rebuilt from the log: the cache is never a second source of truth and never stops the
 //! store from opening or a read from answering.
 
+// Format code: a value that does not fit its field is a typed error, never a silent `as`
+// narrowing (the lossless widenings live in `storage::coding`). Unit tests may index their
+// own buffers with `as`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 mod file;
 
 pub use file::{
@@ -27,12 +39,9 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Events read from the log per step of a cold read's fold.
-const TAIL_EVENTS_PER_READ: u64 = 4096;
+use crate::limits::EVENTS_PER_READ;
 
-/// Default number of folded events after which a new checkpoint is written (DSH's
-/// web app uses 200).
-pub const DEFAULT_CHECKPOINT_EVERY_EVENTS: u64 = 200;
+pub use crate::limits::DEFAULT_CHECKPOINT_EVERY_EVENTS;
 
 /// How the cache writes checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,8 +181,8 @@ struct LiveMark {
     turn_end_pending: bool,
 }
 
-/// The event type after which a live session's checkpoints are written (F-07-8).
-const TURN_END: &str = "turn/end";
+/// After a `turn/end` a live session's checkpoints are written (F-07-8).
+use crate::session::TURN_END;
 
 impl ProjectionCache {
     pub fn new(store: &Store, options: CacheOptions) -> Self {
@@ -310,7 +319,7 @@ impl ProjectionCache {
         let mut from = floor;
         while from < length {
             // Bounded chunks: a long tail is never held in memory at once.
-            let to = length.min(from + TAIL_EVENTS_PER_READ);
+            let to = length.min(from + EVENTS_PER_READ);
             let events = self.store.read(session, from, to)?;
             fold_tail(session, cells, &events)?;
             last = events.last().cloned().or(last);
@@ -506,6 +515,7 @@ fn read_bounded(file: &dyn crate::storage::io::StorageFile) -> Result<Vec<u8>> {
     if length > MAX_CHECKPOINT_BYTES {
         return Err(Error::TooLarge {
             what: "projection checkpoint",
+            unit: "bytes",
             size: length,
             limit: MAX_CHECKPOINT_BYTES,
         });

@@ -59,7 +59,7 @@ pub fn estimate_message_text(message: Option<&str>) -> u64 {
 fn carried_message(event: &SessionEvent) -> Value {
     let data = event.data_value();
     match event.event_type.as_str() {
-        "user/message" => data,
+        crate::session::event::USER_MESSAGE => data,
         _ => data.get("message").cloned().unwrap_or(Value::Null),
     }
 }

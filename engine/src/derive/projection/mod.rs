@@ -60,9 +60,6 @@ pub fn fold_from_scratch<U: ProjectionUnit>(unit: &U, events: &[SessionEvent]) -
     Ok(state)
 }
 
-/// Prefix of a verbatim line the exchange layer stored hex-encoded (not valid UTF-8 text).
-const HEX_LINE_PREFIX: &str = "{\"dshdb:hex\":\"";
-
 /// A stored event as DSH's session model sees it.
 pub fn session_event(session: &str, event: &Event) -> Result<SessionEvent> {
     let parsed = if event.flags & (EVENT_FLAG_ROW_START | EVENT_FLAG_ROW_MEMBER) != 0 {
@@ -92,7 +89,7 @@ pub fn session_error(session: &str, source: SessionError) -> Error {
 
 fn verbatim_line(envelope: &str) -> String {
     let Some(hex) = envelope
-        .strip_prefix(HEX_LINE_PREFIX)
+        .strip_prefix(crate::exchange::HEX_PREFIX)
         .and_then(|rest| rest.strip_suffix("\"}"))
     else {
         return envelope.to_owned();

@@ -2,7 +2,7 @@
 
 use super::{decode_postcard, encode_postcard, session_error, unit_error, ProjectionUnit};
 use crate::error::Result;
-use crate::session::event::{ASSISTANT_MESSAGE, END_SEED};
+use crate::session::event::{ASSISTANT_MESSAGE, END_SEED_TYPE};
 use crate::session::surface::projected_message;
 use crate::session::{SessionEvent, SurfaceFold, SurfaceFoldParts, SurfaceOp};
 use serde::{Deserialize, Serialize};
@@ -335,7 +335,7 @@ impl ProjectionUnit for TurnIndexUnit {
             }
             "compaction/start" => state.last_compaction_marker = Some((seq, true)),
             "compaction/end" => state.last_compaction_marker = Some((seq, false)),
-            END_SEED => state.last_end_seed = Some(seq),
+            END_SEED_TYPE => state.last_end_seed = Some(seq),
             _ => {}
         }
         Ok(())

@@ -95,9 +95,9 @@ impl MemoryFile {
 
 impl StorageFile for MemoryFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let start = usize::try_from(offset)
-            .unwrap_or(usize::MAX)
-            .min(self.bytes.len());
+        // Reading at or past the end reads nothing.
+        let length = self.bytes.len();
+        let start = usize::try_from(offset).map_or(length, |offset| offset.min(length));
         let count = buf.len().min(self.bytes.len() - start);
         buf[..count].copy_from_slice(&self.bytes[start..start + count]);
         Ok(count)
