@@ -19,7 +19,7 @@ pub mod compaction;
 pub mod derive;
 pub mod error;
 pub mod exchange;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzzing;
 #[cfg(test)]
 mod layers;

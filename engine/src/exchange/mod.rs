@@ -1,5 +1,5 @@
 //! Exchange with DeepSeek Harness session files (`session.jsonl`, `session.jsonl.zstd`, DSH's
-//! SQLite) and dshdb's canonical JSON: DSH files in and out only. May import `spill`, `store`,
+//! SQLite with the `sqlite` feature) and dshdb's canonical JSON: DSH files in and out only. May import `spill`, `store`,
 //! `storage`, `session` and `error`; the cold-resume projections above it live in `derive`.
 //!
 //! Import keeps every byte: an event line whose re-rendering by [`Event::to_json_line`]
@@ -19,6 +19,7 @@ pub mod canonical;
 pub mod layout;
 pub(crate) mod scan;
 pub mod spill_lines;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod zstd_codec;
 

@@ -137,7 +137,7 @@ pub(super) fn start_log(
         for torn in &tail.seal_earlier {
             seal_torn_segment(storage.as_ref(), torn)?;
         }
-        return Ok(Log::start(
+        return Log::start(
             storage.clone(),
             log_options,
             manifest,
@@ -145,7 +145,7 @@ pub(super) fn start_log(
             tail.segment,
             tail.salt,
             tail.offset,
-        ));
+        );
     }
     let id = manifest.next_segment_id;
     let salt = new_salt();
@@ -159,7 +159,7 @@ pub(super) fn start_log(
         }
         return Err(failure.error);
     }
-    Ok(Log::start(
+    Log::start(
         storage.clone(),
         log_options,
         manifest,
@@ -167,7 +167,7 @@ pub(super) fn start_log(
         id,
         salt,
         SEGMENT_HEADER_BYTES,
-    ))
+    )
 }
 
 /// Recovery found the tail in an older segment than the newest one (a crash right after a

@@ -17,7 +17,7 @@ mod validate;
 mod writer;
 
 pub use lifecycle::END_SEED_TYPE;
-pub use maintenance::MaintenanceReport;
+pub use maintenance::{MaintenanceReport, MAINTENANCE_THREAD};
 pub use stats::Stats;
 pub use writer::PendingReceipt;
 
@@ -355,7 +355,9 @@ impl Store {
                 let _ = store.write_runs_checkpoint();
             }
             if let Some(interval) = interval {
-                store.start_maintenance_thread(interval);
+                // On failure `store` drops here: the log closes and the lock is released,
+                // so the store opens again once threads can be started.
+                store.start_maintenance_thread(interval)?;
             }
         }
         Ok(store)
@@ -399,8 +401,13 @@ impl Store {
     }
 
     /// Makes every append so far durable.
+    ///
+    /// When the flush succeeds but a pass of the background maintenance thread failed since
+    /// the last `maintain` or `flush`, returns that failure ([`Error::Maintenance`], once):
+    /// the appends are durable all the same.
     pub fn flush(&self) -> Result<()> {
-        self.log()?.flush()
+        self.log()?.flush()?;
+        self.inner.maintenance.take_unreported()
     }
 
     /// Flushes, seals the active segment and releases the writer lock.
