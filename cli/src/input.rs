@@ -2,7 +2,8 @@
 //! "sourceEventSeqs"?:..,"ignorable"?:..}`. Values are kept as their exact JSON text.
 
 use dshdb::exchange::MAX_IMPORT_LINE_BYTES;
-use dshdb::store::{NewEvent, ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
+use dshdb::store::{ENVELOPE_KEYS, MAX_SAFE_INTEGER_EXCLUSIVE};
+use dshdb::NewEvent;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;

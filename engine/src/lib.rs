@@ -14,6 +14,19 @@
 //! - `compaction`: compaction transactions, region selection, the pruner, retention.
 //!
 //! The on-disk format is specified normatively in `format-spec/`.
+//!
+//! The root re-exports the API an embedder needs ([`Store`], [`Options`], [`Durability`],
+//! [`NewEvent`], [`Event`], [`Error`] and the writer and receipt types); the layers stay
+//! public for tools.
+//!
+//! Cargo features (none by default, so an embedder builds neither):
+//!
+//! - `sqlite`: the DSH SQLite import, `exchange::sqlite` (a bundled SQLite through rusqlite);
+//!   the CLI enables it.
+//! - `testing`: test support compiled into the library, for this crate's tests, `fuzz/`, the
+//!   benches and the other suites: the simulated disk `storage::io::sim`, the fuzz property
+//!   checks `fuzzing`, the synthetic session generator `derive::projection::synthetic`, and
+//!   fault hooks such as `storage::commit::thread_start_faults`.
 
 pub mod compaction;
 pub mod derive;

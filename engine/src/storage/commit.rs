@@ -557,7 +557,12 @@ impl Log {
 
     /// The error every write gets once an earlier failure poisoned the log.
     pub fn poisoned(&self) -> Option<Error> {
-        self.shared.state.lock().poisoned.as_ref().map(Poison::error)
+        self.shared
+            .state
+            .lock()
+            .poisoned
+            .as_ref()
+            .map(Poison::error)
     }
 
     /// Drains the queue, syncs, seals the active segment and stops the committer.

@@ -227,7 +227,13 @@ fn the_first_failure_stays_the_cause_of_the_poison() {
     state.poison("write", io::Error::from_raw_os_error(libc::ENOSPC));
     let later = state.poison("sync", io::Error::from_raw_os_error(libc::EIO));
     assert!(
-        matches!(later, Error::Poisoned { operation: "write", .. }),
+        matches!(
+            later,
+            Error::Poisoned {
+                operation: "write",
+                ..
+            }
+        ),
         "{later:?}"
     );
     assert_eq!(later.io_kind(), Some(io::ErrorKind::StorageFull));
@@ -244,7 +250,13 @@ fn stopped_log(disk: &SimStorage) -> Log {
         max_pending_bytes: 1 << 20,
         max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
     };
-    let state = State::new(file, Manifest::default(), SEGMENT, salt, SEGMENT_HEADER_BYTES);
+    let state = State::new(
+        file,
+        Manifest::default(),
+        SEGMENT,
+        salt,
+        SEGMENT_HEADER_BYTES,
+    );
     Log::without_committer(Arc::new(disk.clone()), options, state)
 }
 
