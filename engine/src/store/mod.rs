@@ -412,6 +412,9 @@ impl Store {
 
     /// Flushes, seals the active segment and releases the writer lock.
     /// Later calls on this store (and its clones) fail with [`Error::Closed`].
+    ///
+    /// Once closed, returns a failure of the background maintenance thread that no
+    /// `maintain` or `flush` returned yet ([`Error::Maintenance`]), so that none is lost.
     pub fn close(&self) -> Result<()> {
         // Before taking `closed`: a maintenance pass that is starting takes it too (through
         // `log()`), and joining the thread while holding it would deadlock.
@@ -429,6 +432,7 @@ impl Store {
             None => Ok(()),
         };
         self.inner.lock.lock().take();
-        outcome
+        outcome?;
+        self.inner.maintenance.take_unreported()
     }
 }

@@ -206,14 +206,15 @@ fn wait_for_failed_then_sealed(store: &Store, count: u64) -> dshdb::store::Stats
 
 /// A failed pass of the background maintenance thread (the manifest rename of a seal, or
 /// the seq-index checkpoint after the seals) is counted and shown by `stats`, and returned
-/// once by the next `flush` or `maintain`, whose own work is done (before, the thread dropped
-/// it: `let _ = maintain()`).
+/// once by the next `flush`, `maintain` or `close`, whose own work is done (before, the thread
+/// dropped it: `let _ = maintain()`).
 #[test]
 fn a_failed_background_maintenance_pass_is_reported_by_the_next_call_and_stats() {
     type Call = fn(&Store) -> dshdb::Result<()>;
-    let calls: [(&str, Call); 2] = [
+    let calls: [(&str, Call); 3] = [
         ("flush", |store| store.flush()),
         ("maintain", |store| store.maintain().map(drop)),
+        ("close", |store| store.close()),
     ];
     for (name, call) in calls {
         for (step, operation) in [
