@@ -80,7 +80,8 @@ pub enum Error {
         source: io::Error,
     },
     /// A pass of the background maintenance thread failed earlier; returned once, by the next
-    /// `maintain` or `flush` (whose own work succeeded), so that no failure goes unseen.
+    /// `maintain`, `flush` or `close` (whose own work succeeded), so that no failure goes
+    /// unseen. `Store::stats` counts these failures and shows the last.
     #[error("background maintenance failed: {source}")]
     Maintenance {
         #[source]

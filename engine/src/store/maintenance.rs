@@ -1,8 +1,9 @@
 //! Maintenance and sealing: rewriting sealed segments into runs, reclaiming the events of
 //! deleted sessions, moving index positions, seq-index checkpoints, the background thread.
 //!
-//! A failed pass of the background thread is kept, never dropped: the next `maintain` or
-//! `flush` returns it ([`Error::Maintenance`]) and `stats` counts it and shows the last one.
+//! A failed pass of the background thread is kept, never dropped: the next `maintain`,
+//! `flush` or `close` returns it ([`Error::Maintenance`]) and `stats` counts it and shows the
+//! last one.
 
 use super::{io_error, Store};
 use crate::error::{Error, Result};
@@ -36,7 +37,7 @@ pub(super) struct MaintenanceSignal {
 /// Failed passes of the background thread.
 #[derive(Default)]
 struct BackgroundFailures {
-    /// The oldest failure no `maintain` or `flush` has returned yet.
+    /// The oldest failure no `maintain`, `flush` or `close` has returned yet.
     unreported: Option<Arc<Error>>,
     /// Failed passes since the store was opened.
     count: u64,
