@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use dshdb::derive;
 use dshdb::exchange::{self, layout, spill_lines, ImportReport};
-use dshdb::store::{Options, Store};
+use dshdb::{Options, Store};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::cell::Cell;

@@ -7,7 +7,8 @@ use dshdb::session::event::{closest_known_event_type, is_known_event_type, parse
 use dshdb::session::json::single_line_error;
 use dshdb::session::seed::{validate_seed_event, SeedMode};
 use dshdb::session::{MAX_SAFE_INTEGER, OPTIONAL_ENVELOPE_KEYS};
-use dshdb::store::{check_data_depth, Event, NewEvent};
+use dshdb::store::{check_data_depth, Event};
+use dshdb::NewEvent;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;

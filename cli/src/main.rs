@@ -11,9 +11,8 @@ mod sqlite_import;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use dshdb::spill::{locators_in, BlobHash, SpillStore};
-use dshdb::storage::commit::Durability;
-use dshdb::store::{Options, SessionWriter, Store, MANIFEST};
-use dshdb::Error;
+use dshdb::store::MANIFEST;
+use dshdb::{Durability, Error, Options, SessionWriter, Store};
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -365,6 +364,8 @@ fn stats(path: &Path, session: Option<&str>, json: bool, out: &mut impl Write) -
             "run_compression_ratio": stats.run_compression_ratio,
             "runs": stats.runs,
             "segments": stats.segments,
+            "maintenance_failures": stats.maintenance_failures,
+            "last_maintenance_failure": stats.last_maintenance_failure,
         });
         writeln!(out, "{value}")?;
         return Ok(());
@@ -389,6 +390,14 @@ fn stats(path: &Path, session: Option<&str>, json: bool, out: &mut impl Write) -
     )?;
     writeln!(out, "runs: {}", stats.runs)?;
     writeln!(out, "segments: {}", stats.segments)?;
+    writeln!(
+        out,
+        "background maintenance failures in this process: {}",
+        stats.maintenance_failures
+    )?;
+    if let Some(failure) = &stats.last_maintenance_failure {
+        writeln!(out, "last background maintenance failure: {failure}")?;
+    }
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 //! reopens it and prints what it finds.
 
 use anyhow::{Context, Result};
-use dshdb::store::{now_millis, NewEvent, Options, Store};
+use dshdb::store::now_millis;
+use dshdb::{NewEvent, Options, Store};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;

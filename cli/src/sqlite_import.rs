@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use dshdb::exchange::sqlite::{import_dsh_sqlite, is_sqlite, SQLITE_MAGIC};
-use dshdb::store::Store;
+use dshdb::Store;
 use std::io::{Read, Write};
 use std::path::Path;
 

@@ -5,7 +5,9 @@
 //! a refused compaction live here, not in `compaction`, so no layer below reaches up.
 
 use crate::session::SessionError;
+use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Result alias used across the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -19,11 +21,15 @@ pub enum Error {
     Io {
         operation: &'static str,
         #[source]
-        source: std::io::Error,
+        source: io::Error,
     },
     /// The disk (or the simulated disk) is full. Nothing was written.
     #[error("disk full during {operation}; nothing was written")]
-    DiskFull { operation: &'static str },
+    DiskFull {
+        operation: &'static str,
+        #[source]
+        source: io::Error,
+    },
     /// A checksum or structure check failed before the durable point: data is damaged.
     #[error("corruption in segment {segment} at offset {offset}: {reason}")]
     Corrupt {
@@ -60,9 +66,34 @@ pub enum Error {
     /// A store already exists where a new one was requested.
     #[error("a dshdb store already exists at {path}")]
     AlreadyExists { path: PathBuf },
-    /// An earlier write or sync failed; the store refuses further writes.
-    #[error("store is poisoned by an earlier {operation} failure; reopen it to recover")]
-    Poisoned { operation: &'static str },
+    /// A write or sync of the log failed; the store refuses further writes. Every appender
+    /// waiting then, and every later call, gets the same `source` (shared: `io::Error` is not
+    /// `Clone`), so a full disk says so to all of them ([`Error::io_kind`]).
+    #[error(
+        "store refuses writes after a failed {operation}: {}; reopen it to recover",
+        describe_io_failure(.source)
+    )]
+    Poisoned {
+        operation: &'static str,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// A background thread of the store (the committer, the maintenance thread) could not be
+    /// started; the store was not opened.
+    #[error("cannot start the {thread} thread: {source}")]
+    ThreadStart {
+        thread: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// A pass of the background maintenance thread failed earlier; returned once, by the next
+    /// `maintain`, `flush` or `close` (whose own work succeeded), so that no failure goes
+    /// unseen. `Store::stats` counts these failures and shows the last.
+    #[error("background maintenance failed: {source}")]
+    Maintenance {
+        #[source]
+        source: Arc<Error>,
+    },
     /// The store (or the handle) was closed.
     #[error("store is closed")]
     Closed,
@@ -122,13 +153,38 @@ pub enum Error {
 
 impl Error {
     /// Wraps an I/O error, turning "no space" into [`Error::DiskFull`].
-    pub fn io(operation: &'static str, source: std::io::Error) -> Self {
-        if source.raw_os_error() == Some(libc::ENOSPC)
-            || source.kind() == std::io::ErrorKind::StorageFull
-        {
-            Error::DiskFull { operation }
+    pub fn io(operation: &'static str, source: io::Error) -> Self {
+        if is_disk_full(&source) {
+            Error::DiskFull { operation, source }
         } else {
             Error::Io { operation, source }
+        }
+    }
+
+    /// The kind of the operating-system failure behind this error, if one is behind it:
+    /// `StorageFull` for a full disk, whether the failing call returned it directly or it
+    /// poisoned the store earlier, or stopped the background maintenance.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            Error::DiskFull { .. } => Some(io::ErrorKind::StorageFull),
+            Error::Io { source, .. } | Error::ThreadStart { source, .. } => Some(source.kind()),
+            Error::Poisoned { source, .. } if is_disk_full(source) => {
+                Some(io::ErrorKind::StorageFull)
+            }
+            Error::Poisoned { source, .. } => Some(source.kind()),
+            Error::Maintenance { source } => source.io_kind(),
+            _ => None,
+        }
+    }
+
+    /// The operation and operating-system error of an I/O failure ([`Error::Io`],
+    /// [`Error::DiskFull`]); any other error back unchanged.
+    pub(crate) fn into_io(self) -> std::result::Result<(&'static str, io::Error), Error> {
+        match self {
+            Error::Io { operation, source } | Error::DiskFull { operation, source } => {
+                Ok((operation, source))
+            }
+            other => Err(other),
         }
     }
 
@@ -150,6 +206,20 @@ impl Error {
         Error::InvalidInput {
             reason: reason.into(),
         }
+    }
+}
+
+/// Whether an operating-system error means "no space left on the device".
+fn is_disk_full(error: &io::Error) -> bool {
+    error.raw_os_error() == Some(libc::ENOSPC) || error.kind() == io::ErrorKind::StorageFull
+}
+
+/// The cause of a poisoned store as its message says it: a full disk in plain words.
+fn describe_io_failure(error: &io::Error) -> String {
+    if is_disk_full(error) {
+        format!("the disk is full ({error})")
+    } else {
+        error.to_string()
     }
 }
 

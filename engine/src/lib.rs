@@ -15,6 +15,19 @@
 //! - `compaction`: compaction transactions, region selection, the pruner, retention.
 //!
 //! The on-disk format is specified normatively in `format-spec/`.
+//!
+//! The root re-exports the API an embedder needs ([`Store`], [`Options`], [`Durability`],
+//! [`NewEvent`], [`Event`], [`Error`] and the writer and receipt types); the layers stay
+//! public for tools.
+//!
+//! Cargo features (none by default, so an embedder builds neither):
+//!
+//! - `sqlite`: the DSH SQLite import, `exchange::sqlite` (a bundled SQLite through rusqlite);
+//!   the CLI enables it.
+//! - `testing`: test support compiled into the library, for this crate's tests, `fuzz/`, the
+//!   benches and the other suites: the simulated disk `storage::io::sim`, the fuzz property
+//!   checks `fuzzing`, the synthetic session generator `derive::projection::synthetic`, and
+//!   fault hooks such as `storage::commit::thread_start_faults`.
 
 // Unit tests may unwrap; the library may not (the workspace denies `clippy::unwrap_used`).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -23,7 +36,7 @@ pub mod compaction;
 pub mod derive;
 pub mod error;
 pub mod exchange;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzzing;
 #[cfg(test)]
 mod layers;

@@ -446,12 +446,18 @@ fn maintain_seals_segments_into_runs_and_stats_reports_them() {
     assert_eq!(stats["events_in_runs"], 5);
     assert_eq!(stats["runs"], 2);
     assert_eq!(stats["segments"], 1);
+    assert_eq!(stats["maintenance_failures"], 0);
+    assert!(stats["last_maintenance_failure"].is_null(), "{stats}");
     let session: serde_json::Value =
         serde_json::from_str(&ok(&["stats", store, "s", "--json"], "")).expect("json");
     assert_eq!(session["events"], 5);
     assert_eq!(session["runs"], 2);
     let text = ok(&["stats", store], "");
     assert!(text.contains("run compression ratio"), "{text}");
+    assert!(
+        text.contains("background maintenance failures in this process: 0"),
+        "{text}"
+    );
     let events = ok(&["events", store, "s"], "");
     assert_eq!(events.lines().count(), 5);
     assert!(events.contains(r#""seq":4"#), "{events}");

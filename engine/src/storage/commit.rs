@@ -3,7 +3,8 @@
 //! Appenders encode their batch under the log's lock (so the bytes know their segment, salt
 //! and offset) and queue them; one committer thread writes everything queued with one write
 //! per segment and one `fdatasync`, then wakes the waiters. A failed write or sync poisons the
-//! log: nothing after it is acknowledged.
+//! log: nothing after it is acknowledged, and every waiting and later caller gets the failure's
+//! operating-system error (a full disk says so), not only the name of the operation.
 
 use crate::error::{Error, Result};
 use crate::storage::frame::Record;
@@ -14,6 +15,7 @@ use crate::storage::segment::{
 };
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
+use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -90,7 +92,8 @@ struct State {
     batched_max_bytes: usize,
     /// (segment, offset) up to which queued bytes have been written.
     written_position: (u64, u64),
-    poisoned: Option<&'static str>,
+    /// The first failed write or sync; from then on the log refuses every batch.
+    poisoned: Option<Poison>,
     closing: bool,
     committer_done: bool,
     sealed: bool,
@@ -106,6 +109,23 @@ struct State {
     queued_since: Option<Instant>,
     /// A flush or a reader waits: write without gathering.
     urgent: bool,
+}
+
+/// What poisoned the log: the failed operation and its error, shared by every caller that
+/// gets it (an `io::Error` cannot be cloned).
+#[derive(Debug, Clone)]
+struct Poison {
+    operation: &'static str,
+    source: Arc<io::Error>,
+}
+
+impl Poison {
+    fn error(&self) -> Error {
+        Error::Poisoned {
+            operation: self.operation,
+            source: self.source.clone(),
+        }
+    }
 }
 
 /// One sleeping appender. The committer wakes exactly the appenders a group finished, so a
@@ -143,6 +163,57 @@ pub struct Submitted {
 pub use crate::limits::MAX_GROUP_GATHER;
 
 pub use crate::limits::DEFAULT_MAX_BATCH_BYTES;
+
+/// Name of the group-commit thread (`dshdb-committer`), as [`Error::ThreadStart`] names it.
+pub const COMMITTER_THREAD: &str = "committer";
+
+/// Starts the store's background thread `thread` (named `dshdb-<thread>`); an operating
+/// system that cannot start it (out of threads or memory) is an [`Error::ThreadStart`]: the
+/// caller must not go on without the thread, or everything waiting for it would wait forever.
+pub fn start_thread(
+    thread: &'static str,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    #[cfg(any(test, feature = "testing"))]
+    if thread_start_faults::take(thread) {
+        return Err(Error::ThreadStart {
+            thread,
+            source: io::Error::from_raw_os_error(libc::EAGAIN),
+        });
+    }
+    std::thread::Builder::new()
+        .name(format!("dshdb-{thread}"))
+        .spawn(body)
+        .map_err(|source| Error::ThreadStart { thread, source })
+}
+
+/// Test hook: makes a thread start fail as when the process is out of threads.
+#[cfg(any(test, feature = "testing"))]
+pub mod thread_start_faults {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Threads whose next start from this thread fails. Thread-local, so that tests
+        /// running in parallel in one binary never see each other's faults.
+        static FAILING: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// The next start of the background thread `thread` ([`super::COMMITTER_THREAD`],
+    /// `store::MAINTENANCE_THREAD`) by the calling thread fails with `EAGAIN`; later starts
+    /// succeed again.
+    pub fn fail_next_start(thread: &'static str) {
+        FAILING.with(|failing| failing.borrow_mut().push(thread));
+    }
+
+    /// Whether this start of `thread` is to fail (consuming the fault).
+    pub(super) fn take(thread: &'static str) -> bool {
+        FAILING.with(|failing| {
+            let mut failing = failing.borrow_mut();
+            let position = failing.iter().position(|name| *name == thread);
+            position.map(|index| failing.remove(index)).is_some()
+        })
+    }
+}
 
 fn check_batch_size(bytes: usize, limit: u64) -> Result<()> {
     let size = bytes as u64;
@@ -217,6 +288,7 @@ impl State {
 
 impl Log {
     /// Starts the log on an open active segment (its data ends at `tail`, durable up to there).
+    /// Fails when the committer thread cannot start: without it no batch would ever finish.
     pub fn start(
         storage: Arc<dyn Storage>,
         options: LogOptions,
@@ -225,8 +297,17 @@ impl Log {
         segment: u64,
         salt: u64,
         tail: u64,
-    ) -> Log {
+    ) -> Result<Log> {
         let state = State::new(file, manifest, segment, salt, tail);
+        let log = Log::without_committer(storage, options, state);
+        let worker = log.shared.clone();
+        let committer = start_thread(COMMITTER_THREAD, move || worker.run_committer())?;
+        *log.committer.lock() = Some(committer);
+        Ok(log)
+    }
+
+    /// A log on `state` whose committer is not running yet (unit tests run its groups).
+    fn without_committer(storage: Arc<dyn Storage>, options: LogOptions, state: State) -> Log {
         let shared = Arc::new(Shared {
             storage,
             options,
@@ -235,14 +316,9 @@ impl Log {
             done: Condvar::new(),
             space: Condvar::new(),
         });
-        let worker = shared.clone();
-        let committer = std::thread::Builder::new()
-            .name("dshdb-committer".to_string())
-            .spawn(move || worker.run_committer())
-            .ok();
         Log {
             shared,
-            committer: Mutex::new(committer),
+            committer: Mutex::new(None),
         }
     }
 
@@ -372,8 +448,8 @@ impl Log {
             if state.written_position >= (segment, end) {
                 return Ok(());
             }
-            if let Some(operation) = state.poisoned {
-                return Err(Error::Poisoned { operation });
+            if let Some(poison) = &state.poisoned {
+                return Err(poison.error());
             }
             state.write_wanted = state.next_ticket - 1;
             state.urgent = true;
@@ -462,7 +538,7 @@ impl Log {
     fn install_manifest(&self, state: &mut State, manifest: Manifest) -> Result<()> {
         if let Err(failure) = manifest.write_reporting_stage(self.shared.storage.as_ref()) {
             if failure.after_rename {
-                state.poisoned = Some("manifest sync");
+                return Err(state.poison_with(failure.error));
             }
             return Err(failure.error);
         }
@@ -475,9 +551,14 @@ impl Log {
         self.shared.state.lock().durable_ticket
     }
 
-    /// Whether an earlier failure poisoned the log.
-    pub fn poisoned(&self) -> Option<&'static str> {
-        self.shared.state.lock().poisoned
+    /// The error every write gets once an earlier failure poisoned the log.
+    pub fn poisoned(&self) -> Option<Error> {
+        self.shared
+            .state
+            .lock()
+            .poisoned
+            .as_ref()
+            .map(Poison::error)
     }
 
     /// Drains the queue, syncs, seals the active segment and stops the committer.
@@ -496,15 +577,12 @@ impl Log {
         if state.sealed {
             return Ok(());
         }
-        if let Some(operation) = state.poisoned {
-            return Err(Error::Poisoned { operation });
+        if let Some(poison) = &state.poisoned {
+            return Err(poison.error());
         }
         let result = self.shared.seal_active(&state);
         state.sealed = true;
-        if result.is_err() {
-            state.poisoned = Some("seal");
-        }
-        result
+        result.map_err(|(operation, source)| state.poison(operation, source))
     }
 }
 
@@ -544,8 +622,8 @@ impl State {
         if reached {
             return Some(Ok(()));
         }
-        if let Some(operation) = self.poisoned {
-            return Some(Err(Error::Poisoned { operation }));
+        if let Some(poison) = &self.poisoned {
+            return Some(Err(poison.error()));
         }
         if self.committer_done {
             return Some(Err(Error::Closed));
@@ -568,9 +646,30 @@ impl State {
         finished
     }
 
+    /// Poisons the log with a failed `operation` (the first failure stays the cause) and
+    /// returns the error its callers get.
+    fn poison(&mut self, operation: &'static str, source: io::Error) -> Error {
+        self.poisoned
+            .get_or_insert(Poison {
+                operation,
+                source: Arc::new(source),
+            })
+            .error()
+    }
+
+    /// Poisons the log with a failed I/O step that came back as an [`Error`].
+    fn poison_with(&mut self, error: Error) -> Error {
+        match error.into_io() {
+            Ok((operation, source)) => self.poison(operation, source),
+            // Every step of a manifest write is I/O; should another error ever come here,
+            // its text is kept as the cause.
+            Err(other) => self.poison("manifest write", io::Error::other(other.to_string())),
+        }
+    }
+
     fn check_usable(&self) -> Result<()> {
-        if let Some(operation) = self.poisoned {
-            return Err(Error::Poisoned { operation });
+        if let Some(poison) = &self.poisoned {
+            return Err(poison.error());
         }
         if self.closing {
             return Err(Error::Closed);
@@ -674,10 +773,9 @@ impl Shared {
             if failure.after_rename {
                 // The new manifest may be durable: keep the segment file, refuse further
                 // writes, and let the next open decide from what is on disk.
-                state.poisoned = Some("manifest sync");
-            } else {
-                let _ = self.storage.remove(&segment_path(id));
+                return Err(state.poison_with(failure.error));
             }
+            let _ = self.storage.remove(&segment_path(id));
             return Err(failure.error);
         }
         state.manifest = manifest;
@@ -729,7 +827,9 @@ impl Shared {
                     state = self.state.lock();
                     match synced {
                         Ok(()) => state.durable_ticket = last,
-                        Err(_) => state.poisoned = Some("sync"),
+                        Err(source) => {
+                            state.poison("sync", source);
+                        }
                     }
                 }
                 state.committer_done = true;
@@ -780,7 +880,9 @@ impl Shared {
                     }
                 }
             }
-            Err(operation) => state.poisoned = Some(operation),
+            Err((operation, source)) => {
+                state.poison(operation, source);
+            }
         }
         let finished = state.finished_waiters();
         state.last_group_tickets = group_waitable;
@@ -791,21 +893,29 @@ impl Shared {
         self.state.lock()
     }
 
-    fn seal_active(&self, state: &State) -> Result<()> {
+    /// Writes the seal of the active segment at close; a failure names its step.
+    fn seal_active(&self, state: &State) -> std::result::Result<(), (&'static str, io::Error)> {
         let context = &state.active.context;
         let mut seal = Vec::new();
         Record::Seal {
             used_bytes: context.base_offset,
             durable_offset: context.base_offset,
         }
-        .encode(&mut seal, context.salt)?;
+        .encode(&mut seal, context.salt)
+        // A seal has fixed-size fields: it cannot be too large; keep the cause if it were.
+        .map_err(|error| {
+            (
+                "seal encode",
+                io::Error::new(io::ErrorKind::InvalidData, error.to_string()),
+            )
+        })?;
         let file = &state.active.file;
-        let io = |operation| move |error| Error::io(operation, error);
+        let step = |operation| move |error| (operation, error);
         file.write_at(&seal, context.base_offset)
-            .map_err(io("seal write"))?;
+            .map_err(step("seal write"))?;
         file.set_len(context.base_offset + seal.len() as u64)
-            .map_err(io("seal trim"))?;
-        file.sync_data().map_err(io("seal sync"))
+            .map_err(step("seal trim"))?;
+        file.sync_data().map_err(step("seal sync"))
     }
 }
 
@@ -819,25 +929,27 @@ fn wake(finished: Vec<Waiter>) {
 }
 
 /// One write per chunk; before moving on to a newer segment the older one is synced, so data
-/// in a newer segment always proves the older one whole (F-05-2).
+/// in a newer segment always proves the older one whole (F-05-2). A failure names its step
+/// and keeps the operating system's error.
 fn write_chunks(
     chunks: &[Chunk],
     sync: bool,
     active: &Arc<dyn StorageFile>,
-) -> std::result::Result<(), &'static str> {
+) -> std::result::Result<(), (&'static str, io::Error)> {
+    let step = |operation| move |error| (operation, error);
     for chunk in chunks {
         chunk
             .file
             .write_at(&chunk.bytes, chunk.offset)
-            .map_err(|_| "write")?;
+            .map_err(step("write"))?;
         if let Some(length) = chunk.trim_to {
-            chunk.file.sync_data().map_err(|_| "sync")?;
-            chunk.file.set_len(length).map_err(|_| "trim")?;
-            chunk.file.sync_data().map_err(|_| "sync")?;
+            chunk.file.sync_data().map_err(step("sync"))?;
+            chunk.file.set_len(length).map_err(step("trim"))?;
+            chunk.file.sync_data().map_err(step("sync"))?;
         }
     }
     if sync {
-        active.sync_data().map_err(|_| "sync")?;
+        active.sync_data().map_err(step("sync"))?;
     }
     Ok(())
 }

@@ -210,10 +210,127 @@ fn waiters_finish_on_their_kind_of_progress_or_on_poison() {
         state.wait_outcome(durable, true).is_none(),
         "written is not durable (F-05-6)"
     );
-    state.poisoned = Some("sync");
+    state.poison("sync", io::Error::from_raw_os_error(libc::EIO));
     assert!(matches!(
         state.wait_outcome(durable, true),
-        Some(Err(Error::Poisoned { operation: "sync" }))
+        Some(Err(Error::Poisoned {
+            operation: "sync",
+            ..
+        }))
     ));
     assert!(matches!(state.check_usable(), Err(Error::Poisoned { .. })));
+}
+
+#[test]
+fn the_first_failure_stays_the_cause_of_the_poison() {
+    let mut state = fresh_state();
+    state.poison("write", io::Error::from_raw_os_error(libc::ENOSPC));
+    let later = state.poison("sync", io::Error::from_raw_os_error(libc::EIO));
+    assert!(
+        matches!(
+            later,
+            Error::Poisoned {
+                operation: "write",
+                ..
+            }
+        ),
+        "{later:?}"
+    );
+    assert_eq!(later.io_kind(), Some(io::ErrorKind::StorageFull));
+}
+
+/// A log on a fresh simulated disk whose committer the test runs group by group.
+fn stopped_log(disk: &SimStorage) -> Log {
+    let salt = 7;
+    disk.create_dir(crate::storage::segment::WAL_DIR)
+        .expect("wal directory");
+    let file = create_segment(disk, SEGMENT, salt, 1 << 20).expect("segment");
+    let options = LogOptions {
+        segment_bytes: 1 << 20,
+        max_pending_bytes: 1 << 20,
+        max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+    };
+    let state = State::new(
+        file,
+        Manifest::default(),
+        SEGMENT,
+        salt,
+        SEGMENT_HEADER_BYTES,
+    );
+    Log::without_committer(Arc::new(disk.clone()), options, state)
+}
+
+fn submit_bytes(log: &Log, bytes: usize) -> Result<u64> {
+    let (submitted, ()) = log.submit(Durability::Sync, |_, out| {
+        out.resize(out.len() + bytes, b'x');
+        Ok(())
+    })?;
+    Ok(submitted.ticket)
+}
+
+/// What the committer thread does for one group.
+fn run_one_group(log: &Log) {
+    drop(log.shared.commit_group(log.shared.state.lock()));
+}
+
+fn assert_disk_full(error: &Error, operation: &str, context: &str) {
+    assert!(
+        matches!(error, Error::Poisoned { operation: failed, .. } if *failed == operation),
+        "{context}: {error:?}"
+    );
+    assert_eq!(
+        error.io_kind(),
+        Some(io::ErrorKind::StorageFull),
+        "{context}: {error:?}"
+    );
+    assert!(
+        error.to_string().contains("the disk is full"),
+        "{context}: {error}"
+    );
+    let source = std::error::Error::source(error).expect("the poison keeps its cause");
+    assert!(
+        source.to_string().contains("No space left on device"),
+        "{context}: {source}"
+    );
+}
+
+/// ENOSPC on the group's write (`Write`) or on its `fdatasync` (`Sync`): every appender of
+/// the group, asleep or not yet waiting, and every later append learn that the disk is full.
+#[test]
+fn a_full_disk_in_group_commit_reaches_every_waiter_and_later_appends() {
+    for (fault, operation) in [
+        (crate::storage::io::sim::FaultKind::Write, "write"),
+        (crate::storage::io::sim::FaultKind::Sync, "sync"),
+    ] {
+        let disk = SimStorage::new();
+        let log = stopped_log(&disk);
+        let tickets: Vec<u64> = (0..4)
+            .map(|_| submit_bytes(&log, 100).expect("queued"))
+            .collect();
+        disk.fail_nth_with(fault, 0, libc::ENOSPC);
+        let log_ref = &log;
+        std::thread::scope(|scope| {
+            let sleepers: Vec<_> = tickets[..2]
+                .iter()
+                .map(|&ticket| scope.spawn(move || log_ref.wait(ticket, true)))
+                .collect();
+            while log.shared.state.lock().waiters.len() < sleepers.len() {
+                std::thread::yield_now();
+            }
+            run_one_group(&log);
+            for sleeper in sleepers {
+                let outcome = sleeper.join().expect("waiter thread");
+                let error = outcome.expect_err("a failed group is not durable");
+                assert_disk_full(&error, operation, "asleep in the group");
+            }
+        });
+        for &ticket in &tickets[2..] {
+            let error = log.wait(ticket, true).expect_err("not durable");
+            assert_disk_full(&error, operation, "waiting after the group");
+        }
+        let later = submit_bytes(&log, 100).expect_err("a poisoned log takes nothing");
+        assert_disk_full(&later, operation, "a later append");
+        let flush = log.flush().expect_err("a poisoned log flushes nothing");
+        assert_disk_full(&flush, operation, "a later flush");
+    }
 }

@@ -172,7 +172,7 @@ pub(super) fn start_log(
         for torn in &tail.seal_earlier {
             seal_torn_segment(storage.as_ref(), torn)?;
         }
-        return Ok(Log::start(
+        return Log::start(
             storage.clone(),
             log_options,
             manifest,
@@ -180,7 +180,7 @@ pub(super) fn start_log(
             tail.segment,
             tail.salt,
             tail.offset,
-        ));
+        );
     }
     let id = manifest.next_segment_id;
     let salt = new_salt();
@@ -194,7 +194,7 @@ pub(super) fn start_log(
         }
         return Err(failure.error);
     }
-    Ok(Log::start(
+    Log::start(
         storage.clone(),
         log_options,
         manifest,
@@ -202,7 +202,7 @@ pub(super) fn start_log(
         id,
         salt,
         SEGMENT_HEADER_BYTES,
-    ))
+    )
 }
 
 /// Recovery found the tail in an older segment than the newest one (a crash right after a

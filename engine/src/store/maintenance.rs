@@ -1,10 +1,14 @@
 //! Maintenance and sealing: rewriting sealed segments into runs, reclaiming the events of
 //! deleted sessions, moving index positions, seq-index checkpoints, the background thread.
+//!
+//! A failed pass of the background thread is kept, never dropped: the next `maintain`,
+//! `flush` or `close` returns it ([`Error::Maintenance`]) and `stats` counts it and shows the
+//! last one.
 
 use super::{io_error, Store};
 use crate::error::{Error, Result};
 use crate::storage::catalog::Extent;
-use crate::storage::commit::{new_salt, Log};
+use crate::storage::commit::{new_salt, start_thread, Log};
 use crate::storage::index::{encode_checkpoint, write_checkpoint, CoveredSegment};
 use crate::storage::io::Storage;
 use crate::storage::manifest::{RunEntry, SegmentEntry};
@@ -17,12 +21,53 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Stops the background maintenance thread.
+/// Name of the background maintenance thread (`dshdb-maintenance`), as
+/// [`Error::ThreadStart`] names it.
+pub const MAINTENANCE_THREAD: &str = "maintenance";
+
+/// Stops the background maintenance thread, and keeps what its passes failed with.
 #[derive(Default)]
 pub(super) struct MaintenanceSignal {
     pub(super) stop: Mutex<bool>,
     pub(super) wake: parking_lot::Condvar,
     pub(super) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    failures: Mutex<BackgroundFailures>,
+}
+
+/// Failed passes of the background thread.
+#[derive(Default)]
+struct BackgroundFailures {
+    /// The oldest failure no `maintain`, `flush` or `close` has returned yet.
+    unreported: Option<Arc<Error>>,
+    /// Failed passes since the store was opened.
+    count: u64,
+    /// The most recent failure.
+    last: Option<Arc<Error>>,
+}
+
+impl MaintenanceSignal {
+    fn record_failure(&self, error: Error) {
+        let error = Arc::new(error);
+        let mut failures = self.failures.lock();
+        failures.count += 1;
+        failures.last = Some(error.clone());
+        failures.unreported.get_or_insert(error);
+    }
+
+    /// Returns the oldest unreported failure, once.
+    pub(super) fn take_unreported(&self) -> Result<()> {
+        match self.failures.lock().unreported.take() {
+            Some(source) => Err(Error::Maintenance { source }),
+            None => Ok(()),
+        }
+    }
+
+    /// How many background passes failed since open, and the last failure's message.
+    pub(super) fn failure_summary(&self) -> (u64, Option<String>) {
+        let failures = self.failures.lock();
+        let last = failures.last.as_ref().map(|error| error.to_string());
+        (failures.count, last)
+    }
 }
 
 /// What one [`Store::maintain`] did.
@@ -77,31 +122,33 @@ pub(super) fn write_run_file(storage: &dyn Storage, id: u64, bytes: &[u8]) -> Re
 }
 
 impl Store {
-    pub(super) fn start_maintenance_thread(&self, interval: Duration) {
+    /// Starts the thread that runs a maintenance pass every `interval`; fails when the
+    /// operating system cannot start it (the store must not open without it).
+    pub(super) fn start_maintenance_thread(&self, interval: Duration) -> Result<()> {
         let weak = Arc::downgrade(&self.inner);
         let signal = self.inner.maintenance.clone();
         let thread_signal = signal.clone();
-        let spawned = std::thread::Builder::new()
-            .name("dshdb-maintenance".to_string())
-            .spawn(move || loop {
-                {
-                    let mut stop = thread_signal.stop.lock();
-                    if !*stop {
-                        thread_signal.wake.wait_for(&mut stop, interval);
-                    }
-                    if *stop {
-                        return;
-                    }
+        let handle = start_thread(MAINTENANCE_THREAD, move || loop {
+            {
+                let mut stop = thread_signal.stop.lock();
+                if !*stop {
+                    thread_signal.wake.wait_for(&mut stop, interval);
                 }
-                let Some(inner) = weak.upgrade() else {
+                if *stop {
                     return;
-                };
-                // Errors poison the log or are retried next time; appenders see them.
-                let _ = (Store { inner }).maintain();
-            });
-        if let Ok(handle) = spawned {
-            *signal.thread.lock() = Some(handle);
-        }
+                }
+            }
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            match (Store { inner }).maintain_pass() {
+                // A close racing the pass is no failure.
+                Ok(_) | Err(Error::Closed) => {}
+                Err(error) => thread_signal.record_failure(error),
+            }
+        })?;
+        *signal.thread.lock() = Some(handle);
+        Ok(())
     }
 
     pub(super) fn stop_maintenance_thread(&self) {
@@ -119,7 +166,17 @@ impl Store {
     /// Rewrites every sealed write-ahead segment into a run file (F-06-10), oldest first,
     /// then checkpoints the seq index. Crash-safe at every step: the segment is removed only
     /// after the run file and the manifest naming it are durable.
+    ///
+    /// When this pass succeeds but an earlier pass of the background thread failed, returns
+    /// that failure instead ([`Error::Maintenance`], once).
     pub fn maintain(&self) -> Result<MaintenanceReport> {
+        let report = self.maintain_pass()?;
+        self.inner.maintenance.take_unreported()?;
+        Ok(report)
+    }
+
+    /// One maintenance pass (what `maintain` and the background thread run).
+    fn maintain_pass(&self) -> Result<MaintenanceReport> {
         let log = self.log()?;
         let mut reclaimed_at = self.inner.maintaining.lock();
         let mut report = MaintenanceReport::default();
@@ -136,9 +193,10 @@ impl Store {
         self.reclaim_runs(log, &mut reclaimed_at, &mut report)?;
         if report.segments_sealed > 0 || report.runs_rewritten > 0 {
             // Once per maintain, not per segment: the checkpoint covers the whole catalog,
-            // and an older one stays valid for the runs it names (F-06-21).
-            // Derived data (F-06-22): a failure only costs the next open a replay of runs.
-            let _ = self.write_runs_checkpoint();
+            // and an older one stays valid for the runs it names (F-06-21). Derived data
+            // (F-06-22): a failure only costs the next open a replay of runs, but it is
+            // reported all the same (the runs and the manifest are durable by now).
+            self.write_runs_checkpoint()?;
         }
         Ok(report)
     }

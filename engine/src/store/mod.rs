@@ -17,7 +17,7 @@ mod validate;
 mod writer;
 
 pub use crate::session::END_SEED_TYPE;
-pub use maintenance::MaintenanceReport;
+pub use maintenance::{MaintenanceReport, MAINTENANCE_THREAD};
 pub use stats::Stats;
 pub use validate::check_data_depth;
 pub use writer::PendingReceipt;
@@ -400,7 +400,9 @@ impl Store {
                 let _ = store.write_runs_checkpoint();
             }
             if let Some(interval) = interval {
-                store.start_maintenance_thread(interval);
+                // On failure `store` drops here: the log closes and the lock is released,
+                // so the store opens again once threads can be started.
+                store.start_maintenance_thread(interval)?;
             }
         }
         Ok(store)
@@ -444,12 +446,20 @@ impl Store {
     }
 
     /// Makes every append so far durable.
+    ///
+    /// When the flush succeeds but a pass of the background maintenance thread failed since
+    /// the last `maintain` or `flush`, returns that failure ([`Error::Maintenance`], once):
+    /// the appends are durable all the same.
     pub fn flush(&self) -> Result<()> {
-        self.log()?.flush()
+        self.log()?.flush()?;
+        self.inner.maintenance.take_unreported()
     }
 
     /// Flushes, seals the active segment and releases the writer lock.
     /// Later calls on this store (and its clones) fail with [`Error::Closed`].
+    ///
+    /// Once closed, returns a failure of the background maintenance thread that no
+    /// `maintain` or `flush` returned yet ([`Error::Maintenance`]), so that none is lost.
     pub fn close(&self) -> Result<()> {
         // Before taking `closed`: a maintenance pass that is starting takes it too (through
         // `log()`), and joining the thread while holding it would deadlock.
@@ -467,6 +477,7 @@ impl Store {
             None => Ok(()),
         };
         self.inner.lock.lock().take();
-        outcome
+        outcome?;
+        self.inner.maintenance.take_unreported()
     }
 }

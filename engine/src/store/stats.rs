@@ -29,6 +29,11 @@ pub struct Stats {
     pub raw_bytes: u64,
     /// Uncompressed over compressed bytes of the run blocks counted (0 without runs).
     pub run_compression_ratio: f64,
+    /// Passes of this handle's background maintenance thread that failed since the store was
+    /// opened (the whole store's figure, also for one session; 0 without the thread).
+    pub maintenance_failures: u64,
+    /// The message of the last of them.
+    pub last_maintenance_failure: Option<String>,
 }
 
 impl Store {
@@ -44,6 +49,8 @@ impl Store {
         }
         let catalog = self.inner.catalog.read();
         let mut stats = Stats::default();
+        (stats.maintenance_failures, stats.last_maintenance_failure) =
+            self.inner.maintenance.failure_summary();
         let mut runs_seen = std::collections::HashSet::new();
         let mut segments_seen = std::collections::HashSet::new();
         let numbers: Vec<u32> = match session {

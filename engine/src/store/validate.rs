@@ -1,6 +1,8 @@
 //! Validation of a session header and of an event before anything is encoded.
 
-use super::{NewEvent, MAX_EVENT_DATA_BYTES, MAX_EVENT_DATA_DEPTH, MAX_HEADER_BYTES, MAX_TYPE_BYTES};
+use super::{
+    NewEvent, MAX_EVENT_DATA_BYTES, MAX_EVENT_DATA_DEPTH, MAX_HEADER_BYTES, MAX_TYPE_BYTES,
+};
 use crate::error::{Error, Result};
 use crate::session::{MAX_SAFE_INTEGER, OPTIONAL_ENVELOPE_KEYS};
 use crate::storage::catalog::header_id;

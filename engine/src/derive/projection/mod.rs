@@ -10,7 +10,7 @@
 //! by type, usage totals) and [`TurnIndexUnit`] (turns, steps, compaction brackets).
 
 mod heuristic;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
 mod tokens;
 mod units;

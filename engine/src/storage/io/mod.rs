@@ -1,9 +1,11 @@
 //! The storage abstraction. The engine touches the disk only through [`Storage`], so every crash
-//! test can run on [`sim::SimStorage`], which models volatile vs durable bytes and power cuts.
+//! test can run on `sim::SimStorage` (with the `testing` feature), which models volatile vs
+//! durable bytes and power cuts.
 //!
 //! Paths are relative to the store's root and use `/` as separator.
 
 pub mod fs;
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 
 use std::io;

@@ -14,8 +14,10 @@
 //!   - the process-crash image: the volatile state before the cut operation (what a `kill -9`
 //!     leaves, since the kernel keeps written pages).
 //! - Faults: a capacity in bytes (allocation and writes past it fail with `ENOSPC`), one-shot
-//!   failures of the n-th write, sync or rename with `EIO`, and a one-shot short write (the
-//!   n-th write lands only its first half, rounded down to a sector, then fails with `EIO`).
+//!   failures of the n-th write, sync or rename with `EIO` (or a chosen error number, such as
+//!   the `ENOSPC` a write into a preallocated segment or an `fdatasync` can still return on
+//!   some file systems), and a one-shot short write (the n-th write lands only its first half,
+//!   rounded down to a sector, then fails with `EIO`).
 
 // Test support, not a format: offsets into in-memory disk images that exist, so they fit
 // `usize` (storage/ denies narrowing casts for its format code).
@@ -92,7 +94,8 @@ struct State {
     crashed: bool,
     images: Vec<CrashImage>,
     capacity: Option<u64>,
-    failures: BTreeMap<(FaultKind, u64), ()>,
+    /// One-shot failures: (kind, index) to the error number it fails with.
+    failures: BTreeMap<(FaultKind, u64), i32>,
     counts: BTreeMap<FaultKind, u64>,
     locks: BTreeSet<String>,
 }
@@ -135,8 +138,8 @@ impl State {
         let count = self.counts.entry(kind).or_insert(0);
         let index = *count;
         *count += 1;
-        if self.failures.remove(&(kind, index)).is_some() {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
+        if let Some(errno) = self.failures.remove(&(kind, index)) {
+            return Err(io::Error::from_raw_os_error(errno));
         }
         Ok(())
     }
@@ -432,9 +435,15 @@ impl SimStorage {
 
     /// Makes the `index`-th (from 0, counted from now) operation of `kind` fail once with `EIO`.
     pub fn fail_nth(&self, kind: FaultKind, index: u64) {
+        self.fail_nth_with(kind, index, libc::EIO);
+    }
+
+    /// Makes the `index`-th (from 0, counted from now) operation of `kind` fail once with the
+    /// error number `errno` (`ShortWrite` always fails with `EIO`).
+    pub fn fail_nth_with(&self, kind: FaultKind, index: u64, errno: i32) {
         let mut state = self.state.lock();
         let already = state.counts.get(&kind).copied().unwrap_or(0);
-        state.failures.insert((kind, already + index), ());
+        state.failures.insert((kind, already + index), errno);
     }
 
     fn lookup(&self, path: &str) -> io::Result<u64> {

@@ -166,3 +166,6 @@ fn disk_usage(disk: &SimStorage) -> u64 {
 
 /// Every write path × every fault kind, at several points of each path.
 mod matrix;
+
+/// Failures away from the caller: a shared group commit, thread starts, background passes.
+mod background;
