@@ -151,9 +151,22 @@ pub fn scan_frames<'a>(
     bytes: &'a [u8],
     segment: u64,
     salt: u64,
+    on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
+) -> Result<SegmentScan> {
+    scan_frames_from(bytes, SEGMENT_HEADER_BYTES, segment, salt, on_record)
+}
+
+/// [`scan_frames`] from offset `from`, which must be where a frame starts (the end of a
+/// commit): a reader that read the segment again continues where its first scan's
+/// committed batches ended.
+pub fn scan_frames_from<'a>(
+    bytes: &'a [u8],
+    from: u64,
+    segment: u64,
+    salt: u64,
     mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
 ) -> Result<SegmentScan> {
-    let mut offset = SEGMENT_HEADER_BYTES as usize;
+    let mut offset = usize::try_from(from).unwrap_or(usize::MAX);
     loop {
         let position = offset as u64;
         let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {

@@ -120,6 +120,14 @@ impl Store {
     /// then checkpoints the seq index. Crash-safe at every step: the segment is removed only
     /// after the run file and the manifest naming it are durable.
     pub fn maintain(&self) -> Result<MaintenanceReport> {
+        let outcome = self.maintain_log();
+        if let Err(error) = &outcome {
+            self.note_damage(error);
+        }
+        outcome
+    }
+
+    fn maintain_log(&self) -> Result<MaintenanceReport> {
         let log = self.log()?;
         let mut reclaimed_at = self.inner.maintaining.lock();
         let mut report = MaintenanceReport::default();

@@ -21,7 +21,7 @@ pub use maintenance::MaintenanceReport;
 pub use stats::Stats;
 pub use writer::PendingReceipt;
 
-use create::{create_store, remove_orphans, start_log};
+use create::{create_store, discard_checkpoint, remove_orphans, start_log};
 use line::push_json_line;
 use maintenance::MaintenanceSignal;
 
@@ -30,10 +30,13 @@ use crate::storage::catalog::Catalog;
 use crate::storage::commit::{Durability, Log, DEFAULT_MAX_BATCH_BYTES};
 use crate::storage::frame::{EVENT_FIXED_BYTES, MAX_PAYLOAD_BYTES};
 use crate::storage::io::fs::FsStorage;
+use crate::storage::io::snapshot::SnapshotStorage;
 use crate::storage::io::{LockGuard, Storage, StorageFile};
 use crate::storage::manifest::{Manifest, RunEntry, MANIFEST_FILE};
-use crate::storage::recovery::{recover, RecoveryReport};
+use crate::storage::recovery::{recover, Access, Recovered, RecoveryReport};
+use crate::storage::run::run_path;
 use crate::storage::run::{BlockCache, RunReader};
+use crate::storage::segment::segment_path;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::path::Path;
@@ -234,6 +237,9 @@ struct Inner {
     /// exclusively while it moves positions from a segment to its run.
     read_gate: RwLock<()>,
     maintenance: Arc<MaintenanceSignal>,
+    /// Damage a read of this writable store found (F-05-12): from then on it refuses every
+    /// write with a copy of this error, so nothing is built on it.
+    damage: Mutex<Option<Error>>,
 }
 
 /// An open store. Cheap to clone; all clones share one store.
@@ -275,8 +281,108 @@ impl Drop for Inner {
     }
 }
 
+/// A copy of an error that says the log's files are damaged; `None` for any other error.
+fn copy_of_damage(error: &Error) -> Option<Error> {
+    Some(match error {
+        Error::Corrupt {
+            segment,
+            offset,
+            reason,
+        } => Error::Corrupt {
+            segment: *segment,
+            offset: *offset,
+            reason: reason.clone(),
+        },
+        Error::CorruptFile { file, reason } => Error::CorruptFile {
+            file: file.clone(),
+            reason: reason.clone(),
+        },
+        Error::UnknownRecordKind {
+            segment,
+            offset,
+            kind,
+        } => Error::UnknownRecordKind {
+            segment: *segment,
+            offset: *offset,
+            kind: *kind,
+        },
+        Error::UnsupportedVersion {
+            file,
+            found,
+            supported,
+        } => Error::UnsupportedVersion {
+            file: file.clone(),
+            found: *found,
+            supported: *supported,
+        },
+        _ => return None,
+    })
+}
+
 /// The manifest file name, for tools.
 pub const MANIFEST: &str = MANIFEST_FILE;
+
+/// Times a read-only open reads the manifest again when a file it names vanished (a writer's
+/// maintenance replaced it) before the open fails (F-05-13).
+pub const MAX_SNAPSHOT_ATTEMPTS: usize = 8;
+
+/// A read-only open (F-01-3, F-05-13): pins every file the manifest names, then recovers
+/// from those handles. When that fails and the manifest changed meanwhile (a writer sealed
+/// a segment into a run, or rewrote a run, and removed the old file), it starts again from
+/// the new manifest; with the manifest unchanged the failure stands.
+fn open_snapshot(
+    storage: Arc<dyn Storage>,
+    use_checkpoint: bool,
+    label: &Path,
+) -> Result<(Manifest, Arc<dyn Storage>, Recovered)> {
+    let read_manifest = || {
+        Manifest::read(storage.as_ref())?.ok_or_else(|| Error::NotAStore {
+            path: label.to_path_buf(),
+        })
+    };
+    let mut manifest = read_manifest()?;
+    let mut attempts = 1;
+    loop {
+        let snapshot = pin_named_files(&storage, &manifest).and_then(|pinned| {
+            let recovered = recover(pinned.as_ref(), &manifest, use_checkpoint, Access::ReadOnly)?;
+            Ok((pinned, recovered))
+        });
+        let error = match snapshot {
+            Ok((pinned, recovered)) => return Ok((manifest, pinned, recovered)),
+            Err(error) => error,
+        };
+        if attempts >= MAX_SNAPSHOT_ATTEMPTS {
+            return Err(error);
+        }
+        let now = read_manifest()?;
+        if now == manifest {
+            return Err(error);
+        }
+        manifest = now;
+        attempts += 1;
+    }
+}
+
+/// Opens every segment and run `manifest` names (a missing one is `CorruptFile`).
+fn pin_named_files(storage: &Arc<dyn Storage>, manifest: &Manifest) -> Result<Arc<dyn Storage>> {
+    let paths: Vec<String> = manifest
+        .segments
+        .iter()
+        .map(|segment| segment_path(segment.id))
+        .chain(manifest.runs.iter().map(|run| run_path(run.id)))
+        .collect();
+    let pinned = SnapshotStorage::pin(storage.clone(), &paths).map_err(|(path, error)| {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            Error::CorruptFile {
+                file: path,
+                reason: "named by the manifest but missing".to_string(),
+            }
+        } else {
+            Error::io("file open", error)
+        }
+    })?;
+    Ok(Arc::new(pinned))
+}
 
 impl Store {
     /// Opens (or creates) the store in directory `path` on the real file system.
@@ -303,18 +409,26 @@ impl Store {
                 path: label.to_path_buf(),
             })?)
         };
-        let manifest = match Manifest::read(storage.as_ref())? {
-            Some(manifest) => manifest,
-            None if options.create_if_missing && !options.read_only => {
-                create_store(storage.as_ref(), label)?
-            }
-            None => {
-                return Err(Error::NotAStore {
-                    path: label.to_path_buf(),
-                })
-            }
+        let (manifest, storage, mut recovered) = if options.read_only {
+            open_snapshot(storage, options.use_checkpoint, label)?
+        } else {
+            let manifest = match Manifest::read(storage.as_ref())? {
+                Some(manifest) => manifest,
+                None if options.create_if_missing => create_store(storage.as_ref(), label)?,
+                None => {
+                    return Err(Error::NotAStore {
+                        path: label.to_path_buf(),
+                    })
+                }
+            };
+            let recovered = recover(
+                storage.as_ref(),
+                &manifest,
+                options.use_checkpoint,
+                Access::Writable,
+            )?;
+            (manifest, storage, recovered)
         };
-        let mut recovered = recover(storage.as_ref(), &manifest, options.use_checkpoint)?;
         let salts = manifest
             .segments
             .iter()
@@ -325,6 +439,10 @@ impl Store {
         let log = if options.read_only {
             None
         } else {
+            if recovered.report.checkpoint_distrusted {
+                // Before the repair continues the segment it calls sealed (F-05-12).
+                discard_checkpoint(storage.as_ref())?;
+            }
             remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
             Some(start_log(&storage, &options, manifest, recovered.tail)?)
         };
@@ -347,6 +465,7 @@ impl Store {
                 maintaining: Mutex::new(None),
                 read_gate: RwLock::new(()),
                 maintenance: Arc::new(MaintenanceSignal::default()),
+                damage: Mutex::new(None),
             }),
         };
         if store.inner.log.is_some() {
@@ -391,16 +510,37 @@ impl Store {
             .collect()
     }
 
+    /// The log, for a write: refused when closed, read-only, or after a read found damage.
     fn log(&self) -> Result<&Log> {
+        let log = self.open_log()?;
+        if let Some(damage) = self.inner.damage.lock().as_ref().and_then(copy_of_damage) {
+            return Err(damage);
+        }
+        Ok(log)
+    }
+
+    fn open_log(&self) -> Result<&Log> {
         if *self.inner.closed.lock() {
             return Err(Error::Closed);
         }
         self.inner.log.as_ref().ok_or(Error::ReadOnly)
     }
 
-    /// Makes every append so far durable.
+    /// Remembers damage a read of the log found, so that a writable store refuses further
+    /// writes (F-05-12). Spill blobs are outside the log and do not count.
+    pub(super) fn note_damage(&self, error: &Error) {
+        if self.inner.log.is_none() {
+            return;
+        }
+        if let Some(copy) = copy_of_damage(error) {
+            self.inner.damage.lock().get_or_insert(copy);
+        }
+    }
+
+    /// Makes every append so far durable (also after a read found damage: those bytes are
+    /// the caller's, written before it).
     pub fn flush(&self) -> Result<()> {
-        self.log()?.flush()
+        self.open_log()?.flush()
     }
 
     /// Flushes, seals the active segment and releases the writer lock.
