@@ -166,3 +166,6 @@ fn disk_usage(disk: &SimStorage) -> u64 {
 
 /// Every write path × every fault kind, at several points of each path.
 mod matrix;
+
+/// Damage at rest, then writable opens and appends (F-05-12).
+mod damage;
