@@ -24,6 +24,7 @@ mod fuzz_replay;
 mod hostile_input;
 mod kill;
 mod projection_cache;
+mod readers;
 mod recovery_table;
 mod retention;
 mod run_vectors;

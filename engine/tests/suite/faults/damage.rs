@@ -191,7 +191,11 @@ fn assert_refused(image: &CrashImage, expected: fn(&Error) -> bool, label: &str)
         Ok(_) => panic!("{label}: the writable open built on the damage"),
         Err(error) => assert!(expected(&error), "{label}: {error:?}"),
     }
-    assert_eq!(files(&disk), before, "{label}: the refused open changed bytes");
+    assert_eq!(
+        files(&disk),
+        before,
+        "{label}: the refused open changed bytes"
+    );
 }
 
 #[test]
@@ -216,7 +220,9 @@ fn a_flipped_record_byte_in_the_last_sealed_segment_refuses_writable_opens_only(
     let store = open_sim(&disk, read_only(true)).expect("read-only open");
     let b = store.read("b", 0, u64::MAX).expect("b is undamaged");
     assert_eq!(b.len() as u64, EVENTS_PER_SESSION);
-    assert!(store.read("a", 0, u64::MAX).is_err_and(|error| error.is_corruption()));
+    assert!(store
+        .read("a", 0, u64::MAX)
+        .is_err_and(|error| error.is_corruption()));
 }
 
 #[test]
@@ -353,7 +359,9 @@ fn no_damage_at_the_tail_then_opens_and_appends_turns_a_readable_store_unreadabl
             }
         };
         append(&store, "a", 1).unwrap_or_else(|error| panic!("{label}: append: {error}"));
-        store.close().unwrap_or_else(|error| panic!("{label}: close: {error}"));
+        store
+            .close()
+            .unwrap_or_else(|error| panic!("{label}: close: {error}"));
         let after = reads_whole(&disk.durable_image())
             .unwrap_or_else(|error| panic!("{label}: unreadable after the append: {error}"));
         for (session, events) in &before {
@@ -365,7 +373,10 @@ fn no_damage_at_the_tail_then_opens_and_appends_turns_a_readable_store_unreadabl
         }
     }
     eprintln!("{readable_cases} of {DAMAGE_CASES} damaged stores read whole; {refused} of them refused a writable open");
-    assert!(readable_cases > DAMAGE_CASES / 4, "{readable_cases} readable cases");
+    assert!(
+        readable_cases > DAMAGE_CASES / 4,
+        "{readable_cases} readable cases"
+    );
 }
 
 #[test]
@@ -392,7 +403,10 @@ fn a_power_cut_anywhere_in_the_repair_of_a_torn_seal_leaves_a_readable_store() {
                 contents == expected_contents(0) || contents == expected_contents(1),
                 "{label}: {contents:?}"
             );
-            assert!(contents["a"].len() as u64 >= EVENTS_PER_SESSION + minimum, "{label}");
+            assert!(
+                contents["a"].len() as u64 >= EVENTS_PER_SESSION + minimum,
+                "{label}"
+            );
             let repaired =
                 open_append_close(&crashed).unwrap_or_else(|error| panic!("{label}: {error}"));
             reads_whole(&repaired).unwrap_or_else(|error| panic!("{label}: {error}"));
