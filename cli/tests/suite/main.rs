@@ -6,4 +6,5 @@ mod common;
 
 mod above;
 mod cli;
+mod damage;
 mod usage;

@@ -264,7 +264,8 @@ fn recover_past_unclean_seal(
             unclean.segment,
             committed_end.unwrap_or(recorded_committed_end),
             &format!(
-                "the checkpoint recorded a seal at offset {recorded_committed_end}, but {}",
+                "committed batches end here, but the checkpoint recorded them durable up to \
+                 a seal at offset {recorded_committed_end}: {}",
                 unclean.reason
             ),
         ));

@@ -480,6 +480,26 @@ impl Store {
         Ok(store)
     }
 
+    /// What a writable open of the store in `path` would find (F-05-12), without taking the
+    /// lock or writing anything: the recovery it runs, as a read-only snapshot (F-05-13).
+    /// `Err` is what the writable open would refuse with; a report with a torn tail or
+    /// `checkpoint_distrusted` is what it would repair. `dshdb verify` says which.
+    pub fn check_writable_open(path: impl AsRef<Path>) -> Result<RecoveryReport> {
+        let path = path.as_ref();
+        if !path.is_dir() {
+            return Err(Error::NotAStore {
+                path: path.to_path_buf(),
+            });
+        }
+        let storage: Arc<dyn Storage> = Arc::new(FsStorage::new(path));
+        let manifest = Manifest::read(storage.as_ref())?.ok_or_else(|| Error::NotAStore {
+            path: path.to_path_buf(),
+        })?;
+        let pinned = pin_named_files(&storage, &manifest)?;
+        let recovered = recover(pinned.as_ref(), &manifest, true, Access::Writable)?;
+        Ok(recovered.report)
+    }
+
     /// The store's directory (derived files above the log, `cache/` and `spill/`, live there).
     pub fn storage(&self) -> Arc<dyn Storage> {
         self.inner.storage.clone()
