@@ -111,6 +111,21 @@ struct SegmentProgress {
 pub enum Access {
     ReadOnly,
     Writable,
+    /// What a writable open would decide, found by a read-only reader (`dshdb verify`):
+    /// the checks of a writable open, the reads of a read-only one.
+    Preview,
+}
+
+impl Access {
+    /// Whether the open checks what a checkpoint vouches for (F-05-12).
+    fn checks_covered_files(self) -> bool {
+        self != Access::ReadOnly
+    }
+
+    /// Whether a writer may be writing beside this open (it holds no lock, F-05-13).
+    fn beside_a_writer(self) -> bool {
+        self != Access::Writable
+    }
 }
 
 /// Reads of one segment a read-only open makes before it calls a stop damage (F-05-13): a
@@ -149,10 +164,13 @@ pub fn recover(
             None
         }
     };
-    if let (Some(checkpoint), Access::Writable) = (&checkpoint, access) {
+    if let Some(checkpoint) = checkpoint
+        .as_ref()
+        .filter(|_| access.checks_covered_files())
+    {
         check_covered_files(storage, manifest, checkpoint)?;
         if let Some(unclean) = unclean_last_seal(storage, checkpoint)? {
-            return recover_past_unclean_seal(storage, manifest, unclean);
+            return recover_past_unclean_seal(storage, manifest, unclean, access);
         }
     }
     replay(storage, manifest, checkpoint, report, access)
@@ -246,14 +264,9 @@ fn recover_past_unclean_seal(
     storage: &dyn Storage,
     manifest: &Manifest,
     unclean: UncleanSeal,
+    access: Access,
 ) -> Result<Recovered> {
-    let mut recovered = replay(
-        storage,
-        manifest,
-        None,
-        RecoveryReport::default(),
-        Access::Writable,
-    )?;
+    let mut recovered = replay(storage, manifest, None, RecoveryReport::default(), access)?;
     let recorded_committed_end = unclean.recorded_end.saturating_sub(SEAL_FRAME_BYTES);
     let committed_end = recovered
         .tail
@@ -468,7 +481,7 @@ fn replay_segment(
             .unwrap_or_else(|| "segment ends without a seal before later data".to_string());
         let committed_end = replay.progress.committed_end;
         progress = replay.progress;
-        if access == Access::ReadOnly && reads < MAX_SEGMENT_READS {
+        if access.beside_a_writer() && reads < MAX_SEGMENT_READS {
             let fresh = read_segment(storage, entry.id)?;
             let unchanged =
                 fresh.get(committed_end as usize..) == bytes.get(committed_end as usize..);

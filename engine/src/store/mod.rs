@@ -326,13 +326,14 @@ pub const MANIFEST: &str = MANIFEST_FILE;
 /// maintenance replaced it) before the open fails (F-05-13).
 pub const MAX_SNAPSHOT_ATTEMPTS: usize = 8;
 
-/// A read-only open (F-01-3, F-05-13): pins every file the manifest names, then recovers
+/// A read-only open (F-01-3, F-05-13), or a preview of a writable one: pins every file the manifest names, then recovers
 /// from those handles. When that fails and the manifest changed meanwhile (a writer sealed
 /// a segment into a run, or rewrote a run, and removed the old file), it starts again from
 /// the new manifest; with the manifest unchanged the failure stands.
 fn open_snapshot(
     storage: Arc<dyn Storage>,
     use_checkpoint: bool,
+    access: Access,
     label: &Path,
 ) -> Result<(Manifest, Arc<dyn Storage>, Recovered)> {
     let read_manifest = || {
@@ -344,7 +345,7 @@ fn open_snapshot(
     let mut attempts = 1;
     loop {
         let snapshot = pin_named_files(&storage, &manifest).and_then(|pinned| {
-            let recovered = recover(pinned.as_ref(), &manifest, use_checkpoint, Access::ReadOnly)?;
+            let recovered = recover(pinned.as_ref(), &manifest, use_checkpoint, access)?;
             Ok((pinned, recovered))
         });
         let error = match snapshot {
@@ -410,7 +411,7 @@ impl Store {
             })?)
         };
         let (manifest, storage, mut recovered) = if options.read_only {
-            open_snapshot(storage, options.use_checkpoint, label)?
+            open_snapshot(storage, options.use_checkpoint, Access::ReadOnly, label)?
         } else {
             let manifest = match Manifest::read(storage.as_ref())? {
                 Some(manifest) => manifest,
@@ -492,11 +493,7 @@ impl Store {
             });
         }
         let storage: Arc<dyn Storage> = Arc::new(FsStorage::new(path));
-        let manifest = Manifest::read(storage.as_ref())?.ok_or_else(|| Error::NotAStore {
-            path: path.to_path_buf(),
-        })?;
-        let pinned = pin_named_files(&storage, &manifest)?;
-        let recovered = recover(pinned.as_ref(), &manifest, true, Access::Writable)?;
+        let (_, _, recovered) = open_snapshot(storage, true, Access::Preview, path)?;
         Ok(recovered.report)
     }
 

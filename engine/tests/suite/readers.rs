@@ -489,7 +489,7 @@ fn readers_beside_a_writer_that_appends_closes_and_maintains_never_fail() {
         let mut passes = 0u64;
         let mut failures = Vec::new();
         while started.elapsed() < CONCURRENT_RUN {
-            match reader_pass(&store_dir, passes % 2 == 0) {
+            match reader_pass(&store_dir, passes.is_multiple_of(2)) {
                 Ok(_) => {}
                 Err(failure) => failures.push(failure),
             }
