@@ -364,13 +364,19 @@ fn open_snapshot(
     }
 }
 
-/// Opens every segment and run `manifest` names (a missing one is `CorruptFile`).
+/// Files a read-only open keeps open from its start (F-05-13): each holds a descriptor for
+/// the life of the store, so a store of very many files must not exhaust the process's.
+pub const MAX_PINNED_FILES: usize = 512;
+
+/// Opens the segments and runs `manifest` names, oldest segments first (maintenance replaces
+/// those first), at most [`MAX_PINNED_FILES`]; a missing one is `CorruptFile`.
 fn pin_named_files(storage: &Arc<dyn Storage>, manifest: &Manifest) -> Result<Arc<dyn Storage>> {
     let paths: Vec<String> = manifest
         .segments
         .iter()
         .map(|segment| segment_path(segment.id))
         .chain(manifest.runs.iter().map(|run| run_path(run.id)))
+        .take(MAX_PINNED_FILES)
         .collect();
     let pinned = SnapshotStorage::pin(storage.clone(), &paths).map_err(|(path, error)| {
         if error.kind() == std::io::ErrorKind::NotFound {
