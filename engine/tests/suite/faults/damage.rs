@@ -140,6 +140,12 @@ fn open_append_close(image: &CrashImage) -> dshdb::Result<CrashImage> {
 /// The torn seal is repaired at the writable open: the append goes on, everything reads
 /// with and without the checkpoint, a second writable open is clean.
 fn assert_repaired(damaged: &CrashImage, label: &str) {
+    // The open distrusts the checkpoint and removes it before it repairs the segment.
+    let disk = SimStorage::from_image(damaged);
+    let store = open_sim(&disk, writable()).unwrap_or_else(|error| panic!("{label}: {error}"));
+    assert!(store.recovery_report().checkpoint_distrusted, "{label}");
+    assert_eq!(disk.durable_image().file(CHECKPOINT_FILE), None, "{label}");
+    drop(store);
     let after = open_append_close(damaged).unwrap_or_else(|error| panic!("{label}: {error}"));
     assert_eq!(
         reads_whole(&after).unwrap_or_else(|error| panic!("{label}: {error}")),
