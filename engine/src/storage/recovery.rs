@@ -173,7 +173,28 @@ pub fn recover(
             return recover_past_unclean_seal(storage, manifest, unclean, access);
         }
     }
-    replay(storage, manifest, checkpoint, report, access)
+    let mut recovered = replay(storage, manifest, checkpoint, report, access)?;
+    if access == Access::Writable && !use_checkpoint {
+        mark_stale_checkpoint(storage, manifest, &mut recovered);
+    }
+    Ok(recovered)
+}
+
+/// A writable open that did not use the checkpoint may go on writing a segment the
+/// checkpoint on disk calls sealed (its seal was lost or torn): that checkpoint is stale
+/// and must go before the open writes (F-05-12).
+fn mark_stale_checkpoint(storage: &dyn Storage, manifest: &Manifest, recovered: &mut Recovered) {
+    let Some(tail) = &recovered.tail else {
+        return;
+    };
+    let Ok(checkpoint) = load_checkpoint(storage, manifest) else {
+        return;
+    };
+    let stale = checkpoint
+        .segments
+        .iter()
+        .any(|covered| continued_end(tail, covered.id).is_some());
+    recovered.report.checkpoint_distrusted |= stale;
 }
 
 /// F-05-12: every file the checkpoint covers exists, each covered segment's header and

@@ -175,6 +175,28 @@ fn a_seal_that_never_reached_the_disk_is_repaired_by_the_next_writable_open() {
 }
 
 #[test]
+fn a_writable_open_without_the_checkpoint_that_continues_a_covered_segment_removes_it() {
+    let mut image = base();
+    let path = last_segment_path(&image);
+    let segment = image.file_mut(&path).expect("last segment");
+    segment.truncate(segment.len() - SEAL_FRAME_BYTES as usize);
+    let disk = SimStorage::from_image(&image);
+    let options = Options {
+        use_checkpoint: false,
+        ..writable()
+    };
+    let store = open_sim(&disk, options).expect("open");
+    append(&store, "a", 1).expect("append");
+    // A power cut before the close: the checkpoint that called the segment sealed is gone.
+    let cut = disk.durable_image();
+    drop(store);
+    assert_eq!(cut.file(CHECKPOINT_FILE), None);
+    assert_eq!(reads_whole(&cut), Ok(expected_contents(1)));
+    let after = open_append_close(&cut).expect("a later writable open");
+    assert_eq!(reads_whole(&after), Ok(expected_contents(2)));
+}
+
+#[test]
 fn every_torn_byte_of_the_seal_is_repaired_by_the_next_writable_open() {
     let image = base();
     let path = last_segment_path(&image);
