@@ -810,8 +810,11 @@ fn open_with_checkpoint(disk: &SimStorage) -> Result<Store, Error> {
     Store::open_on(Arc::new(disk.clone()), options, Path::new("sim"))
 }
 
+/// Every file's name and bytes.
+type Files = Vec<(String, Vec<u8>)>;
+
 /// Every file's bytes, to show a refused open changed nothing.
-fn all_files(disk: &SimStorage) -> Vec<(String, Vec<u8>)> {
+fn all_files(disk: &SimStorage) -> Files {
     let image = disk.volatile_image();
     image
         .file_names()
@@ -836,7 +839,7 @@ fn every_case_of_the_writable_open_check_takes_its_action() {
     struct CheckCase {
         item: &'static str,
         build: fn() -> SimStorage,
-        check: fn(Result<Store, Error>, &SimStorage, &[(String, Vec<u8>)]) -> Result<(), String>,
+        check: fn(Result<Store, Error>, &SimStorage, &Files) -> Result<(), String>,
     }
     let cases = [
         CheckCase {
