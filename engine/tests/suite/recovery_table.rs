@@ -813,6 +813,10 @@ fn open_with_checkpoint(disk: &SimStorage) -> Result<Store, Error> {
 /// Every file's name and bytes.
 type Files = Vec<(String, Vec<u8>)>;
 
+/// What a checked writable open gave, given the files before it; `Ok(())` when it is what
+/// F-05-12 says.
+type WritableCheck = fn(Result<Store, Error>, &SimStorage, &Files) -> Result<(), String>;
+
 /// Every file's bytes, to show a refused open changed nothing.
 fn all_files(disk: &SimStorage) -> Files {
     let image = disk.volatile_image();
@@ -839,7 +843,7 @@ fn every_case_of_the_writable_open_check_takes_its_action() {
     struct CheckCase {
         item: &'static str,
         build: fn() -> SimStorage,
-        check: fn(Result<Store, Error>, &SimStorage, &Files) -> Result<(), String>,
+        check: WritableCheck,
     }
     let cases = [
         CheckCase {
@@ -851,7 +855,7 @@ fn every_case_of_the_writable_open_check_takes_its_action() {
             },
             check: |result, disk, before| {
                 corrupt_file(result, &segment_path(1))?;
-                (all_files(disk) == before)
+                (all_files(disk) == *before)
                     .then_some(())
                     .ok_or_else(|| "changed bytes".into())
             },
@@ -875,7 +879,7 @@ fn every_case_of_the_writable_open_check_takes_its_action() {
             build: || closed_and_cut(SEAL_FRAME_BYTES + 1),
             check: |result, disk, before| {
                 corrupt_in(result, 1)?;
-                (all_files(disk) == before)
+                (all_files(disk) == *before)
                     .then_some(())
                     .ok_or_else(|| "changed bytes".into())
             },
@@ -891,7 +895,7 @@ fn every_case_of_the_writable_open_check_takes_its_action() {
             },
             check: |result, disk, before| {
                 corrupt_at(result, 1, 64)?;
-                (all_files(disk) == before)
+                (all_files(disk) == *before)
                     .then_some(())
                     .ok_or_else(|| "changed bytes".into())
             },
