@@ -11,6 +11,8 @@ mod sqlite_import;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use dshdb::spill::{locators_in, BlobHash, SpillStore};
+use dshdb::storage::run::run_path;
+use dshdb::storage::segment::segment_path;
 use dshdb::store::MANIFEST;
 use dshdb::{Durability, Error, Options, SessionWriter, Store};
 use std::collections::BTreeMap;
@@ -227,6 +229,13 @@ fn main() -> ExitCode {
         Err(error) => {
             let _ = out.flush();
             eprintln!("dshdb: error: {}", error_chain_text(&error));
+            if let Some(store) = damaged_store(&error) {
+                eprintln!(
+                    "dshdb: the store is damaged; writable commands refuse to build on damage \
+                     they find. `dshdb verify {}` says where and what can be done.",
+                    store.display()
+                );
+            }
             ExitCode::FAILURE
         }
     }
@@ -250,6 +259,21 @@ pub(crate) fn error_chain_text(error: &anyhow::Error) -> String {
         previous = message;
     }
     text
+}
+
+/// The store `error` found damaged: its chain holds an engine corruption error of the log
+/// (not of a spill blob) and the "cannot open store PATH" context of the command.
+fn damaged_store(error: &anyhow::Error) -> Option<PathBuf> {
+    error
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<Error>())
+        .filter(|engine| engine.is_corruption() && !matches!(engine, Error::Spill { .. }))?;
+    error.chain().find_map(|cause| {
+        cause
+            .to_string()
+            .strip_prefix("cannot open store ")
+            .map(PathBuf::from)
+    })
 }
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
@@ -685,10 +709,52 @@ fn ls(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
+/// The file a corruption error names, relative to the store (a segment or run id is
+/// looked up among the store's files).
+fn damaged_file(path: &Path, error: &Error) -> Option<String> {
+    match error {
+        Error::CorruptFile { file, .. } | Error::UnsupportedVersion { file, .. } => {
+            Some(file.clone())
+        }
+        Error::Corrupt { segment: id, .. } | Error::UnknownRecordKind { segment: id, .. } => {
+            [segment_path(*id), run_path(*id)]
+                .into_iter()
+                .find(|file| path.join(file).exists())
+        }
+        _ => None,
+    }
+}
+
+/// What a user of a damaged store can do, after `verify` found `error`: whether writable
+/// opens are refused (they check what they build on, F-05-12) or still work, and how to
+/// get the undamaged sessions out.
+fn damage_advice(path: &Path, error: &Error) -> String {
+    let file = damaged_file(path, error)
+        .map(|file| format!("the damage is in {}. ", path.join(file).display()))
+        .unwrap_or_default();
+    let writable = match Store::check_writable_open(path) {
+        Err(refusal) if refusal.is_corruption() => {
+            "Writable opens of this store are refused (append, import, maintain, rm, fork, \
+             repair), so nothing is built on the damage."
+        }
+        _ => {
+            "Writable opens still work (they do not read that file), but a writer that reads \
+             the damage refuses every later write."
+        }
+    };
+    format!(
+        "{file}{writable} Read-only commands (ls, events, export) still read the sessions \
+         the damage does not touch: export them and import them into a new store, or \
+         restore the damaged file from a backup. (`dshdb repair` closes interrupted DSH \
+         sessions; it does not mend damaged files.)"
+    )
+}
+
 fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
     let corrupt = |error: Error, out: &mut dyn Write| -> Result<ExitCode> {
         out.flush()?;
         eprintln!("dshdb: CORRUPT: store {}: {error}", path.display());
+        eprintln!("dshdb: {}", damage_advice(path, &error));
         Ok(ExitCode::from(EXIT_CORRUPT))
     };
     // Decode every run and segment instead of trusting the seq-index checkpoint.
@@ -749,6 +815,15 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
             }
         }
     }
+    // Every file decodes; the next writable open also checks them against the checkpoint
+    // (F-05-12): say what it will do, or refuse.
+    let writable = match Store::check_writable_open(path) {
+        Ok(report) => report,
+        Err(error) if error.is_corruption() => return corrupt(error, out),
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot check store {}", path.display()))
+        }
+    };
     let report = store.recovery_report();
     writeln!(out, "store {}: ok", path.display())?;
     writeln!(out, "runs decoded: {}", report.runs_replayed)?;
@@ -766,6 +841,14 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<ExitCode> {
         writeln!(
             out,
             "(an interrupted write; the next writable open discards it)"
+        )?;
+    }
+    if writable.checkpoint_distrusted {
+        let reason = writable.checkpoint_ignored.as_deref().unwrap_or("");
+        writeln!(out, "torn seal: {reason}")?;
+        writeln!(
+            out,
+            "(the next writable open repairs the torn seal as after a crash and removes the stale index/checkpoint)"
         )?;
     }
     for orphan in &report.orphan_segments {

@@ -5,10 +5,12 @@
 use crate::session::{fold_surface, parse_event_line_at, SurfaceFold};
 use crate::storage::commit::Durability;
 use crate::storage::frame::{decode_frame, Record};
-use crate::storage::io::sim::SimStorage;
+use crate::storage::io::sim::{CrashImage, SimStorage};
 use crate::storage::io::Storage;
-use crate::storage::manifest::{Manifest, SegmentEntry};
-use crate::storage::segment::{encode_header, segment_path, WAL_DIR};
+use crate::storage::manifest::{Manifest, SegmentEntry, MANIFEST_FILE};
+use crate::storage::segment::{
+    encode_header, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES, WAL_DIR,
+};
 use crate::store::{NewEvent, Options, SessionWriter, Store};
 use std::path::Path;
 use std::sync::Arc;
@@ -101,6 +103,140 @@ pub fn check_segment_recovery(bytes: &[u8]) {
         before,
         "reopen changed the recovered log"
     );
+}
+
+/// Damage steps a [`check_damaged_seal`] input holds at most (3 bytes each).
+pub const MAX_SEAL_DAMAGE_STEPS: usize = 8;
+/// How far from the end of the last segment a damage step lands, in bytes: the seal and the
+/// end of the commit before it.
+pub const SEAL_DAMAGE_WINDOW_BYTES: u64 = SEAL_FRAME_BYTES + 16;
+
+/// A closed store of two sessions, `b` in segment 1 and `a` in segment 2, both sealed and
+/// covered by the checkpoint: what [`check_damaged_seal`] damages.
+fn sealed_two_session_store() -> CrashImage {
+    let disk = SimStorage::new();
+    let options = Options {
+        segment_bytes: FUZZ_SEGMENT_BYTES,
+        ..Options::default()
+    };
+    for id in ["b", "a"] {
+        let store = Store::open_on(Arc::new(disk.clone()), options.clone(), Path::new("fuzz"))
+            .expect("sim open");
+        let mut writer = store.create_session_with_id(id).expect("session");
+        for seq in 0..3 {
+            let data = format!("{{\"session\":\"{id}\",\"seq\":{seq}}}");
+            writer.append(NewEvent::new("note", &data)).expect("append");
+        }
+        drop(writer);
+        store.close().expect("close");
+    }
+    disk.durable_image()
+}
+
+/// Applies one damage step (`op`, `at`, `size`) near the end of the last segment: a cut, a
+/// flipped bit, or zeroed bytes.
+fn damage_tail(segment: &mut Vec<u8>, op: u8, at: u8, size: u8) {
+    let length = segment.len() as u64;
+    if length <= SEGMENT_HEADER_BYTES {
+        return;
+    }
+    let back = u64::from(at) % SEAL_DAMAGE_WINDOW_BYTES.min(length - SEGMENT_HEADER_BYTES);
+    let position = (length - 1 - back) as usize;
+    match op % 3 {
+        0 => segment.truncate((length - 1 - back) as usize),
+        1 => segment[position] ^= 1 << (size % 8),
+        _ => {
+            let end = (position + 1 + usize::from(size % 40)).min(segment.len());
+            segment[position..end].fill(0);
+        }
+    }
+}
+
+/// What every session holds, read with or without the checkpoint; `None` if the open or a
+/// read fails.
+fn readable_contents(
+    image: &CrashImage,
+    use_checkpoint: bool,
+) -> Option<Vec<(String, Vec<String>)>> {
+    let options = Options {
+        read_only: true,
+        create_if_missing: false,
+        use_checkpoint,
+        ..Options::default()
+    };
+    let disk = SimStorage::from_image(image);
+    let store = Store::open_on(Arc::new(disk), options, Path::new("fuzz")).ok()?;
+    let mut sessions = Vec::new();
+    for summary in store.sessions() {
+        let events = store.read(&summary.id, 0, u64::MAX).ok()?;
+        sessions.push((
+            summary.id,
+            events.into_iter().map(|event| event.data).collect(),
+        ));
+    }
+    Some(sessions)
+}
+
+/// What the store holds if it reads whole with its checkpoint and without, alike.
+fn reads_whole(image: &CrashImage) -> Option<Vec<(String, Vec<String>)>> {
+    let with = readable_contents(image, true)?;
+    (readable_contents(image, false)? == with).then_some(with)
+}
+
+/// Damaged seals (format-spec F-05-12): damage steps at the tail of the last segment of a
+/// closed store (a lost, torn or cut seal, flipped or zeroed bytes before it), then a
+/// writable open and an append. A store that read whole before (with and without its
+/// checkpoint) reads whole after, with every event it held; a refused writable open is a
+/// corruption error and changes no byte.
+pub fn check_damaged_seal(bytes: &[u8]) {
+    let mut image = sealed_two_session_store();
+    let Some(last) = image
+        .file(MANIFEST_FILE)
+        .and_then(|manifest| Manifest::decode(manifest).ok())
+        .and_then(|manifest| manifest.segments.last().copied())
+    else {
+        panic!("the base store has a manifest naming a segment");
+    };
+    let path = segment_path(last.id);
+    for step in bytes.chunks_exact(3).take(MAX_SEAL_DAMAGE_STEPS) {
+        if let Some(segment) = image.file_mut(&path) {
+            damage_tail(segment, step[0], step[1], step[2]);
+        }
+    }
+    let Some(before) = reads_whole(&image) else {
+        return;
+    };
+    let disk = SimStorage::from_image(&image);
+    let untouched = disk.volatile_image();
+    let options = Options {
+        segment_bytes: FUZZ_SEGMENT_BYTES,
+        create_if_missing: false,
+        ..Options::default()
+    };
+    let store = match Store::open_on(Arc::new(disk.clone()), options, Path::new("fuzz")) {
+        Ok(store) => store,
+        Err(error) => {
+            assert!(error.is_corruption(), "refused with {error}");
+            let after = disk.volatile_image();
+            let names: Vec<&str> = untouched.file_names().collect();
+            assert_eq!(after.file_names().collect::<Vec<_>>(), names);
+            for name in names {
+                assert_eq!(after.file(name), untouched.file(name), "{name} changed");
+            }
+            return;
+        }
+    };
+    let mut writer = store.writer("a").expect("session a");
+    writer
+        .append(NewEvent::new("note", "{}"))
+        .expect("append after the open");
+    drop(writer);
+    store.close().expect("close");
+    let after = reads_whole(&disk.durable_image()).expect("the store reads whole after the append");
+    for ((id, held), (after_id, now)) in before.iter().zip(&after) {
+        assert_eq!(id, after_id);
+        assert!(now.starts_with(held), "session {id} lost events");
+    }
 }
 
 fn contents(store: &Store) -> Vec<(String, Vec<String>)> {

@@ -6,5 +6,6 @@ mod common;
 
 mod above;
 mod cli;
+mod damage;
 mod hostile;
 mod usage;

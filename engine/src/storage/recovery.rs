@@ -6,15 +6,18 @@ use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, Extent, Position, Seed};
 use crate::storage::coding::checked_u32;
 use crate::storage::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
-use crate::storage::index::{load_checkpoint, CoveredSegment};
-use crate::storage::io::Storage;
-use crate::storage::manifest::{Manifest, RunEntry};
-use crate::storage::run::{run_corrupt, run_path, walk_block, RunReader, DEFINITIONS_SESSION};
+use crate::storage::index::{load_checkpoint, Checkpoint, CoveredSegment};
+use crate::storage::io::{Storage, StorageFile};
+use crate::storage::manifest::{Manifest, RunEntry, SegmentEntry};
+use crate::storage::run::{
+    run_corrupt, run_path, walk_block, RunIndex, RunReader, DEFINITIONS_SESSION,
+};
 use crate::storage::segment::{
     check_header, durable_evidence_after, has_valid_frame, nonzero_end, read_segment, scan_frames,
-    SEGMENT_HEADER_BYTES,
+    scan_frames_from, segment_path, SegmentScan, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES,
 };
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// A torn tail found (and, when writable, wiped) at open.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +54,10 @@ pub struct RecoveryReport {
     pub checkpoint_used: bool,
     /// Why a checkpoint was not used (F-06-22), when the store has one or has runs.
     pub checkpoint_ignored: Option<String>,
+    /// A writable open found the last segment the checkpoint covers unsealed where the
+    /// checkpoint says and recovered without it (F-05-12): the checkpoint is stale and the
+    /// open removes it before it repairs anything.
+    pub checkpoint_distrusted: bool,
 }
 
 /// Where appends continue after recovery.
@@ -88,27 +95,261 @@ pub struct Recovered {
 #[derive(Default)]
 struct SegmentReplay<'a> {
     pending: Vec<(u64, Record<'a>)>,
+    progress: SegmentProgress,
+}
+
+/// What the committed batches of a segment replayed so far leave: it outlives one read of
+/// the segment's bytes, so a reader that reads the segment again continues from it.
+#[derive(Default)]
+struct SegmentProgress {
     defined_sessions: HashSet<u32>,
     defined_types: HashSet<u32>,
     committed_end: u64,
 }
 
+/// Whether the open will write: a writable open checks the files a checkpoint vouches for
+/// before it builds on them (F-05-12); a read-only one reads a snapshot beside a possibly
+/// running writer and reads a segment again before it calls what it saw damage (F-05-13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    ReadOnly,
+    Writable,
+    /// What a writable open would decide, found by a read-only reader (`dshdb verify`):
+    /// the checks of a writable open, the reads of a read-only one.
+    Preview,
+}
+
+impl Access {
+    /// Whether the open checks what a checkpoint vouches for (F-05-12).
+    fn checks_covered_files(self) -> bool {
+        self != Access::ReadOnly
+    }
+
+    /// Whether a writer may be writing beside this open (it holds no lock, F-05-13).
+    fn beside_a_writer(self) -> bool {
+        self != Access::Writable
+    }
+}
+
+/// Reads of one segment a read-only open makes before it calls a stop damage (F-05-13): a
+/// writer appending meanwhile makes each read show more; damage stays where it is.
+pub const MAX_SEGMENT_READS: usize = 8;
+
+/// The last segment a checkpoint covers does not end in a clean seal where it recorded.
+struct UncleanSeal {
+    segment: u64,
+    recorded_end: u64,
+    reason: String,
+}
+
 /// Replays the segments the manifest names.
 /// With `use_checkpoint` off every run and segment is decoded and checked (what `verify`
 /// wants); with it on, a matching seq-index checkpoint stands in for the files it covers.
+/// A writable open checks what that checkpoint vouches for first (F-05-12).
 pub fn recover(
     storage: &dyn Storage,
     manifest: &Manifest,
     use_checkpoint: bool,
+    access: Access,
 ) -> Result<Recovered> {
     let mut report = RecoveryReport::default();
-    let checkpoint = if use_checkpoint {
+    let loaded = if use_checkpoint {
         load_checkpoint(storage, manifest)
     } else {
         Err("not used: every file is checked".to_string())
     };
+    let checkpoint = match loaded {
+        Ok(checkpoint) => Some(checkpoint),
+        Err(reason) => {
+            if !manifest.runs.is_empty() || !reason.starts_with("cannot open") {
+                report.checkpoint_ignored = Some(reason);
+            }
+            None
+        }
+    };
+    if let Some(checkpoint) = checkpoint
+        .as_ref()
+        .filter(|_| access.checks_covered_files())
+    {
+        check_covered_files(storage, manifest, checkpoint)?;
+        if let Some(unclean) = unclean_last_seal(storage, checkpoint)? {
+            return recover_past_unclean_seal(storage, manifest, unclean, access);
+        }
+    }
+    let mut recovered = replay(storage, manifest, checkpoint, report, access)?;
+    if access == Access::Writable && !use_checkpoint {
+        mark_stale_checkpoint(storage, manifest, &mut recovered);
+    }
+    Ok(recovered)
+}
+
+/// A writable open that did not use the checkpoint may go on writing a segment the
+/// checkpoint on disk calls sealed (its seal was lost or torn): that checkpoint is stale
+/// and must go before the open writes (F-05-12).
+fn mark_stale_checkpoint(storage: &dyn Storage, manifest: &Manifest, recovered: &mut Recovered) {
+    let Some(tail) = &recovered.tail else {
+        return;
+    };
+    let Ok(checkpoint) = load_checkpoint(storage, manifest) else {
+        return;
+    };
+    let stale = checkpoint
+        .segments
+        .iter()
+        .any(|covered| continued_end(tail, covered.id).is_some());
+    recovered.report.checkpoint_distrusted |= stale;
+}
+
+/// F-05-12: every file the checkpoint covers exists, each covered segment's header and
+/// each covered run's header and footer are sound. (The records of older covered segments
+/// and the blocks of runs are checked by every read of them and by `verify`.)
+fn check_covered_files(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    checkpoint: &Checkpoint,
+) -> Result<()> {
+    for segment in &checkpoint.segments {
+        let file = open_named(storage, &segment_path(segment.id))?;
+        let mut header = vec![0; crate::storage::segment::HEADER_LENGTH];
+        let read = file
+            .read_up_to(&mut header, 0)
+            .map_err(|error| Error::io("segment read", error))?;
+        header.truncate(read);
+        check_header(&header, segment.id, segment.salt)?;
+    }
+    for run in &manifest.runs[..checkpoint.runs.len()] {
+        let file = open_named(storage, &run_path(run.id))?;
+        RunIndex::read(file.as_ref(), run)?;
+    }
+    Ok(())
+}
+
+/// Opens a file the manifest names; a missing one is `CorruptFile` (F-05-8 row 6).
+fn open_named(storage: &dyn Storage, path: &str) -> Result<Arc<dyn StorageFile>> {
+    storage.open_read(path).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            Error::CorruptFile {
+                file: path.to_string(),
+                reason: "named by the manifest but missing".to_string(),
+            }
+        } else {
+            Error::io("file open", error)
+        }
+    })
+}
+
+/// Scans the last segment the checkpoint covers, the one a writable open builds on
+/// (F-05-12): `Some` when it does not end in a clean seal (F-05-8 rows 13–15) at the end
+/// the checkpoint recorded. Damage that is corruption wherever it lies (rows 10, 11) is the
+/// error.
+fn unclean_last_seal(
+    storage: &dyn Storage,
+    checkpoint: &Checkpoint,
+) -> Result<Option<UncleanSeal>> {
+    let Some(last) = checkpoint.segments.last() else {
+        return Ok(None);
+    };
+    let bytes = read_segment(storage, last.id)?;
+    let mut uncommitted = false;
+    let mut seal_at_itself = true;
+    let scan = scan_frames(&bytes, last.id, last.salt, |offset, record| {
+        match record {
+            Record::Commit { .. } => uncommitted = false,
+            Record::Seal { used_bytes, .. } => seal_at_itself = used_bytes == offset,
+            _ => uncommitted = true,
+        }
+        Ok(())
+    })?;
+    let reason = if !scan.sealed {
+        let stop = scan.stop.map_or_else(
+            || "no seal".to_string(),
+            |stop| format!("{} at offset {}", stop.reason, stop.offset),
+        );
+        format!("its data ends at offset {} ({stop})", scan.valid_end)
+    } else if scan.valid_end != last.end {
+        format!("its seal ends at offset {}", scan.valid_end)
+    } else if !seal_at_itself || uncommitted {
+        "its seal does not close its last batch".to_string()
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(UncleanSeal {
+        segment: last.id,
+        recorded_end: last.end,
+        reason,
+    }))
+}
+
+/// F-05-12: the checkpoint's last segment lost its seal (or the seal is torn). Recovery
+/// runs as if there were no checkpoint, so a torn seal is repaired exactly as after a crash;
+/// but the checkpoint still proves that every batch before that seal was durable, so a
+/// segment that lost any of them is corruption, never a torn tail.
+fn recover_past_unclean_seal(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    unclean: UncleanSeal,
+    access: Access,
+) -> Result<Recovered> {
+    let mut recovered = replay(storage, manifest, None, RecoveryReport::default(), access)?;
+    let recorded_committed_end = unclean.recorded_end.saturating_sub(SEAL_FRAME_BYTES);
+    let committed_end = recovered
+        .tail
+        .as_ref()
+        .and_then(|tail| continued_end(tail, unclean.segment));
+    if committed_end != Some(recorded_committed_end) {
+        return Err(corrupt(
+            unclean.segment,
+            committed_end.unwrap_or(recorded_committed_end),
+            &format!(
+                "committed batches end here, but the checkpoint recorded them durable up to \
+                 a seal at offset {recorded_committed_end}: {}",
+                unclean.reason
+            ),
+        ));
+    }
+    recovered.report.checkpoint_ignored = Some(format!(
+        "segment {} is not sealed where the checkpoint recorded: {}; recovered as after a crash",
+        unclean.segment, unclean.reason
+    ));
+    recovered.report.checkpoint_distrusted = true;
+    Ok(recovered)
+}
+
+/// Where appends (or the seal a writable open writes) continue in `segment`, if recovery
+/// found it unsealed.
+fn continued_end(tail: &LogTail, segment: u64) -> Option<u64> {
+    if tail.segment == segment && !tail.sealed {
+        return Some(tail.offset);
+    }
+    tail.seal_earlier
+        .iter()
+        .find(|torn| torn.segment == segment)
+        .map(|torn| torn.committed_end)
+}
+
+/// How the replay of one segment ended.
+enum SegmentEnd {
+    Sealed {
+        end: u64,
+    },
+    /// Unsealed: a clean end or a torn tail (rows 18, 19).
+    Open {
+        committed_end: u64,
+        wipe_end: u64,
+        torn_tail: Option<TornTail>,
+    },
+}
+
+/// Replays the runs and segments the checkpoint (if any) does not cover.
+fn replay(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    checkpoint: Option<Checkpoint>,
+    mut report: RecoveryReport,
+    access: Access,
+) -> Result<Recovered> {
     let (mut catalog, covered_runs, covered_segments) = match checkpoint {
-        Ok(checkpoint) => {
+        Some(checkpoint) => {
             report.checkpoint_used = true;
             (
                 checkpoint.catalog,
@@ -116,12 +357,7 @@ pub fn recover(
                 checkpoint.segments,
             )
         }
-        Err(reason) => {
-            if !manifest.runs.is_empty() || !reason.starts_with("cannot open") {
-                report.checkpoint_ignored = Some(reason);
-            }
-            (Catalog::default(), 0, Vec::new())
-        }
+        None => (Catalog::default(), 0, Vec::new()),
     };
     for run in &manifest.runs[covered_runs..] {
         report.events += replay_run(storage, run, &mut catalog)?;
@@ -130,94 +366,35 @@ pub fn recover(
     report.segments_covered = covered_segments.len();
     let mut tail = covered_segments.last().map(sealed_tail);
     let segments = &manifest.segments;
-    let mut index = covered_segments.len();
-    while index < segments.len() {
+    for index in covered_segments.len()..segments.len() {
         let entry = segments[index];
-        let bytes = read_segment(storage, entry.id)?;
-        check_header(&bytes, entry.id, entry.salt)?;
         report.segments_scanned += 1;
-        let mut replay = SegmentReplay {
-            committed_end: SEGMENT_HEADER_BYTES,
-            ..SegmentReplay::default()
-        };
-        let scan = scan_frames(&bytes, entry.id, entry.salt, |offset, record| {
-            replay.accept(&mut catalog, &mut report, entry.id, offset, record)
-        })?;
-        if scan.sealed {
-            if !replay.pending.is_empty() {
-                return Err(corrupt(
-                    entry.id,
-                    scan.valid_end,
-                    "records after the last commit before the seal",
-                ));
-            }
-            tail = Some(LogTail {
-                segment: entry.id,
-                salt: entry.salt,
-                offset: scan.valid_end,
-                sealed: true,
-                wipe_end: scan.valid_end,
-                seal_earlier: Vec::new(),
-            });
-            index += 1;
-            continue;
-        }
-        // The scan ended before a seal: at unwritten space, a torn write, or damage.
-        let stop_offset = scan
-            .stop
-            .as_ref()
-            .map_or(scan.valid_end, |stop| stop.offset);
-        let later_data = segments[index + 1..]
-            .iter()
-            .try_fold(false, |found, later| {
-                if found {
-                    return Ok(true);
+        let (committed_end, wipe_end) =
+            match replay_segment(storage, segments, index, &mut catalog, &mut report, access)? {
+                SegmentEnd::Sealed { end } => {
+                    tail = Some(LogTail {
+                        segment: entry.id,
+                        salt: entry.salt,
+                        offset: end,
+                        sealed: true,
+                        wipe_end: end,
+                        seal_earlier: Vec::new(),
+                    });
+                    continue;
                 }
-                let later_bytes = read_segment(storage, later.id)?;
-                check_header(&later_bytes, later.id, later.salt)?;
-                Ok::<bool, Error>(has_valid_frame(&later_bytes, later.salt))
-            })?;
-        let evidence = later_data || durable_evidence_after(&bytes, entry.salt, stop_offset);
-        if evidence {
-            let reason = scan
-                .stop
-                .map(|stop| stop.reason)
-                .unwrap_or_else(|| "segment ends without a seal before later data".to_string());
-            return Err(corrupt(entry.id, stop_offset, &reason));
-        }
-        let wipe_end = nonzero_end(&bytes, replay.committed_end);
-        let dropped_events = replay
-            .pending
-            .iter()
-            .filter(|(_, record)| matches!(record, Record::Event(_)))
-            .count() as u64;
-        let mut dropped_sessions: Vec<u32> = replay
-            .pending
-            .iter()
-            .filter_map(|(_, record)| match record {
-                Record::Event(event) => Some(event.session),
-                _ => None,
-            })
-            .collect();
-        dropped_sessions.sort_unstable();
-        dropped_sessions.dedup();
-        if wipe_end > replay.committed_end {
-            report.torn_tail = Some(TornTail {
-                segment: entry.id,
-                offset: replay.committed_end,
-                bytes: wipe_end - replay.committed_end,
-                dropped_events,
-                dropped_sessions,
-                reason: scan
-                    .stop
-                    .map(|stop| stop.reason)
-                    .unwrap_or_else(|| "incomplete batch".to_string()),
-            });
-        }
+                SegmentEnd::Open {
+                    committed_end,
+                    wipe_end,
+                    torn_tail,
+                } => {
+                    report.torn_tail = torn_tail;
+                    (committed_end, wipe_end)
+                }
+            };
         tail = Some(LogTail {
             segment: entry.id,
             salt: entry.salt,
-            offset: replay.committed_end,
+            offset: committed_end,
             sealed: false,
             wipe_end,
             seal_earlier: Vec::new(),
@@ -228,7 +405,7 @@ pub fn recover(
             let mut seal_earlier = vec![TornSegment {
                 segment: entry.id,
                 salt: entry.salt,
-                committed_end: replay.committed_end,
+                committed_end,
                 wipe_end,
             }];
             seal_earlier.extend(between.iter().map(|empty| TornSegment {
@@ -263,6 +440,89 @@ pub fn recover(
     })
 }
 
+/// Replays segment `segments[index]` into the catalog and says how it ends (F-05-8 rows
+/// 10–19). A read-only open that would call a stop damage reads the segment again first and
+/// continues from its committed end (F-05-13): a writer may have been writing it meanwhile.
+fn replay_segment(
+    storage: &dyn Storage,
+    segments: &[SegmentEntry],
+    index: usize,
+    catalog: &mut Catalog,
+    report: &mut RecoveryReport,
+    access: Access,
+) -> Result<SegmentEnd> {
+    let entry = segments[index];
+    let mut bytes = read_segment(storage, entry.id)?;
+    check_header(&bytes, entry.id, entry.salt)?;
+    let mut progress = SegmentProgress {
+        committed_end: SEGMENT_HEADER_BYTES,
+        ..SegmentProgress::default()
+    };
+    let mut reads = 1;
+    loop {
+        let mut replay = SegmentReplay {
+            pending: Vec::new(),
+            progress,
+        };
+        let from = replay.progress.committed_end;
+        let scan = scan_frames_from(&bytes, from, entry.id, entry.salt, |offset, record| {
+            replay.accept(catalog, report, entry.id, offset, record)
+        })?;
+        if scan.sealed {
+            if !replay.pending.is_empty() {
+                return Err(corrupt(
+                    entry.id,
+                    scan.valid_end,
+                    "records after the last commit before the seal",
+                ));
+            }
+            return Ok(SegmentEnd::Sealed {
+                end: scan.valid_end,
+            });
+        }
+        // The scan ended before a seal: at unwritten space, a torn write, or damage.
+        let stop_offset = scan
+            .stop
+            .as_ref()
+            .map_or(scan.valid_end, |stop| stop.offset);
+        let later_data = segments[index + 1..]
+            .iter()
+            .try_fold(false, |found, later| {
+                if found {
+                    return Ok(true);
+                }
+                let later_bytes = read_segment(storage, later.id)?;
+                check_header(&later_bytes, later.id, later.salt)?;
+                Ok::<bool, Error>(has_valid_frame(&later_bytes, later.salt))
+            })?;
+        let evidence = later_data || durable_evidence_after(&bytes, entry.salt, stop_offset);
+        if !evidence {
+            return Ok(replay.open_end(&bytes, entry.id, scan));
+        }
+        let reason = scan
+            .stop
+            .map(|stop| stop.reason)
+            .unwrap_or_else(|| "segment ends without a seal before later data".to_string());
+        let committed_end = replay.progress.committed_end;
+        progress = replay.progress;
+        if access.beside_a_writer() && reads < MAX_SEGMENT_READS {
+            let fresh = read_segment(storage, entry.id)?;
+            fn after(segment: &[u8], offset: u64) -> Option<&[u8]> {
+                usize::try_from(offset)
+                    .ok()
+                    .and_then(|end| segment.get(end..))
+            }
+            let unchanged = after(&fresh, committed_end) == after(&bytes, committed_end);
+            if !unchanged {
+                bytes = fresh;
+                reads += 1;
+                continue;
+            }
+        }
+        return Err(corrupt(entry.id, stop_offset, &reason));
+    }
+}
+
 /// The log tail when the last segment is covered by the checkpoint (it was sealed).
 fn sealed_tail(segment: &CoveredSegment) -> LogTail {
     LogTail {
@@ -278,16 +538,7 @@ fn sealed_tail(segment: &CoveredSegment) -> LogTail {
 /// Loads one run's sessions, types and event positions into the catalog (F-06-1, F-06-6);
 /// returns how many events it holds.
 fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) -> Result<u64> {
-    let file = storage.open_read(&run_path(entry.id)).map_err(|error| {
-        if error.kind() == std::io::ErrorKind::NotFound {
-            Error::CorruptFile {
-                file: run_path(entry.id),
-                reason: "named by the manifest but missing".to_string(),
-            }
-        } else {
-            Error::io("run open", error)
-        }
-    })?;
+    let file = open_named(storage, &run_path(entry.id))?;
     let reader = RunReader::open(file, entry)?;
     let run = entry.id;
     let mut events = 0;
@@ -367,6 +618,44 @@ fn corrupt(segment: u64, offset: u64, reason: &str) -> Error {
 const COMMIT_FRAME_BYTES: u64 = FRAME_HEADER_BYTES as u64 + 24;
 
 impl<'a> SegmentReplay<'a> {
+    /// The end of a segment whose scan stopped without evidence of damage: a clean end, or
+    /// a torn tail of the bytes from the committed end to the last non-zero byte.
+    fn open_end(&self, bytes: &[u8], segment: u64, scan: SegmentScan) -> SegmentEnd {
+        let committed_end = self.progress.committed_end;
+        let wipe_end = nonzero_end(bytes, committed_end);
+        let dropped_events = self
+            .pending
+            .iter()
+            .filter(|(_, record)| matches!(record, Record::Event(_)))
+            .count() as u64;
+        let mut dropped_sessions: Vec<u32> = self
+            .pending
+            .iter()
+            .filter_map(|(_, record)| match record {
+                Record::Event(event) => Some(event.session),
+                _ => None,
+            })
+            .collect();
+        dropped_sessions.sort_unstable();
+        dropped_sessions.dedup();
+        let torn_tail = (wipe_end > committed_end).then(|| TornTail {
+            segment,
+            offset: committed_end,
+            bytes: wipe_end - committed_end,
+            dropped_events,
+            dropped_sessions,
+            reason: scan
+                .stop
+                .map(|stop| stop.reason)
+                .unwrap_or_else(|| "incomplete batch".to_string()),
+        });
+        SegmentEnd::Open {
+            committed_end,
+            wipe_end,
+            torn_tail,
+        }
+    }
+
     fn accept(
         &mut self,
         catalog: &mut Catalog,
@@ -385,7 +674,7 @@ impl<'a> SegmentReplay<'a> {
                 self.apply_batch(catalog, segment, offset, session, first_seq, event_count)?;
                 report.batches += 1;
                 report.events += u64::from(event_count);
-                self.committed_end = offset + COMMIT_FRAME_BYTES;
+                self.progress.committed_end = offset + COMMIT_FRAME_BYTES;
             }
             Record::Seal { used_bytes, .. } => {
                 if used_bytes != offset {
@@ -423,13 +712,13 @@ impl<'a> SegmentReplay<'a> {
                     catalog
                         .define_session(number, seed, header_json, segment, true)
                         .map_err(|reason| corrupt(segment, offset, &reason))?;
-                    self.defined_sessions.insert(number);
+                    self.progress.defined_sessions.insert(number);
                 }
                 Record::TypeDefinition { type_number, name } => {
                     catalog
                         .define_type(type_number, name)
                         .map_err(|reason| corrupt(segment, offset, &reason))?;
-                    self.defined_types.insert(type_number);
+                    self.progress.defined_types.insert(type_number);
                 }
                 Record::Event(event) => {
                     self.check_event(&event, session, next_seq)
@@ -481,7 +770,7 @@ impl<'a> SegmentReplay<'a> {
                 "commit count differs from its events",
             ));
         }
-        if !self.defined_sessions.contains(&session) {
+        if !self.progress.defined_sessions.contains(&session) {
             return Err(corrupt(
                 segment,
                 commit_offset,
@@ -503,10 +792,10 @@ impl<'a> SegmentReplay<'a> {
         if event.seq != expected_seq {
             return Err("event seq is not the next in its batch");
         }
-        if !self.defined_sessions.contains(&event.session) {
+        if !self.progress.defined_sessions.contains(&event.session) {
             return Err("event before its session header in this segment");
         }
-        if !self.defined_types.contains(&event.type_number) {
+        if !self.progress.defined_types.contains(&event.type_number) {
             return Err("event before its type definition in this segment");
         }
         Ok(())

@@ -14,7 +14,7 @@ const HEADER_BYTES_FIELD: u32 = 64;
 /// Bytes of the segment header; frames start here.
 pub const SEGMENT_HEADER_BYTES: u64 = HEADER_BYTES_FIELD as u64;
 /// [`SEGMENT_HEADER_BYTES`] as an in-memory length.
-const HEADER_LENGTH: usize = HEADER_BYTES_FIELD as usize;
+pub(crate) const HEADER_LENGTH: usize = HEADER_BYTES_FIELD as usize;
 const SEGMENT_MAGIC: &[u8; 8] = b"DSHDBSEG";
 /// The segment format version this build reads and writes (F-03-2).
 pub const SEGMENT_VERSION: u32 = 1;
@@ -185,9 +185,27 @@ pub fn scan_frames<'a>(
     bytes: &'a [u8],
     segment: u64,
     salt: u64,
+    on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
+) -> Result<SegmentScan> {
+    scan_frames_from(bytes, SEGMENT_HEADER_BYTES, segment, salt, on_record)
+}
+
+/// [`scan_frames`] from offset `from`, which must be where a frame starts (the end of a
+/// commit): a reader that read the segment again continues where its first scan's
+/// committed batches ended.
+pub fn scan_frames_from<'a>(
+    bytes: &'a [u8],
+    from: u64,
+    segment: u64,
+    salt: u64,
     mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
 ) -> Result<SegmentScan> {
-    let mut offset = HEADER_LENGTH;
+    let mut offset = usize::try_from(from).map_err(|_| Error::TooLarge {
+        what: "segment scan offset",
+        size: from,
+        limit: u64::try_from(usize::MAX).unwrap_or(u64::MAX),
+        unit: "bytes",
+    })?;
     loop {
         let position = offset as u64;
         let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {

@@ -144,6 +144,24 @@ pub(super) fn remove_orphans(
     Ok(())
 }
 
+/// Removes a checkpoint that recovery found stale (F-05-12) and makes the removal durable,
+/// before the open writes anything: otherwise a later open would trust it for a segment
+/// this one goes on writing.
+pub(super) fn discard_checkpoint(storage: &dyn Storage) -> Result<()> {
+    if storage
+        .exists(CHECKPOINT_FILE)
+        .map_err(io_error("checkpoint lookup"))?
+    {
+        storage
+            .remove(CHECKPOINT_FILE)
+            .map_err(io_error("checkpoint remove"))?;
+        storage
+            .sync_dir(INDEX_DIR)
+            .map_err(io_error("directory sync"))?;
+    }
+    Ok(())
+}
+
 /// Continues the log where recovery left it: wipes a torn tail, seals a torn segment that is
 /// no longer the last, or starts a fresh segment after a clean close.
 pub(super) fn start_log(

@@ -175,8 +175,17 @@ impl Store {
         Ok(report)
     }
 
-    /// One maintenance pass (what `maintain` and the background thread run).
+    /// One maintenance pass (what `maintain` and the background thread run). Damage it finds
+    /// in the log makes the writable store refuse further writes (F-05-12).
     fn maintain_pass(&self) -> Result<MaintenanceReport> {
+        let outcome = self.maintain_log();
+        if let Err(error) = &outcome {
+            self.note_damage(error);
+        }
+        outcome
+    }
+
+    fn maintain_log(&self) -> Result<MaintenanceReport> {
         let log = self.log()?;
         let mut reclaimed_at = self.inner.maintaining.lock();
         let mut report = MaintenanceReport::default();

@@ -22,7 +22,9 @@ pub use stats::Stats;
 pub use validate::check_data_depth;
 pub use writer::PendingReceipt;
 
-use create::{check_creatable, create_store, remove_orphans, start_log, undo_create};
+use create::{
+    check_creatable, create_store, discard_checkpoint, remove_orphans, start_log, undo_create,
+};
 use line::push_json_line;
 use maintenance::MaintenanceSignal;
 
@@ -30,10 +32,13 @@ use crate::error::{Error, Result};
 use crate::storage::catalog::Catalog;
 use crate::storage::commit::{Durability, Log, DEFAULT_MAX_BATCH_BYTES};
 use crate::storage::io::fs::FsStorage;
+use crate::storage::io::snapshot::SnapshotStorage;
 use crate::storage::io::{LockGuard, Storage, StorageFile};
 use crate::storage::manifest::{Manifest, RunEntry, MANIFEST_FILE};
-use crate::storage::recovery::{recover, RecoveryReport};
+use crate::storage::recovery::{recover, Access, Recovered, RecoveryReport};
+use crate::storage::run::run_path;
 use crate::storage::run::{BlockCache, RunReader};
+use crate::storage::segment::segment_path;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::path::Path;
@@ -224,6 +229,9 @@ struct Inner {
     /// exclusively while it moves positions from a segment to its run.
     read_gate: RwLock<()>,
     maintenance: Arc<MaintenanceSignal>,
+    /// Damage a read of this writable store found (F-05-12): from then on it refuses every
+    /// write with a copy of this error, so nothing is built on it.
+    damage: Mutex<Option<Error>>,
 }
 
 /// An open store. Cheap to clone; all clones share one store.
@@ -265,8 +273,115 @@ impl Drop for Inner {
     }
 }
 
+/// A copy of an error that says the log's files are damaged; `None` for any other error.
+fn copy_of_damage(error: &Error) -> Option<Error> {
+    Some(match error {
+        Error::Corrupt {
+            segment,
+            offset,
+            reason,
+        } => Error::Corrupt {
+            segment: *segment,
+            offset: *offset,
+            reason: reason.clone(),
+        },
+        Error::CorruptFile { file, reason } => Error::CorruptFile {
+            file: file.clone(),
+            reason: reason.clone(),
+        },
+        Error::UnknownRecordKind {
+            segment,
+            offset,
+            kind,
+        } => Error::UnknownRecordKind {
+            segment: *segment,
+            offset: *offset,
+            kind: *kind,
+        },
+        Error::UnsupportedVersion {
+            file,
+            found,
+            supported,
+        } => Error::UnsupportedVersion {
+            file: file.clone(),
+            found: *found,
+            supported: *supported,
+        },
+        _ => return None,
+    })
+}
+
 /// The manifest file name, for tools.
 pub const MANIFEST: &str = MANIFEST_FILE;
+
+/// Times a read-only open reads the manifest again when a file it names vanished (a writer's
+/// maintenance replaced it) before the open fails (F-05-13).
+pub const MAX_SNAPSHOT_ATTEMPTS: usize = 8;
+
+/// A read-only open (F-01-3, F-05-13), or a preview of a writable one: pins every file the manifest names, then recovers
+/// from those handles. When that fails and the manifest changed meanwhile (a writer sealed
+/// a segment into a run, or rewrote a run, and removed the old file), it starts again from
+/// the new manifest; with the manifest unchanged the failure stands.
+fn open_snapshot(
+    storage: Arc<dyn Storage>,
+    use_checkpoint: bool,
+    access: Access,
+    label: &Path,
+) -> Result<(Manifest, Arc<dyn Storage>, Recovered)> {
+    let read_manifest = || {
+        Manifest::read(storage.as_ref())?.ok_or_else(|| Error::NotAStore {
+            path: label.to_path_buf(),
+        })
+    };
+    let mut manifest = read_manifest()?;
+    let mut attempts = 1;
+    loop {
+        let snapshot = pin_named_files(&storage, &manifest).and_then(|pinned| {
+            let recovered = recover(pinned.as_ref(), &manifest, use_checkpoint, access)?;
+            Ok((pinned, recovered))
+        });
+        let error = match snapshot {
+            Ok((pinned, recovered)) => return Ok((manifest, pinned, recovered)),
+            Err(error) => error,
+        };
+        if attempts >= MAX_SNAPSHOT_ATTEMPTS {
+            return Err(error);
+        }
+        let now = read_manifest()?;
+        if now == manifest {
+            return Err(error);
+        }
+        manifest = now;
+        attempts += 1;
+    }
+}
+
+/// Files a read-only open keeps open from its start (F-05-13): each holds a descriptor for
+/// the life of the store, so a store of very many files must not exhaust the process's.
+pub const MAX_PINNED_FILES: usize = 512;
+
+/// Opens the segments and runs `manifest` names, oldest segments first (maintenance replaces
+/// those first), at most [`MAX_PINNED_FILES`]; a missing one is `CorruptFile`.
+fn pin_named_files(storage: &Arc<dyn Storage>, manifest: &Manifest) -> Result<Arc<dyn Storage>> {
+    let paths: Vec<String> = manifest
+        .segments
+        .iter()
+        .map(|segment| segment_path(segment.id))
+        .chain(manifest.runs.iter().map(|run| run_path(run.id)))
+        .take(MAX_PINNED_FILES)
+        .collect();
+    let pinned = SnapshotStorage::pin(storage.clone(), &paths).map_err(|(path, error)| {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            Error::CorruptFile {
+                file: path,
+                reason: "named by the manifest but missing".to_string(),
+            }
+        } else {
+            Error::io("file open", error)
+        }
+    })?;
+    Ok(Arc::new(pinned))
+}
 
 impl Store {
     /// Opens (or creates) the store in directory `path` on the real file system.
@@ -325,9 +440,15 @@ impl Store {
                 path: label.to_path_buf(),
             })?)
         };
+        if options.read_only {
+            // A consistent snapshot whatever a writer does meanwhile (F-05-13).
+            let (manifest, storage, recovered) =
+                open_snapshot(storage, options.use_checkpoint, Access::ReadOnly, label)?;
+            return Store::assemble(storage, options, manifest, recovered, lock);
+        }
         let (manifest, created) = match Manifest::read(storage.as_ref())? {
             Some(manifest) => (manifest, false),
-            None if options.create_if_missing && !options.read_only => {
+            None if options.create_if_missing => {
                 check_creatable(storage.as_ref(), label)?;
                 match create_store(storage.as_ref()) {
                     Ok(manifest) => (manifest, true),
@@ -351,15 +472,32 @@ impl Store {
         opened
     }
 
-    /// The rest of an open once the lock is held and the manifest read: recovery, and for a
-    /// writer the orphan removal and the start of the log.
+    /// The rest of a writable open once the lock is held and the manifest read: recovery
+    /// that checks what the writer will build on (F-05-12), then the store.
     fn open_manifest(
         storage: Arc<dyn Storage>,
         options: Options,
         manifest: Manifest,
         lock: Option<Box<dyn LockGuard>>,
     ) -> Result<Store> {
-        let mut recovered = recover(storage.as_ref(), &manifest, options.use_checkpoint)?;
+        let recovered = recover(
+            storage.as_ref(),
+            &manifest,
+            options.use_checkpoint,
+            Access::Writable,
+        )?;
+        Store::assemble(storage, options, manifest, recovered, lock)
+    }
+
+    /// The store over a recovered manifest; for a writer also the orphan removal, the start
+    /// of the log and of the maintenance thread.
+    fn assemble(
+        storage: Arc<dyn Storage>,
+        options: Options,
+        manifest: Manifest,
+        mut recovered: Recovered,
+        lock: Option<Box<dyn LockGuard>>,
+    ) -> Result<Store> {
         let salts = manifest
             .segments
             .iter()
@@ -370,6 +508,10 @@ impl Store {
         let log = if options.read_only {
             None
         } else {
+            if recovered.report.checkpoint_distrusted {
+                // Before the repair continues the segment it calls sealed (F-05-12).
+                discard_checkpoint(storage.as_ref())?;
+            }
             remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
             Some(start_log(&storage, &options, manifest, recovered.tail)?)
         };
@@ -392,6 +534,7 @@ impl Store {
                 maintaining: Mutex::new(None),
                 read_gate: RwLock::new(()),
                 maintenance: Arc::new(MaintenanceSignal::default()),
+                damage: Mutex::new(None),
             }),
         };
         if store.inner.log.is_some() {
@@ -406,6 +549,22 @@ impl Store {
             }
         }
         Ok(store)
+    }
+
+    /// What a writable open of the store in `path` would find (F-05-12), without taking the
+    /// lock or writing anything: the recovery it runs, as a read-only snapshot (F-05-13).
+    /// `Err` is what the writable open would refuse with; a report with a torn tail or
+    /// `checkpoint_distrusted` is what it would repair. `dshdb verify` says which.
+    pub fn check_writable_open(path: impl AsRef<Path>) -> Result<RecoveryReport> {
+        let path = path.as_ref();
+        if !path.is_dir() {
+            return Err(Error::NotAStore {
+                path: path.to_path_buf(),
+            });
+        }
+        let storage: Arc<dyn Storage> = Arc::new(FsStorage::new(path));
+        let (_, _, recovered) = open_snapshot(storage, true, Access::Preview, path)?;
+        Ok(recovered.report)
     }
 
     /// The store's directory (derived files above the log, `cache/` and `spill/`, live there).
@@ -438,20 +597,41 @@ impl Store {
             .collect()
     }
 
+    /// The log, for a write: refused when closed, read-only, or after a read found damage.
     fn log(&self) -> Result<&Log> {
+        let log = self.open_log()?;
+        if let Some(damage) = self.inner.damage.lock().as_ref().and_then(copy_of_damage) {
+            return Err(damage);
+        }
+        Ok(log)
+    }
+
+    fn open_log(&self) -> Result<&Log> {
         if *self.inner.closed.lock() {
             return Err(Error::Closed);
         }
         self.inner.log.as_ref().ok_or(Error::ReadOnly)
     }
 
-    /// Makes every append so far durable.
+    /// Remembers damage a read of the log found, so that a writable store refuses further
+    /// writes (F-05-12). Spill blobs are outside the log and do not count.
+    pub(super) fn note_damage(&self, error: &Error) {
+        if self.inner.log.is_none() {
+            return;
+        }
+        if let Some(copy) = copy_of_damage(error) {
+            self.inner.damage.lock().get_or_insert(copy);
+        }
+    }
+
+    /// Makes every append so far durable (also after a read found damage: those bytes are
+    /// the caller's, written before it).
     ///
     /// When the flush succeeds but a pass of the background maintenance thread failed since
     /// the last `maintain` or `flush`, returns that failure ([`Error::Maintenance`], once):
     /// the appends are durable all the same.
     pub fn flush(&self) -> Result<()> {
-        self.log()?.flush()?;
+        self.open_log()?.flush()?;
         self.inner.maintenance.take_unreported()
     }
 

@@ -83,6 +83,20 @@ impl Store {
         id: &str,
         from: u64,
         to: u64,
+        visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+    ) -> Result<()> {
+        let walked = self.walk_events(id, from, to, visit);
+        if let Err(error) = &walked {
+            self.note_damage(error);
+        }
+        walked
+    }
+
+    fn walk_events(
+        &self,
+        id: &str,
+        from: u64,
+        to: u64,
         mut visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
     ) -> Result<()> {
         let _positions_stay_valid = self.inner.read_gate.read();

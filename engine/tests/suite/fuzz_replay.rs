@@ -11,8 +11,8 @@ use crate::common::{open_sim, sim_options};
 use dshdb::derive::projection::synthetic::{turn_events, OwnedEvent};
 use dshdb::exchange::export_dsh_jsonl;
 use dshdb::fuzzing::{
-    check_dsh_import, check_frame_decode, check_model, check_segment_recovery, check_surface_fold,
-    FUZZ_SALT, MODEL_SEED_SCRIPT,
+    check_damaged_seal, check_dsh_import, check_frame_decode, check_model, check_segment_recovery,
+    check_surface_fold, FUZZ_SALT, MODEL_SEED_SCRIPT,
 };
 use dshdb::storage::commit::Durability;
 use dshdb::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
@@ -58,9 +58,10 @@ fn mutate(seed: &[u8], state: &mut u64) -> Vec<u8> {
 const MAX_COMMITTED_FIXTURE_BYTES: usize = 8 * 1024;
 
 /// The fuzz targets, as named in `fuzz/Cargo.toml`.
-const TARGETS: [&str; 5] = [
+const TARGETS: [&str; 6] = [
     "frame_decode",
     "segment_recovery",
+    "damaged_seal",
     "surface_fold",
     "model",
     "dsh_import",
@@ -198,6 +199,14 @@ fn encoder_seeds(target: &str) -> Seeds {
                 seeds.insert(format!("vector-{name}"), bytes);
             }
         }
+        "damaged_seal" => {
+            // The seal lost whole (28 cuts of one byte), and a flip in each of its bytes.
+            seeds.insert("seal-lost.bin".into(), [0u8, 0, 0].repeat(8));
+            for byte in 0..28u8 {
+                seeds.insert(format!("seal-flip-{byte:02}.bin"), vec![1, byte, byte]);
+            }
+            seeds.insert("commit-cut.bin".into(), vec![0, 40, 0]);
+        }
         "surface_fold" => {
             seeds.insert("engine-turns.jsonl".into(), events_only(&engine_dsh_log()));
         }
@@ -284,6 +293,11 @@ fn frame_decode_corpus() {
 #[test]
 fn segment_recovery_corpus() {
     replay("segment_recovery", check_segment_recovery);
+}
+
+#[test]
+fn damaged_seal_corpus() {
+    replay("damaged_seal", check_damaged_seal);
 }
 
 #[test]

@@ -25,6 +25,7 @@ mod hostile_input;
 mod hostile_open;
 mod kill;
 mod projection_cache;
+mod readers;
 mod recovery_table;
 mod retention;
 mod run_vectors;

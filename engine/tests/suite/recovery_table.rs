@@ -799,3 +799,116 @@ fn every_row_of_the_recovery_decision_table_takes_its_action() {
         );
     }
 }
+
+// ---- F-05-12: what a writable open checks before it builds on a checkpoint ----
+
+/// Opens writable with the checkpoint (what every `dshdb` writer does).
+fn open_with_checkpoint(disk: &SimStorage) -> Result<Store, Error> {
+    let options = Options {
+        use_checkpoint: true,
+        ..options(OpenMode::Writable)
+    };
+    Store::open_on(Arc::new(disk.clone()), options, Path::new("sim"))
+}
+
+/// Every file's name and bytes.
+type Files = Vec<(String, Vec<u8>)>;
+
+/// What a checked writable open gave, given the files before it; `Ok(())` when it is what
+/// F-05-12 says.
+type WritableCheck = fn(Result<Store, Error>, &SimStorage, &Files) -> Result<(), String>;
+
+/// Every file's bytes, to show a refused open changed nothing.
+fn all_files(disk: &SimStorage) -> Files {
+    let image = disk.volatile_image();
+    image
+        .file_names()
+        .map(|name| (name.to_string(), image.file(name).unwrap_or(&[]).to_vec()))
+        .collect()
+}
+
+/// A closed store whose last segment's length is cut by `bytes` (the checkpoint written by
+/// the close still records the seal).
+fn closed_and_cut(bytes: u64) -> SimStorage {
+    let disk = closed();
+    let path = segment_path(last_segment(&disk).id);
+    let length = read(&disk, &path).len() as u64;
+    disk.open(&path, false)
+        .and_then(|file| file.set_len(length - bytes))
+        .expect("cut");
+    disk
+}
+
+#[test]
+fn every_case_of_the_writable_open_check_takes_its_action() {
+    struct CheckCase {
+        item: &'static str,
+        build: fn() -> SimStorage,
+        check: WritableCheck,
+    }
+    let cases = [
+        CheckCase {
+            item: "F-05-12 item 1: a covered segment is missing",
+            build: || {
+                let disk = closed();
+                disk.remove(&segment_path(1)).expect("remove");
+                disk
+            },
+            check: |result, disk, before| {
+                corrupt_file(result, &segment_path(1))?;
+                (all_files(disk) == *before)
+                    .then_some(())
+                    .ok_or_else(|| "changed bytes".into())
+            },
+        },
+        CheckCase {
+            item: "F-05-12 item 2: the last covered segment lost its seal",
+            build: || closed_and_cut(SEAL_FRAME_BYTES),
+            check: |result, disk, _| {
+                let store = opened(result)?;
+                if !store.recovery_report().checkpoint_distrusted {
+                    return Err("the checkpoint was trusted".into());
+                }
+                if disk.exists("index/checkpoint").unwrap_or(true) {
+                    return Err("the stale checkpoint is still there".into());
+                }
+                whole_and_appendable(&store, disk)
+            },
+        },
+        CheckCase {
+            item: "F-05-12 item 2: the last covered segment lost committed batches",
+            build: || closed_and_cut(SEAL_FRAME_BYTES + 1),
+            check: |result, disk, before| {
+                corrupt_in(result, 1)?;
+                (all_files(disk) == *before)
+                    .then_some(())
+                    .ok_or_else(|| "changed bytes".into())
+            },
+        },
+        CheckCase {
+            item: "F-05-12 item 2: a flipped byte in the last covered segment's first batch",
+            build: || {
+                let disk = closed();
+                let path = segment_path(1);
+                let byte = read(&disk, &path)[64 + 14] ^ 0x01;
+                write(&disk, &path, &[byte], 64 + 14);
+                disk
+            },
+            check: |result, disk, before| {
+                corrupt_at(result, 1, 64)?;
+                (all_files(disk) == *before)
+                    .then_some(())
+                    .ok_or_else(|| "changed bytes".into())
+            },
+        },
+    ];
+    let mut failures = Vec::new();
+    for case in &cases {
+        let disk = (case.build)();
+        let before = all_files(&disk);
+        if let Err(failure) = (case.check)(open_with_checkpoint(&disk), &disk, &before) {
+            failures.push(format!("{}: {failure}", case.item));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -7,6 +7,7 @@
 pub mod fs;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
+pub mod snapshot;
 
 use std::io;
 use std::sync::Arc;
@@ -37,13 +38,31 @@ pub trait StorageFile: Send + Sync {
         Ok(None)
     }
 
-    /// Reads the whole file into memory.
+    /// Reads the whole file into memory: the bytes up to its length when the read starts,
+    /// or up to its end if it shrinks meanwhile (a writer trimming a segment it seals, while
+    /// a read-only reader reads it: F-05-13). Bytes it gains meanwhile are not read.
     fn read_all(&self) -> io::Result<Vec<u8>> {
         let length = usize::try_from(self.len()?)
             .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "file larger than memory"))?;
         let mut bytes = vec![0; length];
-        self.read_exact_at(&mut bytes, 0)?;
+        let read = self.read_up_to(&mut bytes, 0)?;
+        bytes.truncate(read);
         Ok(bytes)
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset`, fewer only at the end of the file; returns
+    /// how many were read.
+    fn read_up_to(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(read) => done += read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(done)
     }
 
     /// Reads exactly `buf.len()` bytes at `offset`, failing on a short read.

@@ -169,3 +169,5 @@ mod matrix;
 
 /// Failures away from the caller: a shared group commit, thread starts, background passes.
 mod background;
+/// Damage at rest, then writable opens and appends (F-05-12).
+mod damage;
