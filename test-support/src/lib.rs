@@ -39,6 +39,23 @@ impl Drop for TempDir {
     }
 }
 
+/// The names of the entries directly inside `folder`, sorted: what a test compares to show
+/// that a command left a folder as it was.
+pub fn sorted_entries(folder: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(folder)
+        .unwrap_or_else(|error| panic!("list {}: {error}", folder.display()))
+        .map(|entry| {
+            entry
+                .expect("directory entry")
+                .file_name()
+                .into_string()
+                .expect("UTF-8 file name")
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// Runs `binary ARGS` with `stdin` as its input and returns what it printed and its status.
 pub fn run_with_input(binary: &Path, args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(binary)

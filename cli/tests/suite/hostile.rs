@@ -11,18 +11,7 @@ use std::path::Path;
 const TURN: &str = r#"{"type":"turn/start","data":{"turn":1}}"#;
 
 fn entries(folder: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(folder)
-        .expect("list")
-        .map(|entry| {
-            entry
-                .expect("entry")
-                .file_name()
-                .into_string()
-                .expect("utf-8")
-        })
-        .collect();
-    names.sort();
-    names
+    dshdb_test_support::sorted_entries(folder)
 }
 
 fn failure(args: &[&str], stdin: &str) -> String {
@@ -432,10 +421,8 @@ fn a_failed_dsh_export_leaves_no_file_and_an_export_replaces_one_whole() {
             "",
         );
         assert!(message.contains("missing"), "{message}");
-        let left: Vec<_> = std::fs::read_dir(dir.path())
-            .expect("scratch dir")
-            .filter_map(|entry| entry.ok())
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        let left: Vec<_> = entries(dir.path())
+            .into_iter()
             .filter(|name| name.starts_with("missing"))
             .collect();
         assert!(left.is_empty(), "a failed export left {left:?}");

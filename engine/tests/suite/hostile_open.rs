@@ -148,18 +148,10 @@ fn a_writer_open_of_a_foreign_folder_on_disk_leaves_no_lock() {
         };
         let error = Store::open(&folder, options).err().expect("not a store");
         assert!(matches!(error, Error::NotAStore { .. }), "{error}");
-        let mut names: Vec<String> = std::fs::read_dir(&folder)
-            .expect("list")
-            .map(|entry| {
-                entry
-                    .expect("entry")
-                    .file_name()
-                    .into_string()
-                    .expect("utf-8")
-            })
-            .collect();
-        names.sort();
-        assert_eq!(names, vec!["notes.txt".to_string()]);
+        assert_eq!(
+            dshdb_test_support::sorted_entries(&folder),
+            vec!["notes.txt".to_string()]
+        );
     }
     // A store that does not exist is not created by an open that may not create one.
     let typo = dir.join("typo");

@@ -7,7 +7,6 @@
 use crate::common;
 
 use common::*;
-use dshdb::storage::commit::Durability;
 use dshdb::storage::frame::Record;
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::storage::io::{LockGuard, Storage, StorageFile};
@@ -31,26 +30,13 @@ const CONCURRENT_RUN: Duration = Duration::from_secs(3);
 const CONCURRENT_SESSIONS: usize = 3;
 const CONCURRENT_BATCH_EVENTS: u64 = 4;
 
-fn writable() -> Options {
-    sim_options(Durability::Sync)
-}
-
-fn read_only(use_checkpoint: bool) -> Options {
-    Options {
-        read_only: true,
-        create_if_missing: false,
-        use_checkpoint,
-        ..sim_options(Durability::Sync)
-    }
-}
-
 fn data(seq: u64) -> String {
     event_data(0, seq, EVENT_BYTES)
 }
 
 /// A live writer whose session `a` rolled over several segments.
 fn rolled_writer(disk: &SimStorage) -> Store {
-    let store = open_sim(disk, writable()).expect("open");
+    let store = open_sim(disk, sim_writable()).expect("open");
     let mut writer = store.create_session_with_id("a").expect("session");
     for seq in 0..ROLLING_EVENTS {
         writer.append(chunk(&data(seq))).expect("append");
@@ -200,7 +186,11 @@ impl Storage for Hooked {
 }
 
 fn open_hooked(hooked: &Arc<Hooked>, use_checkpoint: bool) -> dshdb::Result<Store> {
-    Store::open_on(hooked.clone(), read_only(use_checkpoint), Path::new("sim"))
+    Store::open_on(
+        hooked.clone(),
+        sim_read_only(use_checkpoint),
+        Path::new("sim"),
+    )
 }
 
 fn write_file(disk: &SimStorage, path: &str, bytes: &[u8]) {
@@ -215,7 +205,7 @@ fn a_reader_keeps_reading_segments_that_maintenance_replaced_after_its_open() {
     let disk = SimStorage::new();
     let writer = rolled_writer(&disk);
     for use_checkpoint in [true, false] {
-        let reader = open_sim(&disk, read_only(use_checkpoint)).expect("read-only open");
+        let reader = open_sim(&disk, sim_read_only(use_checkpoint)).expect("read-only open");
         writer.maintain().expect("maintain");
         assert_reads_all(&reader, ROLLING_EVENTS);
     }
@@ -236,7 +226,7 @@ fn a_reader_whose_files_vanish_during_its_open_starts_over_from_the_new_manifest
             maintainer.maintain().expect("maintain");
         }))),
     };
-    let reader = Store::open_on(Arc::new(at_open), read_only(false), Path::new("sim"))
+    let reader = Store::open_on(Arc::new(at_open), sim_read_only(false), Path::new("sim"))
         .expect("the read-only open sees the new manifest");
     assert_reads_all(&reader, ROLLING_EVENTS);
     assert!(!manifest(&disk).runs.is_empty(), "maintenance ran");
@@ -362,7 +352,7 @@ fn a_reader_that_misses_a_batch_and_sees_a_later_commit_reads_the_segment_again(
     // A live store: three Sync batches in its one segment, each commit recording the one
     // before as durable.
     let disk = SimStorage::new();
-    let store = open_sim(&disk, writable()).expect("open");
+    let store = open_sim(&disk, sim_writable()).expect("open");
     let mut writer = store.create_session_with_id("a").expect("session");
     for seq in 0..3 {
         writer.append(chunk(&data(seq))).expect("append");

@@ -22,6 +22,21 @@ pub fn sim_options(durability: Durability) -> Options {
     }
 }
 
+/// A writable store on the simulated disk, `Sync` appends.
+pub fn sim_writable() -> Options {
+    sim_options(Durability::Sync)
+}
+
+/// A read-only open on the simulated disk, with or without the seq-index checkpoint.
+pub fn sim_read_only(use_checkpoint: bool) -> Options {
+    Options {
+        read_only: true,
+        create_if_missing: false,
+        use_checkpoint,
+        ..sim_options(Durability::Sync)
+    }
+}
+
 pub fn open_sim(disk: &SimStorage, options: Options) -> dshdb::Result<Store> {
     Store::open_on(Arc::new(disk.clone()), options, Path::new("sim"))
 }

@@ -7,7 +7,6 @@
 use crate::common;
 
 use common::*;
-use dshdb::storage::commit::Durability;
 use dshdb::storage::index::CHECKPOINT_FILE;
 use dshdb::storage::io::sim::{CrashImage, SimStorage};
 use dshdb::storage::manifest::{Manifest, MANIFEST_FILE};
@@ -33,19 +32,6 @@ type Files = BTreeMap<String, Vec<u8>>;
 /// Every session's event texts.
 type Contents = BTreeMap<String, Vec<String>>;
 
-fn writable() -> Options {
-    sim_options(Durability::Sync)
-}
-
-fn read_only(use_checkpoint: bool) -> Options {
-    Options {
-        read_only: true,
-        create_if_missing: false,
-        use_checkpoint,
-        ..sim_options(Durability::Sync)
-    }
-}
-
 fn data(session: &str, seq: u64) -> String {
     event_data(usize::from(session.as_bytes()[0]), seq, EVENT_BYTES)
 }
@@ -68,7 +54,7 @@ fn append(store: &Store, session: &str, count: u64) -> dshdb::Result<()> {
 fn base() -> CrashImage {
     let disk = SimStorage::new();
     for session in ["b", "a"] {
-        let store = open_sim(&disk, writable()).expect("open");
+        let store = open_sim(&disk, sim_writable()).expect("open");
         append(&store, session, EVENTS_PER_SESSION).expect("append");
         store.close().expect("close");
     }
@@ -94,7 +80,8 @@ fn files(disk: &SimStorage) -> Files {
 /// What every session holds, read through a read-only open with or without the checkpoint.
 fn contents(image: &CrashImage, use_checkpoint: bool) -> Result<Contents, String> {
     let disk = SimStorage::from_image(image);
-    let store = open_sim(&disk, read_only(use_checkpoint)).map_err(|error| error.to_string())?;
+    let store =
+        open_sim(&disk, sim_read_only(use_checkpoint)).map_err(|error| error.to_string())?;
     let mut contents = Contents::new();
     for session in store.sessions() {
         let events = store
@@ -131,7 +118,7 @@ fn expected_contents(extra_a: u64) -> Contents {
 /// Opens writable, appends one event to `a` and closes; returns the image after.
 fn open_append_close(image: &CrashImage) -> dshdb::Result<CrashImage> {
     let disk = SimStorage::from_image(image);
-    let store = open_sim(&disk, writable())?;
+    let store = open_sim(&disk, sim_writable())?;
     append(&store, "a", 1)?;
     store.close()?;
     Ok(disk.durable_image())
@@ -142,7 +129,7 @@ fn open_append_close(image: &CrashImage) -> dshdb::Result<CrashImage> {
 fn assert_repaired(damaged: &CrashImage, label: &str) {
     // The open distrusts the checkpoint and removes it before it repairs the segment.
     let disk = SimStorage::from_image(damaged);
-    let store = open_sim(&disk, writable()).unwrap_or_else(|error| panic!("{label}: {error}"));
+    let store = open_sim(&disk, sim_writable()).unwrap_or_else(|error| panic!("{label}: {error}"));
     assert!(store.recovery_report().checkpoint_distrusted, "{label}");
     assert_eq!(disk.durable_image().file(CHECKPOINT_FILE), None, "{label}");
     drop(store);
@@ -183,7 +170,7 @@ fn a_writable_open_without_the_checkpoint_that_continues_a_covered_segment_remov
     let disk = SimStorage::from_image(&image);
     let options = Options {
         use_checkpoint: false,
-        ..writable()
+        ..sim_writable()
     };
     let store = open_sim(&disk, options).expect("open");
     append(&store, "a", 1).expect("append");
@@ -215,7 +202,7 @@ fn every_torn_byte_of_the_seal_is_repaired_by_the_next_writable_open() {
 fn assert_refused(image: &CrashImage, expected: fn(&Error) -> bool, label: &str) {
     let disk = SimStorage::from_image(image);
     let before = files(&disk);
-    match open_sim(&disk, writable()) {
+    match open_sim(&disk, sim_writable()) {
         Ok(_) => panic!("{label}: the writable open built on the damage"),
         Err(error) => assert!(expected(&error), "{label}: {error:?}"),
     }
@@ -245,7 +232,7 @@ fn a_flipped_record_byte_in_the_last_sealed_segment_refuses_writable_opens_only(
     );
     // A read-only open still reads the session the damage does not touch.
     let disk = SimStorage::from_image(&damaged);
-    let store = open_sim(&disk, read_only(true)).expect("read-only open");
+    let store = open_sim(&disk, sim_read_only(true)).expect("read-only open");
     let b = store.read("b", 0, u64::MAX).expect("b is undamaged");
     assert_eq!(b.len() as u64, EVENTS_PER_SESSION);
     assert!(store
@@ -280,7 +267,7 @@ fn a_missing_covered_segment_or_run_refuses_the_writable_open() {
 
     // Seal both segments into runs; the checkpoint then covers the runs.
     let disk = SimStorage::from_image(&image);
-    let store = open_sim(&disk, writable()).expect("open");
+    let store = open_sim(&disk, sim_writable()).expect("open");
     store.maintain().expect("maintain");
     store.close().expect("close");
     let sealed = disk.durable_image();
@@ -316,7 +303,7 @@ fn a_writer_whose_read_finds_damage_refuses_further_writes() {
         .expect("event 0 of b");
     segment[at + 10] ^= 0x04;
     let disk = SimStorage::from_image(&image);
-    let store = open_sim(&disk, writable()).expect("the open checks the last segment only");
+    let store = open_sim(&disk, sim_writable()).expect("the open checks the last segment only");
     append(&store, "a", 1).expect("nothing found yet");
     let found = store.read("b", 0, u64::MAX);
     assert!(
@@ -377,7 +364,7 @@ fn no_damage_at_the_tail_then_opens_and_appends_turns_a_readable_store_unreadabl
         readable_cases += 1;
         let disk = SimStorage::from_image(&image);
         let files_before = files(&disk);
-        let store = match open_sim(&disk, writable()) {
+        let store = match open_sim(&disk, sim_writable()) {
             Ok(store) => store,
             Err(error) => {
                 assert!(error.is_corruption(), "{label}: {error}");
@@ -417,7 +404,7 @@ fn a_power_cut_anywhere_in_the_repair_of_a_torn_seal_leaves_a_readable_store() {
     loop {
         let disk = SimStorage::from_image(&image);
         disk.crash_at(operation);
-        let acknowledged = open_sim(&disk, writable())
+        let acknowledged = open_sim(&disk, sim_writable())
             .and_then(|store| append(&store, "a", 1).map(|()| store))
             .is_ok();
         if !disk.crashed() {
