@@ -31,6 +31,15 @@ pub const EVENT_ENVELOPE_RESERVE_BYTES: usize = 4096;
 /// and envelope reserve (just under 16 MiB).
 pub const MAX_EVENT_DATA_BYTES: usize =
     MAX_PAYLOAD_BYTES - EVENT_FIXED_BYTES - EVENT_ENVELOPE_RESERVE_BYTES;
+/// Free disk space a segment's preallocation leaves untouched, in bytes (8 MiB): room for
+/// the manifest, the seq-index checkpoint and the run files that `maintain` writes before it
+/// frees segments, so that the commands which free space still work on a nearly full disk.
+pub const PREALLOCATION_RESERVE_BYTES: u64 = 8 * 1024 * 1024;
+/// Bytes a writable store keeps in its `RESERVE` file (F-01-9): on a disk with no byte
+/// free, a writable open removes it to start its log, so that `rm` and `maintain`, the
+/// commands that free space, still run (1 MiB: a segment header, a manifest, tombstones and
+/// the run of a small segment).
+pub const DISK_FULL_RESERVE_BYTES: u64 = 1024 * 1024;
 /// The nesting depth at which serde_json stops parsing (its recursion limit, in levels of
 /// arrays and objects).
 pub const SERDE_JSON_DEPTH_LIMIT: usize = 128;

@@ -83,10 +83,7 @@ pub fn check_header(bytes: &[u8], id: u64, salt: u64) -> Result<()> {
     Ok(())
 }
 
-/// Free disk space a segment's preallocation leaves untouched, in bytes (8 MiB): room for
-/// the manifest, the seq-index checkpoint and the run files that `maintain` writes before it
-/// frees segments, so that the commands which free space still work on a nearly full disk.
-pub const PREALLOCATION_RESERVE_BYTES: u64 = 8 * 1024 * 1024;
+pub use crate::limits::PREALLOCATION_RESERVE_BYTES;
 
 /// How many bytes of a segment of `capacity_bytes` to preallocate (F-03-3 step 2): all of
 /// it, or, on a disk with less free, what the disk has beyond

@@ -1,12 +1,13 @@
 //! Store creation and the start of the log: a new store's first manifest and segment,
 //! orphan removal, and continuing the log where recovery left it.
 
-use super::{io_error, Options, LOCK_FILE};
+use super::{io_error, Options, LOCK_FILE, RESERVE_FILE};
 use crate::error::{Error, Result};
+use crate::limits::{DISK_FULL_RESERVE_BYTES, PREALLOCATION_RESERVE_BYTES};
 use crate::storage::commit::{new_salt, Log, LogOptions};
 use crate::storage::frame::Record;
 use crate::storage::index::{CHECKPOINT_FILE, CHECKPOINT_TEMP_FILE, INDEX_DIR};
-use crate::storage::io::Storage;
+use crate::storage::io::{Storage, StorageFile};
 use crate::storage::manifest::{Manifest, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
 use crate::storage::recovery::{LogTail, RecoveryReport, TornSegment};
 use crate::storage::run::{parse_run_name, RUNS_DIR};
@@ -17,7 +18,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The entries a directory may hold and still become a store (F-01-4).
-const STORE_NAMES: [&str; 5] = [LOCK_FILE, MANIFEST_TEMP_FILE, WAL_DIR, RUNS_DIR, INDEX_DIR];
+const STORE_NAMES: [&str; 6] = [
+    LOCK_FILE,
+    MANIFEST_TEMP_FILE,
+    WAL_DIR,
+    RUNS_DIR,
+    INDEX_DIR,
+    RESERVE_FILE,
+];
 
 /// Refuses to create a store in a directory that holds anything else (F-01-4): a foreign
 /// entry makes it `NotAStore`, segments, runs or a checkpoint without a manifest a damaged
@@ -89,6 +97,7 @@ pub(super) fn undo_create(storage: &dyn Storage) {
     // `wal/` it needs.
     let _ = storage.remove(MANIFEST_FILE);
     let _ = storage.remove(MANIFEST_TEMP_FILE);
+    let _ = storage.remove(RESERVE_FILE);
     let _ = storage.sync_dir("");
     let _ = storage.remove_dir(WAL_DIR);
     // The lock guard still holds the file open; removing the name is harmless on POSIX, and
@@ -200,18 +209,19 @@ pub(super) fn start_log(
             tail.offset,
         );
     }
-    let id = manifest.next_segment_id;
-    let salt = new_salt();
-    let file = create_segment(storage.as_ref(), id, salt, options.segment_bytes)?;
-    manifest.segments.push(SegmentEntry { id, salt });
-    manifest.next_segment_id = id + 1;
-    if let Err(failure) = manifest.write_reporting_stage(storage.as_ref()) {
-        // After the rename the new manifest may be durable: then the file must stay.
-        if !failure.after_rename {
-            let _ = storage.remove(&segment_path(id));
+    let file = match start_segment(storage.as_ref(), options, &mut manifest) {
+        Err(Error::DiskFull { .. }) if release_reserve(storage.as_ref())? => {
+            // The disk was full: the reserve's space lets the log start (F-01-9).
+            start_segment(storage.as_ref(), options, &mut manifest)?
         }
-        return Err(failure.error);
-    }
+        started => started?,
+    };
+    let id = manifest.next_segment_id - 1;
+    let salt = manifest
+        .segments
+        .last()
+        .map(|entry| entry.salt)
+        .unwrap_or_default();
     Log::start(
         storage.clone(),
         log_options,
@@ -221,6 +231,71 @@ pub(super) fn start_log(
         salt,
         SEGMENT_HEADER_BYTES,
     )
+}
+
+/// Creates the next segment and the manifest naming it; on failure nothing of it stays
+/// (unless the new manifest may already be durable) and `manifest` is unchanged.
+fn start_segment(
+    storage: &dyn Storage,
+    options: &Options,
+    manifest: &mut Manifest,
+) -> Result<Arc<dyn StorageFile>> {
+    let id = manifest.next_segment_id;
+    let salt = new_salt();
+    let file = create_segment(storage, id, salt, options.segment_bytes)?;
+    let mut next = manifest.clone();
+    next.segments.push(SegmentEntry { id, salt });
+    next.next_segment_id = id + 1;
+    if let Err(failure) = next.write_reporting_stage(storage) {
+        // After the rename the new manifest may be durable: then the file must stay.
+        if !failure.after_rename {
+            let _ = storage.remove(&segment_path(id));
+        }
+        return Err(failure.error);
+    }
+    *manifest = next;
+    Ok(file)
+}
+
+/// Removes the `RESERVE` file, durably, to give its space to the log (F-01-9). Returns
+/// whether there was one.
+fn release_reserve(storage: &dyn Storage) -> Result<bool> {
+    if !storage
+        .exists(RESERVE_FILE)
+        .map_err(io_error("store list"))?
+    {
+        return Ok(false);
+    }
+    storage
+        .remove(RESERVE_FILE)
+        .map_err(io_error("reserve remove"))?;
+    storage.sync_dir("").map_err(io_error("directory sync"))?;
+    Ok(true)
+}
+
+/// Writes the `RESERVE` file when it is missing and the disk has room for it beyond the
+/// preallocation reserve (F-01-9). Best effort: without it only a disk with no byte free
+/// stops a writable open, so a failure here is not the caller's.
+pub(super) fn keep_reserve(storage: &dyn Storage) {
+    if storage.exists(RESERVE_FILE).unwrap_or(true) {
+        return;
+    }
+    let room = DISK_FULL_RESERVE_BYTES + PREALLOCATION_RESERVE_BYTES;
+    if matches!(storage.available_bytes(), Ok(Some(free)) if free < room) {
+        return;
+    }
+    let written = usize::try_from(DISK_FULL_RESERVE_BYTES)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+        .and_then(|length| {
+            let file = storage.open(RESERVE_FILE, true)?;
+            // Real bytes, not a sparse hole: the space must be the store's.
+            file.write_at(&vec![0; length], 0)?;
+            file.sync_data()?;
+            storage.sync_dir("")
+        });
+    if written.is_err() {
+        let _ = storage.remove(RESERVE_FILE);
+    }
 }
 
 /// Recovery found the tail in an older segment than the newest one (a crash right after a

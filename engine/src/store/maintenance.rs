@@ -179,8 +179,10 @@ impl Store {
     /// in the log makes the writable store refuse further writes (F-05-12).
     fn maintain_pass(&self) -> Result<MaintenanceReport> {
         let outcome = self.maintain_log();
-        if let Err(error) = &outcome {
-            self.note_damage(error);
+        match &outcome {
+            Err(error) => self.note_damage(error),
+            // Space the pass freed refills a reserve a full disk used up (F-01-9).
+            Ok(_) => super::create::keep_reserve(self.inner.storage.as_ref()),
         }
         outcome
     }

@@ -47,6 +47,10 @@ use std::time::Duration;
 
 /// The writer lock file.
 pub const LOCK_FILE: &str = "LOCK";
+/// Space a writable store keeps for a full disk (F-01-9, [`DISK_FULL_RESERVE_BYTES`]).
+///
+/// [`DISK_FULL_RESERVE_BYTES`]: crate::limits::DISK_FULL_RESERVE_BYTES
+pub const RESERVE_FILE: &str = "RESERVE";
 pub use crate::limits::DEFAULT_BLOCK_CACHE_BYTES;
 pub use crate::limits::DEFAULT_MAX_PENDING_BYTES;
 pub use crate::limits::DEFAULT_SEGMENT_BYTES;
@@ -538,6 +542,7 @@ impl Store {
             }),
         };
         if store.inner.log.is_some() {
+            create::keep_reserve(store.inner.storage.as_ref());
             if write_fresh_checkpoint {
                 // Derived data (F-06-22): a failure here only costs the next open a rebuild.
                 let _ = store.write_runs_checkpoint();

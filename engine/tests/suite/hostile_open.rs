@@ -7,7 +7,9 @@ use dshdb::storage::commit::Durability;
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::storage::io::Storage;
 use dshdb::storage::segment::PREALLOCATION_RESERVE_BYTES;
-use dshdb::store::{NewEvent, Options, Store, DEFAULT_SEGMENT_BYTES, MAX_EVENT_DATA_DEPTH};
+use dshdb::store::{
+    NewEvent, Options, Store, DEFAULT_SEGMENT_BYTES, MAX_EVENT_DATA_DEPTH, RESERVE_FILE,
+};
 use dshdb::Error;
 
 /// Default options: 64 MiB segments, as the CLI opens stores.
@@ -57,6 +59,35 @@ fn a_disk_with_less_free_than_a_segment_still_takes_writable_opens() {
         assert!(reopened.session("b").is_err(), "b stays deleted");
         reopened.close().expect("close");
     }
+}
+
+#[test]
+fn a_disk_with_no_byte_free_still_takes_rm_and_maintain() {
+    let disk = SimStorage::new();
+    store_with_a_session(&disk, &["a", "b"]);
+    assert!(
+        disk.exists(RESERVE_FILE).expect("list"),
+        "a writable store keeps its reserve"
+    );
+    // Not one byte free: only the reserve's space is left to start the log.
+    disk.set_capacity(Some(disk.used_bytes()));
+    let store = open_sim(&disk, default_options()).expect("writable open on a full disk");
+    store.delete_session("b").expect("rm on a full disk");
+    store.maintain().expect("maintain on a full disk");
+    store.close().expect("close");
+    let reopened = open_sim(&disk, default_options()).expect("reopen");
+    assert_eq!(reopened.session("a").expect("a").events, 20);
+    assert!(reopened.session("b").is_err(), "b stays deleted");
+    reopened.close().expect("close");
+    // With room again, maintenance puts the reserve back.
+    disk.set_capacity(None);
+    let store = open_sim(&disk, default_options()).expect("open");
+    store.maintain().expect("maintain");
+    assert!(
+        disk.exists(RESERVE_FILE).expect("list"),
+        "the reserve is back"
+    );
+    store.close().expect("close");
 }
 
 #[test]
@@ -238,8 +269,11 @@ fn capacity_failing_at_the_segment() -> u64 {
         .find(|&capacity| {
             let disk = SimStorage::new();
             disk.set_capacity(Some(capacity));
-            // Failed, after the manifest had fitted.
-            open_sim(&disk, default_options()).is_err() && disk.used_bytes() > 0
+            // Failed for space at the segment, so after the manifest had fitted.
+            matches!(
+                open_sim(&disk, default_options()),
+                Err(Error::DiskFull { operation, .. }) if operation.starts_with("segment")
+            )
         })
         .expect("some capacity fits the manifest and not the segment")
 }

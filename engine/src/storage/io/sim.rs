@@ -192,10 +192,20 @@ impl State {
         self.images.push(process);
     }
 
+    /// Bytes of the files a name still refers to, now or in the durable directory image: a
+    /// removed file gives its space back once its removal is durable (`sync_dir`), as a
+    /// file system frees an unlinked file's blocks.
     fn used_bytes(&self) -> u64 {
-        self.files
+        let named: BTreeSet<u64> = self
+            .names
             .values()
-            .map(|file| file.allocated.max(file.volatile.len() as u64))
+            .chain(self.durable_names.values())
+            .copied()
+            .collect();
+        self.files
+            .iter()
+            .filter(|(inode, _)| named.contains(inode))
+            .map(|(_, file)| file.allocated.max(file.volatile.len() as u64))
             .sum()
     }
 
