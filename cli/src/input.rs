@@ -1,14 +1,19 @@
 //! Parsing of `dshdb append` input lines: `{"type":..,"data":..,"time"?:..,"surfaceOp"?:..,
 //! "sourceEventSeqs"?:..,"ignorable"?:..}`. Values are kept as their exact JSON text.
 
+use dshdb::derive::cache::{CacheOptions, ProjectionCache};
+use dshdb::derive::projection::SurfaceUnit;
 use dshdb::exchange::MAX_IMPORT_LINE_BYTES;
 use dshdb::session::error::SessionError;
-use dshdb::session::event::{closest_known_event_type, is_known_event_type, parse_event_line};
+use dshdb::session::event::{
+    closest_known_event_type, is_known_event_type, parse_event_line, SessionEvent,
+};
 use dshdb::session::json::single_line_error;
 use dshdb::session::seed::{validate_seed_event, SeedMode};
+use dshdb::session::surface::SurfaceFold;
 use dshdb::session::{MAX_SAFE_INTEGER, OPTIONAL_ENVELOPE_KEYS};
 use dshdb::store::{check_data_depth, Event};
-use dshdb::NewEvent;
+use dshdb::{NewEvent, Store};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -105,7 +110,10 @@ impl InputEvent {
 /// afterwards. `seq` is the seq the event would get. Checks the event on its own (nesting
 /// depth, type, envelope and message shape, as DSH's cold load checks each event); the
 /// surface fold across events (replace ranges) is not replayed here.
-pub fn check_readable_by_session_views(event: &InputEvent, seq: u64) -> Result<(), String> {
+pub fn check_readable_by_session_views(
+    event: &InputEvent,
+    seq: u64,
+) -> Result<SessionEvent, String> {
     check_data_depth(event.data.get()).map_err(|error| error.to_string())?;
     let ignorable = event.envelope.contains("\"ignorable\":true");
     if !ignorable && !is_known_event_type(&event.event_type) {
@@ -132,7 +140,28 @@ pub fn check_readable_by_session_views(event: &InputEvent, seq: u64) -> Result<(
         |error: SessionError| format!("the session views could not read this event back: {error}");
     let parsed = parse_event_line(&line).map_err(unreadable)?;
     let index = usize::try_from(seq).unwrap_or(usize::MAX);
-    validate_seed_event(index, &parsed, SeedMode::Restore).map_err(unreadable)
+    validate_seed_event(index, &parsed, SeedMode::Restore).map_err(unreadable)?;
+    Ok(parsed)
+}
+
+/// The session's surface as its last event left it (a checkpointed cold read), so each
+/// appended event can be checked against DSH's surface rules: what the fold refuses, the
+/// session views (messages, surface, repair, DSH import) would refuse for good.
+pub fn current_surface(store: &Store, session: &str) -> Result<SurfaceFold, String> {
+    if store
+        .session(session)
+        .is_ok_and(|summary| summary.events == 0)
+    {
+        return Ok(SurfaceFold::new());
+    }
+    ProjectionCache::new(store, CacheOptions::default())
+        .read(session, &SurfaceUnit)
+        .map(|(surface, _)| surface)
+        .map_err(|error| {
+            format!(
+                "the session's surface cannot be read, so appends to it are not accepted: {error}"
+            )
+        })
 }
 
 /// Parses one input line. The error says what is wrong (without the line number).

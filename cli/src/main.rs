@@ -514,6 +514,8 @@ fn append_lines(
     let mut writer = open_writer(store, session, create)?;
     writer.set_durability(durability);
     let mut next_seq = store.session(session)?.events;
+    let mut surface =
+        input::current_surface(store, session).map_err(|reason| anyhow::anyhow!(reason))?;
     // Seqs appended but not yet reported durable.
     let first_unacked = next_seq;
     let mut acked_to = next_seq;
@@ -547,7 +549,13 @@ fn append_lines(
                 break;
             }
         }
-        if let Err(reason) = input::check_readable_by_session_views(&event, next_seq) {
+        let checked = input::check_readable_by_session_views(&event, next_seq).and_then(|parsed| {
+            // DSH's surface rules across events: a replace must name current nodes, ...
+            surface.apply(&parsed).map(|_| ()).map_err(|error| {
+                format!("the session views could not read this event back: {error}")
+            })
+        });
+        if let Err(reason) = checked {
             failure = Some(anyhow::anyhow!("line {number}: {reason}"));
             break;
         }

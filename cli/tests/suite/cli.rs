@@ -88,22 +88,22 @@ fn append_and_events_round_trip_exact_bytes() {
     let store = path_str(&store);
     ok(&["init", store], "");
     let input = concat!(
-        r#"{"type":"user/message","data":{"role":"user","content":[{"type":"text","text":"\ud800"}],"source":{"kind":"user"},"id":"m1","n":1e+21,"f":1.50,"e":"\u00e9"},"time":1700000000000,"surfaceOp":"append","sourceEventSeqs":[ ]}"#,
+        r#"{"type":"user/message","data":{"role":"user","content":[{"type":"text","text":"\ud800"}],"source":{"kind":"user"},"id":"m1","n":1e+21,"f":1.50,"e":"\u00e9"},"time":1700000000000,"surfaceOp":"append"}"#,
         "\n",
         "\n",
         r#"{"time":5,"data":  [1, 2 ,3] ,"type":"custom/thing","ignorable":true}"#,
         "\n",
-        r#"{"type":"tool/result","data":{"message":{"role":"user","id":"r1","source":{"kind":"tool","callId":"c1"},"content":[{"type":"tool-result","toolCallId":"c1","content":[]}]}},"sourceEventSeqs":[0],"surfaceOp":"append","time":-7}"#,
+        r#"{"type":"tool/result","data":{"message":{"role":"user","id":"r1","source":{"kind":"tool","callId":"c1"},"content":[{"type":"tool-result","toolCallId":"c1","content":[]}]}},"sourceEventSeqs":[ 0 ],"surfaceOp":"append","time":-7}"#,
         "\n",
     );
     ok(&["append", store, "s1", "--create"], input);
     let out = ok(&["events", store, "s1"], "");
     let expected = concat!(
-        r#"{"type":"user/message","seq":0,"time":1700000000000,"data":{"role":"user","content":[{"type":"text","text":"\ud800"}],"source":{"kind":"user"},"id":"m1","n":1e+21,"f":1.50,"e":"\u00e9"},"surfaceOp":"append","sourceEventSeqs":[ ]}"#,
+        r#"{"type":"user/message","seq":0,"time":1700000000000,"data":{"role":"user","content":[{"type":"text","text":"\ud800"}],"source":{"kind":"user"},"id":"m1","n":1e+21,"f":1.50,"e":"\u00e9"},"surfaceOp":"append"}"#,
         "\n",
         r#"{"type":"custom/thing","seq":1,"time":5,"data":[1, 2 ,3],"ignorable":true}"#,
         "\n",
-        r#"{"type":"tool/result","seq":2,"time":-7,"data":{"message":{"role":"user","id":"r1","source":{"kind":"tool","callId":"c1"},"content":[{"type":"tool-result","toolCallId":"c1","content":[]}]}},"sourceEventSeqs":[0],"surfaceOp":"append"}"#,
+        r#"{"type":"tool/result","seq":2,"time":-7,"data":{"message":{"role":"user","id":"r1","source":{"kind":"tool","callId":"c1"},"content":[{"type":"tool-result","toolCallId":"c1","content":[]}]}},"sourceEventSeqs":[ 0 ],"surfaceOp":"append"}"#,
         "\n",
     );
     assert_eq!(out, expected);

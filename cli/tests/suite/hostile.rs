@@ -443,3 +443,49 @@ fn a_failed_dsh_export_leaves_no_file_and_an_export_replaces_one_whole() {
         );
     }
 }
+
+#[test]
+fn append_refuses_a_surface_replace_the_views_would_refuse_across_invocations() {
+    let dir = temp_dir("surface-rules");
+    let store = dir.join("store");
+    let store = path_str(&store);
+    let user = |id: &str, op: &str| {
+        format!(
+            r#"{{"type":"user/message","data":{{"role":"user","content":[{{"type":"text","text":"{id}"}}],"source":{{"kind":"user"}},"id":"{id}"}},{op}}}"#
+        )
+    };
+    ok(
+        &["append", store, "s", "--create"],
+        &format!("{TURN}\n{}\n", user("m1", r#""surfaceOp":"append""#)),
+    );
+    // A later invocation: the surface comes from the store, not from this process.
+    let message = failure(
+        &["append", store, "s"],
+        &user("m2", r#""surfaceOp":{"op":"replace","start":5,"end":9}"#),
+    );
+    assert!(message.contains("line 1:"), "{message}");
+    assert!(
+        message.contains("start seq 5 not found in surface"),
+        "{message}"
+    );
+    let listed = ok(&["ls", store], "");
+    assert!(
+        listed.contains("s             2"),
+        "nothing was appended: {listed}"
+    );
+    let messages = ok(&["messages", store, "s"], "");
+    assert!(messages.contains("\"m1\""), "{messages}");
+    // A replace the rules admit goes in, and the views read it.
+    ok(
+        &["append", store, "s"],
+        &user(
+            "m3",
+            r#""sourceEventSeqs":[1],"surfaceOp":{"op":"replace","start":1,"end":1}"#,
+        ),
+    );
+    let messages = ok(&["messages", store, "s"], "");
+    assert!(
+        messages.contains("\"m3\"") && !messages.contains("\"m1\""),
+        "{messages}"
+    );
+}
