@@ -20,7 +20,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Exit code of `verify` when the store is damaged.
+/// Exit code of a command that finds the store damaged (`verify` and the others).
 const EXIT_CORRUPT: u8 = 3;
 /// Events read per call while streaming a session out.
 const READ_CHUNK: u64 = 4096;
@@ -229,14 +229,18 @@ fn main() -> ExitCode {
         Err(error) => {
             let _ = out.flush();
             eprintln!("dshdb: error: {}", error_chain_text(&error));
-            if let Some(store) = damaged_store(&error) {
-                eprintln!(
-                    "dshdb: the store is damaged; writable commands refuse to build on damage \
-                     they find. `dshdb verify {}` says where and what can be done.",
-                    store.display()
-                );
+            match damaged_store(&error) {
+                Some(store) => {
+                    eprintln!(
+                        "dshdb: the store is damaged; writable commands refuse to build on \
+                         damage they find. `dshdb verify {}` says where and what can be done.",
+                        store.display()
+                    );
+                    // Damage is its own exit code for every command, as for `verify`.
+                    ExitCode::from(EXIT_CORRUPT)
+                }
+                None => ExitCode::FAILURE,
             }
-            ExitCode::FAILURE
         }
     }
 }

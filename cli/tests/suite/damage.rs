@@ -101,7 +101,7 @@ fn damage_below_the_durable_point_refuses_appends_changes_nothing_and_verify_say
         vec!["maintain", store],
     ] {
         let output = dshdb(&args, "{\"type\":\"turn/start\",\"data\":{}}\n");
-        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert_eq!(output.status.code(), Some(3), "{args:?}: damage exits 3");
         let message = stderr(&output);
         assert!(
             message.contains("corruption") && message.contains("dshdb verify"),
