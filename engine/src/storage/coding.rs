@@ -210,6 +210,17 @@ pub fn checked_count_u32(count: usize, field: &'static str, unit: &'static str) 
     u32::try_from(count).map_err(|_| too_large(field, count, u64::from(u32::MAX), unit))
 }
 
+/// A stored `u64` offset or length as an in-memory `usize`, or `TooLarge` naming the field
+/// (only on a target whose `usize` is narrower than the value).
+pub fn checked_usize(value: u64, field: &'static str) -> Result<usize> {
+    usize::try_from(value).map_err(|_| Error::TooLarge {
+        what: field,
+        size: value,
+        limit: widen(usize::MAX),
+        unit: "bytes",
+    })
+}
+
 /// A `usize` as a `u64`: lossless wherever this crate builds (the assertion below), so the
 /// one `as` of the formats lives here.
 pub fn widen(value: usize) -> u64 {

@@ -4,6 +4,7 @@
 use super::{io_error, Options, LOCK_FILE, RESERVE_FILE};
 use crate::error::{Error, Result};
 use crate::limits::{DISK_FULL_RESERVE_BYTES, PREALLOCATION_RESERVE_BYTES};
+use crate::storage::coding::checked_usize;
 use crate::storage::commit::{new_salt, Log, LogOptions};
 use crate::storage::frame::Record;
 use crate::storage::index::{CHECKPOINT_FILE, CHECKPOINT_TEMP_FILE, INDEX_DIR};
@@ -189,7 +190,7 @@ pub(super) fn start_log(
             .open(&segment_path(tail.segment), false)
             .map_err(io_error("segment open"))?;
         if tail.wipe_end > tail.offset {
-            let zeros = vec![0; (tail.wipe_end - tail.offset) as usize];
+            let zeros = vec![0; checked_usize(tail.wipe_end - tail.offset, "torn tail length")?];
             file.write_at(&zeros, tail.offset)
                 .map_err(io_error("torn tail wipe"))?;
         }
@@ -273,15 +274,17 @@ fn release_reserve(storage: &dyn Storage) -> Result<bool> {
     Ok(true)
 }
 
-/// Writes the `RESERVE` file when it is missing and the disk has room for it beyond the
+/// Writes the `RESERVE` file when it is missing and the disk reports room for it beyond the
 /// preallocation reserve (F-01-9). Best effort: without it only a disk with no byte free
 /// stops a writable open, so a failure here is not the caller's.
 pub(super) fn keep_reserve(storage: &dyn Storage) {
     if storage.exists(RESERVE_FILE).unwrap_or(true) {
         return;
     }
+    // Only where the storage reports its free space: one that cannot tell (the simulated
+    // disk without a capacity) has no full disk to keep space for.
     let room = DISK_FULL_RESERVE_BYTES + PREALLOCATION_RESERVE_BYTES;
-    if matches!(storage.available_bytes(), Ok(Some(free)) if free < room) {
+    if !matches!(storage.available_bytes(), Ok(Some(free)) if free >= room) {
         return;
     }
     let written = usize::try_from(DISK_FULL_RESERVE_BYTES)
@@ -309,7 +312,7 @@ pub(super) fn seal_torn_segment(storage: &dyn Storage, torn: &TornSegment) -> Re
     .encode(&mut patch, torn.salt)?;
     let wiped = torn.wipe_end.saturating_sub(torn.committed_end);
     if (patch.len() as u64) < wiped {
-        patch.resize(wiped as usize, 0);
+        patch.resize(checked_usize(wiped, "torn segment wipe length")?, 0);
     }
     let file = storage
         .open(&segment_path(torn.segment), false)

@@ -6,6 +6,15 @@
 //! (`writer`), the read path (`read`), maintenance and sealing (`maintenance`), the session
 //! lifecycle (`lifecycle`), `stats`, input validation (`validate`) and store creation
 //! (`create`). May import `storage`, `session` and `error`; nothing above.
+// Store code reads offsets and lengths of the files: no silent narrowing (issue #12).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
 
 mod create;
 mod lifecycle;

@@ -4,6 +4,7 @@
 use super::{io_error, line::push_json_line, Event, EventView, Store};
 use crate::error::{Error, Result};
 use crate::storage::catalog::{collect_slices, Extent, ExtentSlice, Position};
+use crate::storage::coding::{checked_u32, checked_usize};
 use crate::storage::frame::{decode_frame, decode_run_frame, peek_frame, EventRecord, Record};
 use crate::storage::io::StorageFile;
 use crate::storage::run::{run_path, RunReader};
@@ -133,11 +134,11 @@ impl Store {
             offset,
             reason: reason.to_string(),
         };
-        let span_end = usize::try_from(extent.end() - base).unwrap_or(usize::MAX);
+        let span_end = checked_usize(extent.end() - base, "extent end")?;
         let span = bytes
             .get(..span_end)
             .ok_or_else(|| corrupt(extent.offset, "extent past its bytes"))?;
-        let mut at = usize::try_from(extent.offset - base).unwrap_or(usize::MAX);
+        let mut at = checked_usize(extent.offset - base, "extent offset")?;
         let mut seen = 0u32;
         let mut last_type: Option<(u32, &str)> = None;
         let wanted = slice.skip.saturating_add(slice.take);
@@ -153,7 +154,7 @@ impl Store {
                 let position = Position {
                     segment: extent.file,
                     offset,
-                    frame_bytes: u32::try_from(peek.total_bytes).unwrap_or(u32::MAX),
+                    frame_bytes: checked_u32(peek.total_bytes, "frame length")?,
                 };
                 let event = self.decode_record(frame, &position, in_run)?;
                 if event.seq != slice.first_seq + u64::from(seen) {
@@ -241,7 +242,7 @@ impl Store {
             log.wait_written(segment, end)?;
         }
         let file = self.segment_file(segment)?;
-        let mut bytes = vec![0; (end - start) as usize];
+        let mut bytes = vec![0; checked_usize(end - start, "segment span")?];
         file.read_exact_at(&mut bytes, start)
             .map_err(io_error("segment read"))?;
         Ok(bytes)

@@ -64,6 +64,8 @@ fn a_disk_with_less_free_than_a_segment_still_takes_writable_opens() {
 #[test]
 fn a_disk_with_no_byte_free_still_takes_rm_and_maintain() {
     let disk = SimStorage::new();
+    // A disk that reports its free space (a writer keeps the reserve only on such a disk).
+    disk.set_capacity(Some(1 << 30));
     store_with_a_session(&disk, &["a", "b"]);
     assert!(
         disk.exists(RESERVE_FILE).expect("list"),
@@ -80,7 +82,7 @@ fn a_disk_with_no_byte_free_still_takes_rm_and_maintain() {
     assert!(reopened.session("b").is_err(), "b stays deleted");
     reopened.close().expect("close");
     // With room again, maintenance puts the reserve back.
-    disk.set_capacity(None);
+    disk.set_capacity(Some(1 << 30));
     let store = open_sim(&disk, default_options()).expect("open");
     store.maintain().expect("maintain");
     assert!(
