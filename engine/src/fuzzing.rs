@@ -512,9 +512,37 @@ pub fn check_dsh_import(bytes: &[u8]) {
                 "zstd export differs"
             );
         }
-        _ => {
-            let _ = crate::exchange::import_dsh_jsonl_zstd(&store, input);
+        _ => check_bounded_zstd_import(&store, input),
+    }
+}
+
+/// Plaintext limit of the bounded mode of [`check_dsh_import`]: small, so that a decoding
+/// bomb (a few bytes of zstd that expand to gigabytes) reaches it in microseconds.
+pub const FUZZ_IMPORT_PLAINTEXT_BYTES: u64 = 64 * 1024;
+
+/// Any bytes as a `.jsonl.zstd` under a small plaintext limit: a bomb or an oversized frame is
+/// a typed `TooLarge` refusal that stores nothing, never an abort or unbounded memory.
+fn check_bounded_zstd_import(store: &Store, input: &[u8]) {
+    let limits = crate::exchange::ImportLimits {
+        max_line_bytes: usize::try_from(FUZZ_IMPORT_PLAINTEXT_BYTES).unwrap_or(usize::MAX),
+        max_plaintext_bytes: FUZZ_IMPORT_PLAINTEXT_BYTES,
+    };
+    let sessions_before = store.sessions().len();
+    match crate::exchange::import_dsh_jsonl_zstd_limited(store, input, &limits) {
+        Ok(report) => {
+            let exported = crate::exchange::export_dsh_jsonl(store, &report.session_id)
+                .expect("an imported session exports");
+            assert!(
+                exported.len() as u64 <= FUZZ_IMPORT_PLAINTEXT_BYTES,
+                "imported more plaintext than the limit"
+            );
         }
+        Err(crate::exchange::ExchangeError::TooLarge { .. }) => assert_eq!(
+            store.sessions().len(),
+            sessions_before,
+            "a refused import stored a session"
+        ),
+        Err(_) => {}
     }
 }
 
@@ -533,6 +561,31 @@ fn accepted_prefix<'input>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed bomb seed (16 MiB of zeros in 624 bytes of zstd) is what the bounded mode
+    /// claims to cover: refused as too large, nothing stored.
+    #[test]
+    fn the_bomb_seed_is_refused_under_the_fuzz_limit() {
+        let seed = include_bytes!("../../fuzz/seeds/dsh_import/bomb-16mib-of-zeros.bin");
+        let (&mode, input) = seed.split_first().expect("a mode byte");
+        assert_eq!(mode % 4, 3, "the seed selects the bounded mode");
+        let store = fuzz_store();
+        let limits = crate::exchange::ImportLimits {
+            max_line_bytes: 64 * 1024,
+            max_plaintext_bytes: FUZZ_IMPORT_PLAINTEXT_BYTES,
+        };
+        let refused = crate::exchange::import_dsh_jsonl_zstd_limited(&store, input, &limits);
+        assert!(
+            matches!(
+                refused,
+                Err(crate::exchange::ExchangeError::TooLarge { .. })
+            ),
+            "{:?}",
+            refused.map(|report| report.session_id)
+        );
+        assert!(store.sessions().is_empty());
+        check_dsh_import(seed);
+    }
 
     /// [`MODEL_SEED_SCRIPT`] does seal, delete and rewrite a run when no cut stops it: the
     /// replayed model exercises what it claims to.
