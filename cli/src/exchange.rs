@@ -315,8 +315,7 @@ pub fn export(
     }
     // DSH files stream out (one packed row in memory at a time). A file is written beside
     // its destination and renamed into place, so a failed export leaves no partial file.
-    let write = |writer: &mut dyn Write| -> Result<u64> {
-        let mut writer = writer;
+    let write = |mut writer: &mut dyn Write| -> Result<u64> {
         Ok(match format {
             ExportFormat::DshJsonlZstd => {
                 exchange::write_dsh_jsonl_zstd(&store, session, &mut writer)?

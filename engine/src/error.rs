@@ -152,6 +152,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// Opening a file the manifest names failed: a missing one is damage
+    /// ([`Error::CorruptFile`]), any other failure an I/O error of `operation`.
+    pub fn opening_named_file(operation: &'static str, path: &str, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::CorruptFile {
+                file: path.to_string(),
+                reason: "named by the manifest but missing".to_string(),
+            }
+        } else {
+            Error::io(operation, source)
+        }
+    }
+
     /// Wraps an I/O error, turning "no space" into [`Error::DiskFull`].
     pub fn io(operation: &'static str, source: io::Error) -> Self {
         if is_disk_full(&source) {

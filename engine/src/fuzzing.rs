@@ -520,15 +520,23 @@ pub fn check_dsh_import(bytes: &[u8]) {
 /// bomb (a few bytes of zstd that expand to gigabytes) reaches it in microseconds.
 pub const FUZZ_IMPORT_PLAINTEXT_BYTES: u64 = 64 * 1024;
 
+/// The import limits of the bounded mode: a line may be the whole plaintext.
+fn fuzz_import_limits() -> crate::exchange::ImportLimits {
+    crate::exchange::ImportLimits {
+        max_line_bytes: FUZZ_IMPORT_LINE_BYTES,
+        max_plaintext_bytes: FUZZ_IMPORT_PLAINTEXT_BYTES,
+    }
+}
+
+/// [`FUZZ_IMPORT_PLAINTEXT_BYTES`] as a line length.
+const FUZZ_IMPORT_LINE_BYTES: usize = 64 * 1024;
+const _: () = assert!(FUZZ_IMPORT_LINE_BYTES as u64 == FUZZ_IMPORT_PLAINTEXT_BYTES);
+
 /// Any bytes as a `.jsonl.zstd` under a small plaintext limit: a bomb or an oversized frame is
 /// a typed `TooLarge` refusal that stores nothing, never an abort or unbounded memory.
 fn check_bounded_zstd_import(store: &Store, input: &[u8]) {
-    let limits = crate::exchange::ImportLimits {
-        max_line_bytes: usize::try_from(FUZZ_IMPORT_PLAINTEXT_BYTES).unwrap_or(usize::MAX),
-        max_plaintext_bytes: FUZZ_IMPORT_PLAINTEXT_BYTES,
-    };
     let sessions_before = store.sessions().len();
-    match crate::exchange::import_dsh_jsonl_zstd_limited(store, input, &limits) {
+    match crate::exchange::import_dsh_jsonl_zstd_limited(store, input, &fuzz_import_limits()) {
         Ok(report) => {
             let exported = crate::exchange::export_dsh_jsonl(store, &report.session_id)
                 .expect("an imported session exports");
@@ -570,11 +578,8 @@ mod tests {
         let (&mode, input) = seed.split_first().expect("a mode byte");
         assert_eq!(mode % 4, 3, "the seed selects the bounded mode");
         let store = fuzz_store();
-        let limits = crate::exchange::ImportLimits {
-            max_line_bytes: 64 * 1024,
-            max_plaintext_bytes: FUZZ_IMPORT_PLAINTEXT_BYTES,
-        };
-        let refused = crate::exchange::import_dsh_jsonl_zstd_limited(&store, input, &limits);
+        let refused =
+            crate::exchange::import_dsh_jsonl_zstd_limited(&store, input, &fuzz_import_limits());
         assert!(
             matches!(
                 refused,

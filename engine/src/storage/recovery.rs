@@ -226,16 +226,9 @@ fn check_covered_files(
 
 /// Opens a file the manifest names; a missing one is `CorruptFile` (F-05-8 row 6).
 fn open_named(storage: &dyn Storage, path: &str) -> Result<Arc<dyn StorageFile>> {
-    storage.open_read(path).map_err(|error| {
-        if error.kind() == std::io::ErrorKind::NotFound {
-            Error::CorruptFile {
-                file: path.to_string(),
-                reason: "named by the manifest but missing".to_string(),
-            }
-        } else {
-            Error::io("file open", error)
-        }
-    })
+    storage
+        .open_read(path)
+        .map_err(|error| Error::opening_named_file("file open", path, error))
 }
 
 /// Scans the last segment the checkpoint covers, the one a writable open builds on

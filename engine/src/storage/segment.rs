@@ -2,7 +2,9 @@
 //! tells a torn tail from corruption.
 
 use crate::error::{Error, Result};
-use crate::storage::coding::{id_file_name, parse_id_file_name, u32_at, Reader, Writer};
+use crate::storage::coding::{
+    checked_usize, id_file_name, parse_id_file_name, u32_at, Reader, Writer,
+};
 use crate::storage::frame::{self, decode_frame, FrameError, Kind, Record, FRAME_HEADER_BYTES};
 use crate::storage::io::{Storage, StorageFile};
 use std::sync::Arc;
@@ -144,16 +146,9 @@ pub fn create_segment(
 /// Reads a whole segment file into memory.
 pub fn read_segment(storage: &dyn Storage, id: u64) -> Result<Vec<u8>> {
     let path = segment_path(id);
-    let file = storage.open_read(&path).map_err(|error| {
-        if error.kind() == std::io::ErrorKind::NotFound {
-            Error::CorruptFile {
-                file: path.clone(),
-                reason: "named by the manifest but missing".to_string(),
-            }
-        } else {
-            Error::io("segment open", error)
-        }
-    })?;
+    let file = storage
+        .open_read(&path)
+        .map_err(|error| Error::opening_named_file("segment open", &path, error))?;
     file.read_all()
         .map_err(|error| Error::io("segment read", error))
 }
@@ -197,12 +192,7 @@ pub fn scan_frames_from<'a>(
     salt: u64,
     mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
 ) -> Result<SegmentScan> {
-    let mut offset = usize::try_from(from).map_err(|_| Error::TooLarge {
-        what: "segment scan offset",
-        size: from,
-        limit: u64::try_from(usize::MAX).unwrap_or(u64::MAX),
-        unit: "bytes",
-    })?;
+    let mut offset = checked_usize(from, "segment scan offset")?;
     loop {
         let position = offset as u64;
         let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {

@@ -210,19 +210,14 @@ pub(super) fn start_log(
             tail.offset,
         );
     }
-    let file = match start_segment(storage.as_ref(), options, &mut manifest) {
-        Err(Error::DiskFull { .. }) if release_reserve(storage.as_ref())? => {
-            // The disk was full: the reserve's space lets the log start (F-01-9).
-            start_segment(storage.as_ref(), options, &mut manifest)?
-        }
-        started => started?,
-    };
-    let id = manifest.next_segment_id - 1;
-    let salt = manifest
-        .segments
-        .last()
-        .map(|entry| entry.salt)
-        .unwrap_or_default();
+    let (file, SegmentEntry { id, salt }) =
+        match start_segment(storage.as_ref(), options, &mut manifest) {
+            Err(Error::DiskFull { .. }) if release_reserve(storage.as_ref())? => {
+                // The disk was full: the reserve's space lets the log start (F-01-9).
+                start_segment(storage.as_ref(), options, &mut manifest)?
+            }
+            started => started?,
+        };
     Log::start(
         storage.clone(),
         log_options,
@@ -234,13 +229,14 @@ pub(super) fn start_log(
     )
 }
 
-/// Creates the next segment and the manifest naming it; on failure nothing of it stays
-/// (unless the new manifest may already be durable) and `manifest` is unchanged.
+/// Creates the next segment and the manifest naming it, and returns the segment; on
+/// failure nothing of it stays (unless the new manifest may already be durable) and
+/// `manifest` is unchanged.
 fn start_segment(
     storage: &dyn Storage,
     options: &Options,
     manifest: &mut Manifest,
-) -> Result<Arc<dyn StorageFile>> {
+) -> Result<(Arc<dyn StorageFile>, SegmentEntry)> {
     let id = manifest.next_segment_id;
     let salt = new_salt();
     let file = create_segment(storage, id, salt, options.segment_bytes)?;
@@ -255,7 +251,7 @@ fn start_segment(
         return Err(failure.error);
     }
     *manifest = next;
-    Ok(file)
+    Ok((file, SegmentEntry { id, salt }))
 }
 
 /// Removes the `RESERVE` file, durably, to give its space to the log (F-01-9). Returns

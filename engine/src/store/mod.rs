@@ -383,16 +383,8 @@ fn pin_named_files(storage: &Arc<dyn Storage>, manifest: &Manifest) -> Result<Ar
         .chain(manifest.runs.iter().map(|run| run_path(run.id)))
         .take(MAX_PINNED_FILES)
         .collect();
-    let pinned = SnapshotStorage::pin(storage.clone(), &paths).map_err(|(path, error)| {
-        if error.kind() == std::io::ErrorKind::NotFound {
-            Error::CorruptFile {
-                file: path,
-                reason: "named by the manifest but missing".to_string(),
-            }
-        } else {
-            Error::io("file open", error)
-        }
-    })?;
+    let pinned = SnapshotStorage::pin(storage.clone(), &paths)
+        .map_err(|(path, error)| Error::opening_named_file("file open", &path, error))?;
     Ok(Arc::new(pinned))
 }
 

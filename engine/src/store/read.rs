@@ -261,13 +261,7 @@ impl Store {
             .inner
             .storage
             .open_read(&run_path(id))
-            .map_err(|error| match error.kind() {
-                std::io::ErrorKind::NotFound => Error::CorruptFile {
-                    file: run_path(id),
-                    reason: "named by the manifest but missing".to_string(),
-                },
-                _ => Error::io("run open", error),
-            })?;
+            .map_err(|error| Error::opening_named_file("run open", &run_path(id), error))?;
         let reader = Arc::new(RunReader::open(file, &entry)?);
         readers.insert(id, reader.clone());
         Ok(Some(reader))
