@@ -42,7 +42,9 @@
 //! gives the exact result or error. `engine/tests/cold_resume.rs` checks the two agree.
 
 use super::skeleton::{self, Skeleton};
-use crate::exchange::scan::{decode_record, Record, RowTag};
+use crate::exchange::scan::{
+    decode_record, row_gap, row_member_payload, row_member_prefix, Record, RowTag, ROW_MEMBER_TYPE,
+};
 use crate::exchange::{event_line, row_line, Result};
 use crate::session::event::{ASSISTANT_MESSAGE, END_SEED_TYPE, TOOL_RESULT, USER_MESSAGE};
 use crate::session::json::{null_raw, value_lossy, MAX_SAFE_INTEGER};
@@ -54,7 +56,7 @@ use crate::session::{
     SurfaceChange, SurfaceFold, SurfaceOp,
 };
 use crate::storage::frame::{
-    EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_VERBATIM_LINE,
+    EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE,
 };
 use crate::store::{Event, EventView, Store};
 use serde_json::value::RawValue;
@@ -203,6 +205,15 @@ struct StreamLoad<'a> {
     /// Projected message of every node the fold holds that projects one, by seq.
     messages: HashMap<u64, Kept>,
     last: Option<Last>,
+    /// The packed row whose members are being admitted in place ([`Self::row_member`]).
+    row_in_place: Option<RowInPlace>,
+}
+
+/// What the members of a stored row after its first must match to be admitted in place.
+struct RowInPlace {
+    /// [`row_member_prefix`] of the row's first member.
+    prefix: String,
+    previous_time: i64,
 }
 
 type Step = std::result::Result<(), Fallback>;
@@ -224,12 +235,16 @@ impl<'a> StreamLoad<'a> {
             repair: RepairScan::new(),
             messages: HashMap::new(),
             last: None,
+            row_in_place: None,
         }
     }
 
     /// Takes the next stored event as the store lends it: a plain log-only event is admitted
     /// from the view (nothing copied), any other is taken as an owned [`Event`].
     fn viewed(&mut self, event: &EventView<'_>, row: &mut Vec<Event>) -> Step {
+        if let Some(step) = self.row_member(event, row) {
+            return step;
+        }
         let special = EVENT_FLAG_VERBATIM_LINE | EVENT_FLAG_ROW_START | EVENT_FLAG_ROW_MEMBER;
         let plain_log_only = row.is_empty()
             && event.flags & special == 0
@@ -242,6 +257,48 @@ impl<'a> StreamLoad<'a> {
             return self.log_only(event.seq, event.time, event.event_type == END_SEED_TYPE);
         }
         self.stored(event.to_event(), row)
+    }
+
+    /// A member of a packed row (the bulk of a DSH log) admitted from the view, without
+    /// copying it, rebuilding the row's line and decoding it again: a row that packs
+    /// ([`crate::exchange::scan::pack_row`]) decodes to exactly its stored members (same
+    /// seq, time and `data`, type `assistant/chunk`), which are log-only events. So each
+    /// member is checked to pack (the row's prefix, one string payload, a `dt` the decoder
+    /// takes) and admitted as a log-only event. `None`: not such a member (a verbatim row,
+    /// an envelope, another type, a row collected in `row`); the general path takes it.
+    fn row_member(&mut self, event: &EventView<'_>, row: &[Event]) -> Option<Step> {
+        let starts = event.flags & EVENT_FLAG_ROW_START != 0;
+        if starts || event.flags & EVENT_FLAG_ROW_MEMBER == 0 {
+            self.row_in_place = None;
+        }
+        let in_place = row.is_empty()
+            && event.flags & (EVENT_FLAG_VERBATIM_LINE | EVENT_FLAG_ROW_VERBATIM) == 0
+            && event.envelope.is_empty()
+            && event.event_type == ROW_MEMBER_TYPE
+            && event.seq <= MAX_SAFE_INTEGER
+            && event.time.unsigned_abs() <= MAX_SAFE_INTEGER;
+        if starts {
+            if !in_place {
+                return None;
+            }
+            let prefix = row_member_prefix(event.data)?;
+            row_member_payload(&prefix, event.data)?;
+            self.row_in_place = Some(RowInPlace {
+                prefix,
+                previous_time: event.time,
+            });
+            return Some(self.log_only(event.seq, event.time, false));
+        }
+        let current = self.row_in_place.as_mut()?;
+        let packs = in_place
+            && row_member_payload(&current.prefix, event.data).is_some()
+            && row_gap(current.previous_time, event.time).is_some();
+        if !packs {
+            // The general path would fail to pack this row too and hand over.
+            return Some(Err(fallback(event.seq, "row")));
+        }
+        current.previous_time = event.time;
+        Some(self.log_only(event.seq, event.time, false))
     }
 
     /// Takes the next stored event, grouping packed rows as the export does.

@@ -2,7 +2,7 @@
 //! events and packed chunk rows) and the committed-region / discardable-tail rule.
 
 use super::{DroppedTail, ExchangeError};
-use crate::session::json::{js_safe_integer, object_members, string_text, value_lossy};
+use crate::session::json::{js_safe_integer, object_members, value_lossy};
 use crate::session::{parse_event_line, SessionEvent};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -321,6 +321,15 @@ pub(crate) struct RowShape<'t> {
 }
 
 impl RowShape<'_> {
+    /// Whether the shared fields have the types the row decoder requires.
+    fn fields_decode(&self) -> bool {
+        [self.turn, self.step, self.index]
+            .into_iter()
+            .all(is_number)
+            && self.id.is_none_or(is_string)
+            && self.name.is_none_or(is_string)
+    }
+
     /// A member's `data` text, in DSH key order.
     pub(crate) fn member_data(&self, payload: &str) -> String {
         let chunk = match self.tag {
@@ -348,7 +357,9 @@ impl RowShape<'_> {
         )
     }
 
-    /// The packed row line (no newline) in DSH's key order.
+    /// The packed row line (no newline) in DSH's key order, written into one buffer sized
+    /// up front: export and the Node provider's reads build one per row, so no per-gap or
+    /// per-part strings.
     pub(crate) fn row_line(
         &self,
         seq0: u64,
@@ -356,29 +367,59 @@ impl RowShape<'_> {
         gaps: &[i64],
         payloads: &[&str],
     ) -> String {
-        let gaps: Vec<String> = gaps.iter().map(i64::to_string).collect();
-        let mut data = format!(
-            "{{\"turn\":{},\"step\":{},\"index\":{},\"dt\":[{}]",
+        use std::fmt::Write as _;
+        const DIGITS_PER_GAP: usize = 4;
+        const FIXED_TEXT_BYTES: usize = 128;
+        let payload_bytes: usize = payloads.iter().map(|payload| payload.len() + 1).sum();
+        let mut line = String::with_capacity(
+            FIXED_TEXT_BYTES + payload_bytes + gaps.len() * DIGITS_PER_GAP + self.shared_bytes(),
+        );
+        // Writing into a String cannot fail; the tags are plain ASCII names (no escapes).
+        let _ = write!(
+            line,
+            "{{\"type\":\"{}\",\"seq0\":{seq0},\"time0\":{time0},\"data\":{{\"turn\":{},\"step\":{},\"index\":{},\"dt\":[",
+            self.tag.tag(),
             self.turn,
             self.step,
             self.index,
-            gaps.join(",")
         );
+        for (position, gap) in gaps.iter().enumerate() {
+            if position > 0 {
+                line.push(',');
+            }
+            let _ = write!(line, "{gap}");
+        }
+        line.push(']');
         let payload_key = match self.tag {
             RowTag::ToolCall => {
-                data.push_str(&format!(",\"id\":{}", self.id.unwrap_or("null")));
+                line.push_str(",\"id\":");
+                line.push_str(self.id.unwrap_or("null"));
                 if let Some(name) = self.name {
-                    data.push_str(&format!(",\"name\":{name}"));
+                    line.push_str(",\"name\":");
+                    line.push_str(name);
                 }
                 "args"
             }
             _ => "texts",
         };
-        data.push_str(&format!(",\"{payload_key}\":[{}]}}", payloads.join(",")));
-        format!(
-            "{{\"type\":{},\"seq0\":{seq0},\"time0\":{time0},\"data\":{data}}}",
-            string_text(self.tag.tag())
-        )
+        let _ = write!(line, ",\"{payload_key}\":[");
+        for (position, payload) in payloads.iter().enumerate() {
+            if position > 0 {
+                line.push(',');
+            }
+            line.push_str(payload);
+        }
+        line.push_str("]}}");
+        line
+    }
+
+    /// Bytes of the shared fields' raw texts.
+    fn shared_bytes(&self) -> usize {
+        self.turn.len()
+            + self.step.len()
+            + self.index.len()
+            + self.id.map_or(0, str::len)
+            + self.name.map_or(0, str::len)
     }
 }
 
@@ -415,12 +456,7 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
         id: raw_member(&data, "id"),
         name: raw_member(&data, "name"),
     };
-    if ![shape.turn, shape.step, shape.index]
-        .into_iter()
-        .all(is_number)
-        || !shape.id.is_none_or(is_string)
-        || !shape.name.is_none_or(is_string)
-    {
+    if !shape.fields_decode() {
         return Err(());
     }
     let payloads: Vec<Box<RawValue>> = serde_json::from_str(field(payload_key)?).map_err(|_| ())?;
@@ -446,7 +482,7 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
             .and_then(|seq| u64::try_from(seq).ok())
             .ok_or(())?;
         let data_text = shape.member_data(payload.get());
-        members.push(SessionEvent::new("assistant/chunk", seq, time, &data_text).map_err(|_| ())?);
+        members.push(SessionEvent::new(ROW_MEMBER_TYPE, seq, time, &data_text).map_err(|_| ())?);
         member_data.push(data_text);
     }
     Ok(Record::Row {
@@ -454,6 +490,9 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
         member_data,
     })
 }
+
+/// The type of every event a packed row holds.
+pub(crate) const ROW_MEMBER_TYPE: &str = "assistant/chunk";
 
 /// Re-packs stored chunk events `(seq, time, data)` into one row line, or `None` when they
 /// do not form a row (different shape, non-chunk data).
@@ -464,6 +503,51 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
 /// per member, not a parse.
 pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
     let (first_seq, first_time, first_data) = *members.first()?;
+    with_row_shape(first_data, |shape| {
+        let prefix = member_prefix(shape)?;
+        let mut payloads: Vec<&str> = Vec::with_capacity(members.len());
+        let mut gaps = Vec::with_capacity(members.len());
+        let mut previous_time = first_time;
+        for (position, (_, time, data)) in members.iter().enumerate() {
+            payloads.push(row_member_payload(&prefix, data)?);
+            if position > 0 {
+                gaps.push(row_gap(previous_time, *time)?);
+            }
+            previous_time = *time;
+        }
+        Some(shape.row_line(first_seq, first_time, &gaps, &payloads))
+    })
+}
+
+/// The text every member's `data` of a row starting with `first_data` begins with (its
+/// payload and `}}` follow), or `None` when `first_data` cannot start a row that
+/// [`decode_record`] would read back. Cold resume admits the members of a stored row with
+/// this and [`row_member_payload`] instead of building and decoding the row's line.
+pub(crate) fn row_member_prefix(first_data: &str) -> Option<String> {
+    with_row_shape(first_data, member_prefix)
+}
+
+/// The payload (one JSON string token) of a row member's `data`, when it follows the
+/// row's `prefix` ([`row_member_prefix`]).
+pub(crate) fn row_member_payload<'d>(prefix: &str, data: &'d str) -> Option<&'d str> {
+    let payload = data
+        .strip_prefix(prefix)?
+        .strip_suffix(MEMBER_DATA_SUFFIX)?;
+    is_one_string_token(payload).then_some(payload)
+}
+
+/// The `dt` entry between two members' times, when the row's decoder accepts it (a safe
+/// integer).
+pub(crate) fn row_gap(previous_time: i64, time: i64) -> Option<i64> {
+    time.checked_sub(previous_time).and_then(safe)
+}
+
+/// Calls `use_shape` with the shared fields of the row a first member's `data` starts,
+/// checked as the row decoder checks them (numbers, strings).
+fn with_row_shape<T>(
+    first_data: &str,
+    use_shape: impl FnOnce(&RowShape<'_>) -> Option<T>,
+) -> Option<T> {
     let outer = object_members(first_data)?;
     if !has_exact_keys(&outer, &["turn", "step", "chunk"], &[]) {
         return None;
@@ -478,25 +562,15 @@ pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
         id: raw_member(&chunk, "id"),
         name: raw_member(&chunk, "name"),
     };
-    let template = shape.member_data("");
-    let prefix = template.strip_suffix(MEMBER_DATA_SUFFIX)?;
-    let mut payloads: Vec<&str> = Vec::with_capacity(members.len());
-    let mut gaps = Vec::with_capacity(members.len());
-    let mut previous_time = first_time;
-    for (position, (_, time, data)) in members.iter().enumerate() {
-        let payload = data
-            .strip_prefix(prefix)?
-            .strip_suffix(MEMBER_DATA_SUFFIX)?;
-        if !is_one_string_token(payload) {
-            return None;
-        }
-        payloads.push(payload);
-        if position > 0 {
-            gaps.push(time.checked_sub(previous_time)?);
-        }
-        previous_time = *time;
+    if !shape.fields_decode() {
+        return None;
     }
-    Some(shape.row_line(first_seq, first_time, &gaps, &payloads))
+    use_shape(&shape)
+}
+
+fn member_prefix(shape: &RowShape<'_>) -> Option<String> {
+    let template = shape.member_data("");
+    template.strip_suffix(MEMBER_DATA_SUFFIX).map(str::to_owned)
 }
 
 /// How every member's `data` text ends (`member_data`): the chunk object, then the data

@@ -642,18 +642,37 @@ fn check_block_layout(
 
 /// Decompresses and checks one block's stored bytes (F-06-6).
 pub fn decode_block(stored: &[u8], block: &BlockEntry, run: u64) -> Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    let mut decompressor = zstd::bulk::Decompressor::new()
+        .map_err(|error| Error::io("run block decompressor", error))?;
+    decode_block_into(stored, block, run, &mut decompressor, &mut raw)?;
+    Ok(raw)
+}
+
+/// [`decode_block`] into `raw` (its capacity reused) with a caller's zstd context: a scan
+/// over many blocks then touches the same memory for each instead of fresh pages.
+pub fn decode_block_into(
+    stored: &[u8],
+    block: &BlockEntry,
+    run: u64,
+    decompressor: &mut zstd::bulk::Decompressor<'static>,
+    raw: &mut Vec<u8>,
+) -> Result<()> {
     let damaged = |reason: &str| run_corrupt(run, block.raw_offset, reason);
     if stored.len() != block.stored_bytes as usize
         || crc32fast::hash(stored) != block.stored_checksum
     {
         return Err(damaged("run block checksum mismatch"));
     }
-    let raw = zstd::bulk::decompress(stored, block.raw_bytes as usize)
+    raw.clear();
+    raw.reserve(block.raw_bytes as usize);
+    decompressor
+        .decompress_to_buffer(stored, raw)
         .map_err(|_| damaged("run block does not decompress"))?;
     if raw.len() != block.raw_bytes as usize {
         return Err(damaged("run block decompresses to another size"));
     }
-    Ok(raw)
+    Ok(())
 }
 
 /// Walks the frames of a decompressed block, calling `on_record` with each record's raw
@@ -756,6 +775,13 @@ impl BlockCache {
     }
 }
 
+/// One walk's own decompressed block and zstd context ([`RunReader::block_into`]).
+#[derive(Default)]
+pub struct ScanBuffer {
+    held: Option<(BlockKey, Arc<Vec<u8>>)>,
+    decompressor: Option<zstd::bulk::Decompressor<'static>>,
+}
+
 /// An open run: its index and its bytes (memory-mapped on real files).
 pub struct RunReader {
     pub index: RunIndex,
@@ -785,6 +811,36 @@ impl RunReader {
             cache.insert(self.index.id, block, raw.clone());
         }
         Ok(raw)
+    }
+
+    /// Block `block` decompressed into `scan`'s buffer, which it reuses: for walks over
+    /// more blocks than one, so that a long scan neither evicts the shared cache nor
+    /// allocates (and page-faults) a fresh block per block.
+    pub fn block_into(&self, block: usize, scan: &mut ScanBuffer) -> Result<Arc<Vec<u8>>> {
+        if let Some((key, bytes)) = &scan.held {
+            if *key == (self.index.id, block) {
+                return Ok(bytes.clone());
+            }
+        }
+        let entry = &self.index.blocks[block];
+        // Reuse the buffer unless a caller still holds it.
+        let mut raw = match scan.held.take() {
+            Some((_, bytes)) => Arc::try_unwrap(bytes).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let decompressor = match &mut scan.decompressor {
+            Some(decompressor) => decompressor,
+            empty => empty.insert(
+                zstd::bulk::Decompressor::new()
+                    .map_err(|error| Error::io("run block decompressor", error))?,
+            ),
+        };
+        self.with_stored(block, |stored| {
+            decode_block_into(stored, entry, self.index.id, decompressor, &mut raw)
+        })?;
+        let bytes = Arc::new(raw);
+        scan.held = Some(((self.index.id, block), bytes.clone()));
+        Ok(bytes)
     }
 
     /// Block `block` as stored (compressed), its checksum checked (F-06-6).

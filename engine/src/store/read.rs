@@ -7,7 +7,7 @@ use crate::storage::catalog::{collect_slices, Extent, ExtentSlice, Position};
 use crate::storage::coding::{checked_u32, checked_usize};
 use crate::storage::frame::{decode_frame, decode_run_frame, peek_frame, EventRecord, Record};
 use crate::storage::io::StorageFile;
-use crate::storage::run::{run_path, RunReader};
+use crate::storage::run::{run_path, BlockCache, RunReader, ScanBuffer};
 use crate::storage::segment::segment_path;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +19,34 @@ pub(super) fn event_text<'a>(field: &'a [u8], position: &Position) -> Result<&'a
         offset: position.offset,
         reason: "event text is not UTF-8".to_string(),
     })
+}
+
+/// Where one walk gets its run blocks: the shared cache for the first block it misses
+/// there (so short reads repeated by a caller hit), its own reused buffer for the rest (so
+/// a whole-session scan, like export or a cold load, neither flushes the cache that other
+/// readers share nor allocates a fresh block each time).
+#[derive(Default)]
+pub(super) struct WalkBlocks {
+    cached_a_miss: bool,
+    scan: ScanBuffer,
+}
+
+impl WalkBlocks {
+    fn block(
+        &mut self,
+        reader: &RunReader,
+        block: usize,
+        cache: &BlockCache,
+    ) -> Result<Arc<Vec<u8>>> {
+        if let Some(bytes) = cache.get(reader.index.id, block) {
+            return Ok(bytes);
+        }
+        if !self.cached_a_miss {
+            self.cached_a_miss = true;
+            return reader.block(block, Some(cache));
+        }
+        reader.block_into(block, &mut self.scan)
+    }
 }
 
 impl Store {
@@ -111,8 +139,9 @@ impl Store {
             collect_slices(&catalog, number, from, to, &mut slices);
             (slices, catalog.type_names.clone())
         };
+        let mut blocks = WalkBlocks::default();
         for slice in &slices {
-            self.walk_slice(slice, &types, &mut visit)?;
+            self.walk_slice(slice, &types, &mut blocks, &mut visit)?;
         }
         Ok(())
     }
@@ -125,10 +154,11 @@ impl Store {
         &self,
         slice: &ExtentSlice,
         types: &HashMap<u32, String>,
+        blocks: &mut WalkBlocks,
         visit: &mut impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
     ) -> Result<()> {
         let extent = slice.extent;
-        let (bytes, base, in_run) = self.extent_bytes(&extent)?;
+        let (bytes, base, in_run) = self.extent_bytes(&extent, blocks)?;
         let corrupt = |offset: u64, reason: &str| Error::Corrupt {
             segment: extent.file,
             offset,
@@ -176,10 +206,14 @@ impl Store {
         Ok(())
     }
 
-    /// The bytes holding an extent: in a run, the cached decompressed block itself (no
-    /// copy), in a segment one read of the extent's span. Returns the bytes, the offset
-    /// they start at and whether they come from a run.
-    pub(super) fn extent_bytes(&self, extent: &Extent) -> Result<(Arc<Vec<u8>>, u64, bool)> {
+    /// The bytes holding an extent: in a run, the decompressed block itself (no copy), in a
+    /// segment one read of the extent's span. Returns the bytes, the offset they start at
+    /// and whether they come from a run.
+    fn extent_bytes(
+        &self,
+        extent: &Extent,
+        blocks: &mut WalkBlocks,
+    ) -> Result<(Arc<Vec<u8>>, u64, bool)> {
         if let Some(reader) = self.run_reader(extent.file)? {
             let past_run = || Error::CorruptRun {
                 run: extent.file,
@@ -191,7 +225,7 @@ impl Store {
             if extent.end() > block.raw_end() {
                 return Err(past_run());
             }
-            let bytes = reader.block(block_index, Some(&self.inner.cache))?;
+            let bytes = blocks.block(&reader, block_index, &self.inner.cache)?;
             return Ok((bytes, block.raw_offset, true));
         }
         let bytes = self.read_segment_span(extent.file, extent.offset, extent.end())?;

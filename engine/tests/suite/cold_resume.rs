@@ -753,3 +753,124 @@ fn messages_keep_lone_surrogate_escapes_streamed_and_handed_over() {
         );
     }
 }
+
+/// Stored packed rows are admitted member by member without rebuilding their line (the
+/// bulk of a DSH log); a row whose members would not pack back into a line the decoder
+/// reads (another shape, a payload that is not one string, a `dt` past the safe integers,
+/// an envelope, another type) must still give the full load's result or error.
+#[test]
+fn stored_rows_that_do_not_pack_give_the_full_loads_result_or_error() {
+    use dshdb::storage::frame::{EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
+    let chunk = |index: u32, text: &str| {
+        format!(
+            r#"{{"turn":1,"step":1,"chunk":{{"type":"text-delta","index":{index},"text":{text}}}}}"#
+        )
+    };
+    // (case, the second member's type, time, data, envelope); the first is a clean row.
+    let cases: Vec<(&str, &str, i64, String, &str)> = vec![
+        (
+            "packs",
+            "assistant/chunk",
+            START_TIME_MS + 5,
+            chunk(0, r#""b""#),
+            "",
+        ),
+        (
+            "another index",
+            "assistant/chunk",
+            START_TIME_MS,
+            chunk(1, r#""b""#),
+            "",
+        ),
+        (
+            "not a string",
+            "assistant/chunk",
+            START_TIME_MS,
+            chunk(0, "7"),
+            "",
+        ),
+        (
+            "a second member",
+            "assistant/chunk",
+            START_TIME_MS,
+            chunk(0, r#""b","extra":"c""#),
+            "",
+        ),
+        (
+            "dt too large",
+            "assistant/chunk",
+            -(1 << 52),
+            chunk(0, r#""b""#),
+            "",
+        ),
+        (
+            "an envelope",
+            "assistant/chunk",
+            START_TIME_MS,
+            chunk(0, r#""b""#),
+            r#""ignorable":true"#,
+        ),
+        (
+            "another type",
+            "step/start",
+            START_TIME_MS,
+            r#"{"turn":1,"step":2}"#.to_owned(),
+            "",
+        ),
+    ];
+    for (case, member_type, member_time, member_data, member_envelope) in cases {
+        let store = new_store();
+        let mut writer = store.create_session_with_id("rows").expect("create");
+        let plain = |event_type: &'static str, data: &'static str| (event_type, data);
+        for (event_type, data) in [
+            plain("turn/start", r#"{"turn":1}"#),
+            plain("step/start", r#"{"turn":1,"step":1}"#),
+        ] {
+            append(&mut writer, event_type, data, "");
+        }
+        let first = chunk(0, r#""a""#);
+        let time_of_first = START_TIME_MS + (1 << 52);
+        let row = [
+            (
+                "assistant/chunk",
+                time_of_first,
+                first.as_str(),
+                "",
+                EVENT_FLAG_ROW_START,
+            ),
+            (
+                member_type,
+                member_time,
+                member_data.as_str(),
+                member_envelope,
+                EVENT_FLAG_ROW_MEMBER,
+            ),
+            (
+                "assistant/chunk",
+                member_time,
+                first.as_str(),
+                "",
+                EVENT_FLAG_ROW_MEMBER,
+            ),
+        ];
+        for (event_type, time, data, envelope, flags) in row {
+            let time = if case == "dt too large" || flags == EVENT_FLAG_ROW_START {
+                time
+            } else {
+                time_of_first + (time - START_TIME_MS)
+            };
+            let appended = writer.append(NewEvent {
+                event_type,
+                time: Some(time),
+                data,
+                envelope,
+                flags,
+            });
+            assert!(appended.is_ok(), "{case}: {appended:?}");
+        }
+        append(&mut writer, "step/end", r#"{"turn":1,"step":1}"#, "");
+        drop(writer);
+        let streamed = assert_stream_agrees(&store, "rows", case);
+        assert_eq!(streamed, case == "packs", "{case}: streamed");
+    }
+}
