@@ -395,11 +395,10 @@ fn check_provenance(event: &SessionEvent, shadowed: &[u64]) -> Result<(), Sessio
     {
         return Err(SessionError::SourcesEmpty);
     }
-    let has_duplicates = sources
-        .iter()
-        .enumerate()
-        .any(|(index, seq)| sources[..index].contains(seq));
-    if has_duplicates {
+    // A compaction's replacement names every event it shadows: thousands of sources in a
+    // long session, so membership goes through a set, not a scan per shadowed event.
+    let mut distinct = std::collections::HashSet::with_capacity(sources.len());
+    if !sources.iter().all(|seq| distinct.insert(*seq)) {
         return Err(SessionError::SourcesDuplicate);
     }
     if let Some(offender) = sources.iter().find(|source| **source >= event.seq) {
@@ -411,7 +410,7 @@ fn check_provenance(event: &SessionEvent, shadowed: &[u64]) -> Result<(), Sessio
     let missing: Vec<u64> = shadowed
         .iter()
         .copied()
-        .filter(|seq| !sources.contains(seq))
+        .filter(|seq| !distinct.contains(seq))
         .collect();
     if !missing.is_empty() {
         return Err(SessionError::ReplaceMissingShadowed { missing });
