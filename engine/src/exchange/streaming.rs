@@ -35,6 +35,7 @@ use crate::store::{is_stage_id, now_millis, NewEvent, SessionWriter, Store};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 pub use crate::limits::STAGE_BATCH_BYTES;
 
@@ -594,12 +595,21 @@ impl LineScanner {
     }
 }
 
-/// The stage being written and the batch being gathered.
+/// The batch being gathered, and the channel to the thread that writes batches to the
+/// stage (decoding and writing overlap; the channel holds one batch, so memory stays at
+/// about three batches).
 struct Stage {
-    writer: SessionWriter,
+    batches: SyncSender<Vec<OwnedEvent>>,
     batch: Vec<OwnedEvent>,
     batch_bytes: usize,
     limit: usize,
+}
+
+/// The writing thread stopped; its own result says why.
+fn writer_stopped() -> Stop {
+    Stop::Failed(ExchangeError::Store(crate::Error::invalid(
+        "the staging writer stopped",
+    )))
 }
 
 impl Stage {
@@ -620,12 +630,23 @@ impl Stage {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let events: Vec<NewEvent<'_>> = self.batch.iter().map(OwnedEvent::as_new).collect();
-        self.writer.append_batch(&events)?;
-        self.batch.clear();
+        let batch = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
-        Ok(())
+        self.batches.send(batch).map_err(|_| writer_stopped())
     }
+}
+
+/// The writing thread: appends every batch received to the stage, until the channel
+/// closes or an append fails.
+fn write_batches(
+    writer: &mut SessionWriter,
+    batches: Receiver<Vec<OwnedEvent>>,
+) -> crate::Result<()> {
+    for batch in batches {
+        let events: Vec<NewEvent<'_>> = batch.iter().map(OwnedEvent::as_new).collect();
+        writer.append_batch(&events)?;
+    }
+    Ok(())
 }
 
 /// The header line: the log's first line, its session id checked. Any defect hands over.
@@ -655,22 +676,52 @@ fn stream(
     if store.session(&session_id).is_ok() {
         return Err(crate::Error::DuplicateSession { id: session_id }.into());
     }
-    let mut stage = Stage {
-        writer: store.create_stage()?,
-        batch: Vec::new(),
-        batch_bytes: 0,
-        limit: options.stage_batch_bytes,
-    };
+    let mut writer = store.create_stage()?;
     let header_bytes = header.len() as u64 + 1;
-    let report = match stage_lines(&mut stage, &mut lines, &session_id, header_bytes, progress) {
-        Ok(report) => report,
-        Err(stop) => {
-            store.discard_stage(stage.writer);
-            return Err(stop);
+    let (staged, written) = std::thread::scope(|scope| {
+        let (sender, receiver) = sync_channel(1);
+        let writing = std::thread::Builder::new()
+            .name("dshdb-stage".to_owned())
+            .spawn_scoped(scope, || write_batches(&mut writer, receiver));
+        let writing = match writing {
+            Ok(writing) => writing,
+            Err(source) => {
+                let error = crate::Error::ThreadStart {
+                    thread: "dshdb-stage",
+                    source,
+                };
+                return (Err(error.into()), Ok(()));
+            }
+        };
+        let mut stage = Stage {
+            batches: sender,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            limit: options.stage_batch_bytes,
+        };
+        let staged = stage_lines(&mut stage, &mut lines, &session_id, header_bytes, progress);
+        // Closes the channel: the writer finishes the batches sent and stops.
+        drop(stage);
+        let written = writing
+            .join()
+            .unwrap_or_else(|_| Err(crate::Error::invalid("the staging writer panicked")));
+        (staged, written)
+    });
+    match (staged, written) {
+        (Ok(report), Ok(())) => {
+            store.publish_stage(writer, &header)?;
+            Ok(report)
         }
-    };
-    store.publish_stage(stage.writer, &header)?;
-    Ok(report)
+        // A failed append explains a writer that stopped.
+        (_, Err(error)) => {
+            store.discard_stage(writer);
+            Err(error.into())
+        }
+        (Err(stop), Ok(())) => {
+            store.discard_stage(writer);
+            Err(stop)
+        }
+    }
 }
 
 /// Scans, checks and stages every committed line; returns the report (not yet published).
