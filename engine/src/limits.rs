@@ -172,6 +172,10 @@ pub const STAGE_BATCH_BYTES: usize = 8 * MIB;
 /// Bytes a streaming import reads from its input at a time (1 MiB); also how often, in
 /// input bytes, it reports progress.
 pub const STREAM_READ_BYTES: usize = MIB;
+/// Bytes of `tool/result` payloads whose rewrite keys a streaming import's cold-load check
+/// keeps (16 MiB, the most recent results): a rewrite of an older result hands the log over
+/// to the in-memory import.
+pub const STREAM_CHECK_KEY_BYTES: usize = 16 * MIB;
 /// Bytes of plaintext a streaming import decompresses at a time from a zstd log (128 KiB).
 pub const STREAM_DECODE_BYTES: usize = 128 * 1024;
 /// Bytes a zstd frame is decompressed by per step before the bounds are checked again.

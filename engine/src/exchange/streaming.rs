@@ -37,7 +37,7 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-pub use crate::limits::STAGE_BATCH_BYTES;
+pub use crate::limits::{STAGE_BATCH_BYTES, STREAM_CHECK_KEY_BYTES};
 
 /// How a streaming import reports progress: input bytes read so far.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
@@ -49,6 +49,9 @@ pub struct StreamOptions {
     pub stage_batch_bytes: usize,
     /// Longest line, in bytes ([`super::MAX_IMPORT_LINE_BYTES`]).
     pub max_line_bytes: usize,
+    /// Bytes of `tool/result` payloads whose rewrite keys the cold-load check keeps
+    /// ([`STREAM_CHECK_KEY_BYTES`]; [`RestoreCheck`]).
+    pub check_key_bytes: usize,
 }
 
 impl Default for StreamOptions {
@@ -56,6 +59,7 @@ impl Default for StreamOptions {
         Self {
             stage_batch_bytes: STAGE_BATCH_BYTES,
             max_line_bytes: ImportLimits::default().max_line_bytes,
+            check_key_bytes: STREAM_CHECK_KEY_BYTES,
         }
     }
 }
@@ -699,7 +703,8 @@ fn stream(
             batch_bytes: 0,
             limit: options.stage_batch_bytes,
         };
-        let staged = stage_lines(&mut stage, &mut lines, &session_id, header_bytes, progress);
+        let check = RestoreCheck::new(&session_id, options.check_key_bytes);
+        let staged = stage_lines(&mut stage, &mut lines, check, header_bytes, progress);
         // Closes the channel: the writer finishes the batches sent and stops.
         drop(stage);
         let written = writing
@@ -728,14 +733,13 @@ fn stream(
 fn stage_lines(
     stage: &mut Stage,
     lines: &mut Lines<impl Plaintext>,
-    session_id: &str,
+    mut check: RestoreCheck,
     header_bytes: u64,
     progress: Progress<'_>,
 ) -> Streamed<ImportReport> {
     let mut scanner = LineScanner::new(header_bytes);
-    let mut check = RestoreCheck::new(session_id);
     let mut report = ImportReport {
-        session_id: session_id.to_owned(),
+        session_id: check.session_id().to_owned(),
         events: 0,
         lines: 0,
         rows: 0,

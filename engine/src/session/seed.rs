@@ -293,12 +293,22 @@ pub fn fork_seed(
 /// earlier events is undecided here), the import shape check is the shape check the seed
 /// validation repeats on the same migrated event, the vocabulary check is per event, and the
 /// closers and the end-seed marker depend only on the repair scan and the last event.
+///
+/// Memory: the fold keeps a rewrite key (the payload, nearly whole) for every visible
+/// `tool/result`; the check keeps those of the most recent results only, up to a budget of
+/// payload bytes, and forgets older ones. A rewrite of a result whose key it forgot is
+/// undecided (never accepted), so the outcome stays exact.
 pub struct RestoreCheck {
     session_id: String,
     fold: SurfaceFold,
     repair: super::repair::RepairScan,
     /// Seq, time and type of the last event admitted.
     last: Option<(u64, i64, bool)>,
+    /// The `tool/result` nodes whose key the fold keeps, oldest first, with their payload
+    /// bytes; their sum, and the budget it may not pass.
+    kept_keys: std::collections::VecDeque<(u64, usize)>,
+    kept_key_bytes: usize,
+    key_budget: usize,
 }
 
 /// The streaming checks cannot accept the log: [`restore_session`] over the whole log decides.
@@ -309,12 +319,35 @@ pub struct RestoreUndecided {
 }
 
 impl RestoreCheck {
-    pub fn new(session_id: &str) -> Self {
+    /// The check with rewrite keys kept for at most `key_budget` bytes of payloads.
+    pub fn new(session_id: &str, key_budget: usize) -> Self {
         Self {
             session_id: session_id.to_owned(),
             fold: SurfaceFold::new(),
             repair: super::repair::RepairScan::new(),
             last: None,
+            kept_keys: std::collections::VecDeque::new(),
+            kept_key_bytes: 0,
+            key_budget,
+        }
+    }
+
+    /// The session the log belongs to.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// Accounts for the key of `tool/result` `seq` just kept; forgets the oldest past the
+    /// budget.
+    fn keep_key(&mut self, seq: u64, bytes: usize) {
+        self.kept_keys.push_back((seq, bytes));
+        self.kept_key_bytes += bytes;
+        while self.kept_key_bytes > self.key_budget {
+            let Some((oldest, oldest_bytes)) = self.kept_keys.pop_front() else {
+                break;
+            };
+            self.kept_key_bytes -= oldest_bytes;
+            self.fold.forget_rewrite_key(oldest);
         }
     }
 
@@ -346,9 +379,12 @@ impl RestoreCheck {
             // One parse serves the seed rules and the surface's rewrite key.
             let data = event.data_value();
             validate_seed_event_parsed(index, event, SeedMode::Restore, Some(&data))?;
-            let rewrite_key = (event.event_type == super::event::TOOL_RESULT)
-                .then(|| super::surface::rewrite_key_from(data));
+            let is_result = event.event_type == super::event::TOOL_RESULT;
+            let rewrite_key = is_result.then(|| super::surface::rewrite_key_from(data));
             self.fold.apply_keeping_no_message(event, rewrite_key)?;
+            if is_result {
+                self.keep_key(event.seq, event.data.get().len());
+            }
         } else {
             validate_seed_event(index, event, SeedMode::Restore)?;
             self.fold.apply_keeping_no_message(event, None)?;

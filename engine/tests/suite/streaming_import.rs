@@ -44,7 +44,17 @@ fn streamed(
     zstd: bool,
     handed_over: &Cell<usize>,
 ) -> Result<ImportReport> {
-    import_dsh_stream(store, bytes, zstd, &small_stages(), &|_| {}, || {
+    streamed_with(store, bytes, zstd, &small_stages(), handed_over)
+}
+
+fn streamed_with(
+    store: &Store,
+    bytes: &[u8],
+    zstd: bool,
+    options: &StreamOptions,
+    handed_over: &Cell<usize>,
+) -> Result<ImportReport> {
+    import_dsh_stream(store, bytes, zstd, options, &|_| {}, || {
         handed_over.set(handed_over.get() + 1);
         if zstd {
             import_dsh_jsonl_zstd(store, bytes)
