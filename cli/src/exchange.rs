@@ -9,9 +9,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Inputs or outputs larger than this get a progress bar (when stderr is a terminal).
@@ -126,10 +128,37 @@ impl Source {
     }
 }
 
+/// Bytes of a file's start read to find its header line (or first zstd frame) at first; a
+/// longer header is looked for up to the line limit.
+const HEADER_PROBE_BYTES: u64 = 64 * 1024;
+
+/// Most sessions imported at once (each holds at most one staged batch and one line).
+const MAX_IMPORT_THREADS: usize = 8;
+
+/// The first bytes of a file: enough for its header line, never more than a line's limit
+/// (plus room for a zstd frame's framing).
+fn read_prefix(path: &Path) -> Result<Vec<u8>> {
+    let read = |limit: u64| -> Result<Vec<u8>> {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let mut prefix = Vec::new();
+        std::io::Read::take(file, limit)
+            .read_to_end(&mut prefix)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(prefix)
+    };
+    let prefix = read(HEADER_PROBE_BYTES)?;
+    let has_line = prefix.contains(&b'\n');
+    if has_line || (prefix.len() as u64) < HEADER_PROBE_BYTES {
+        return Ok(prefix);
+    }
+    read(exchange::MAX_IMPORT_LINE_BYTES as u64 + exchange::IMPORT_LINE_ENVELOPE_BYTES as u64)
+}
+
 /// DSH binds a stored header to its path before loading; so does a directory import.
 fn check_identity(artifact: &layout::SessionArtifact) -> Result<()> {
-    let bytes = read_input(&artifact.path)?;
-    layout::check_artifact(artifact, &bytes)
+    let prefix = read_prefix(&artifact.path)?;
+    layout::check_artifact(artifact, &prefix)
         .with_context(|| format!("cannot import {}", artifact.path.display()))
 }
 
@@ -154,52 +183,135 @@ fn read_input(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-fn import_file(store: &Store, path: &Path) -> Result<Imported> {
-    let bytes = read_input(path)?;
-    let first_line = bytes
+/// Imports one file: a canonical `dshdb-json` log (in memory, with its own progress), or a
+/// DSH log, streamed in bounded memory; `progress` gets the file bytes read.
+fn import_file(
+    store: &Store,
+    path: &Path,
+    progress: exchange::streaming::Progress<'_>,
+) -> Result<Imported> {
+    let prefix = read_prefix(path)?;
+    let first_line = prefix
         .split(|&byte| byte == b'\n')
         .next()
         .unwrap_or_default();
-    let large = bytes.len() as u64 > PROGRESS_THRESHOLD;
     if exchange::is_canonical(first_line) {
-        let mut progress = Progress::new(format!("importing {}", path.display()));
-        if large {
-            progress.reveal();
-        }
-        let report = spill_lines::import_canonical_with_spill(store, &bytes, &mut |done, total| {
-            progress.update(done, total)
-        });
-        progress.finish();
+        let bytes = read_input(path)?;
+        let report = spill_lines::import_canonical_with_spill(store, &bytes, &mut |_, _| {});
+        progress(bytes.len() as u64);
         return report
             .map(Imported::Canonical)
             .with_context(|| format!("cannot import {}", path.display()));
     }
-    // DSH imports report no progress: a spinner shows that work goes on.
-    let spinner = (large && progress_allowed()).then(|| {
-        let spinner = ProgressBar::new_spinner();
-        spinner.set_message(format!(
-            "importing {} ({} MiB)",
-            path.display(),
-            bytes.len() >> 20
-        ));
-        spinner.enable_steady_tick(Duration::from_millis(100));
-        spinner
-    });
-    let report = import_dsh_file(store, path, &bytes);
-    if let Some(spinner) = spinner {
-        spinner.finish_and_clear();
-    }
-    report.map(Imported::Dsh)
+    let zstd = path.extension().is_some_and(|ext| ext == "zstd");
+    exchange::streaming::import_dsh_file(store, path, zstd, progress)
+        .map(Imported::Dsh)
+        .with_context(|| format!("cannot import {}", path.display()))
 }
 
-fn import_dsh_file(store: &Store, path: &Path, bytes: &[u8]) -> Result<ImportReport> {
-    let zstd = path.extension().is_some_and(|ext| ext == "zstd");
-    let report = if zstd {
-        exchange::import_dsh_jsonl_zstd(store, bytes)
-    } else {
-        exchange::import_dsh_jsonl(store, bytes)
-    };
-    report.with_context(|| format!("cannot import {}", path.display()))
+/// What importing one source printed: its lines for stdout, or the error.
+fn import_source(
+    store: &Store,
+    source: &Source,
+    progress: exchange::streaming::Progress<'_>,
+) -> Result<Vec<u8>> {
+    let path = source.path();
+    if let Source::Artifact(artifact) = source {
+        check_identity(artifact)?;
+    }
+    let mut out = Vec::new();
+    if let Some(result) = crate::sqlite_import::try_import(store, path, &mut out) {
+        result?;
+        return Ok(out);
+    }
+    match import_file(store, path, progress)? {
+        Imported::Canonical(report) => writeln!(
+            out,
+            "imported {}: {} events (dshdb-json, {} batches) from {}",
+            report.session_id,
+            report.events,
+            report.batches,
+            path.display()
+        )?,
+        Imported::Dsh(report) => {
+            write!(
+                out,
+                "imported {}: {} events ({} lines, {} packed rows, {} verbatim",
+                report.session_id, report.events, report.lines, report.rows, report.verbatim
+            )?;
+            if report.frames > 0 {
+                write!(out, ", {} zstd frames", report.frames)?;
+            }
+            writeln!(out, ") from {}", path.display())?;
+            if let Some(tail) = &report.dropped {
+                print_dropped_tail(tail, &mut out)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One progress bar over every file being imported: bytes read of the files' total size.
+fn import_progress(files: &[Source]) -> ProgressBar {
+    let total: u64 = files
+        .iter()
+        .filter_map(|source| std::fs::metadata(source.path()).ok())
+        .map(|metadata| metadata.len())
+        .sum();
+    if !progress_allowed() || total <= PROGRESS_THRESHOLD {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template(
+        "{msg} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({percent}%, {binary_bytes_per_sec})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(match files.len() {
+        1 => format!("importing {}", files[0].path().display()),
+        count => format!("importing {count} sessions"),
+    });
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Imports every source, several at once (one thread per core, at most
+/// [`MAX_IMPORT_THREADS`]); returns each one's outcome, in order.
+fn import_all(store: &Store, files: &[Source], bar: &ProgressBar) -> Vec<Result<Vec<u8>>> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let threads = cores.min(MAX_IMPORT_THREADS).min(files.len()).max(1);
+    let next = AtomicUsize::new(0);
+    let outcomes: Vec<Mutex<Option<Result<Vec<u8>>>>> =
+        files.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some(source) = files.get(index) else {
+                    return;
+                };
+                // The bar advances by what this file read since its last report.
+                let reported = AtomicU64::new(0);
+                let progress = |read: u64| {
+                    let before = reported.swap(read, Ordering::Relaxed);
+                    bar.inc(read.saturating_sub(before));
+                };
+                let outcome = import_source(store, source, &progress);
+                if let Ok(mut slot) = outcomes[index].lock() {
+                    *slot = Some(outcome);
+                }
+            });
+        }
+    });
+    outcomes
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| Err(anyhow::anyhow!("an import thread failed")))
+        })
+        .collect()
 }
 
 pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Result<()> {
@@ -226,48 +338,13 @@ pub fn import(store_path: &Path, paths: &[PathBuf], out: &mut impl Write) -> Res
     if files.is_empty() {
         bail!("no DSH session files found");
     }
+    let bar = import_progress(&files);
+    let outcomes = import_all(&store, &files, &bar);
+    bar.finish_and_clear();
     let mut failures = 0;
-    for source in &files {
-        let path = source.path();
-        if let Source::Artifact(artifact) = source {
-            if let Err(error) = check_identity(artifact) {
-                failures += 1;
-                eprintln!("dshdb: {}", crate::error_chain_text(&error));
-                continue;
-            }
-        }
-        if let Some(result) = crate::sqlite_import::try_import(&store, path, out) {
-            if let Err(error) = result {
-                failures += 1;
-                eprintln!("dshdb: {}", crate::error_chain_text(&error));
-            }
-            continue;
-        }
-        match import_file(&store, path) {
-            Ok(Imported::Canonical(report)) => {
-                writeln!(
-                    out,
-                    "imported {}: {} events (dshdb-json, {} batches) from {}",
-                    report.session_id,
-                    report.events,
-                    report.batches,
-                    path.display()
-                )?;
-            }
-            Ok(Imported::Dsh(report)) => {
-                write!(
-                    out,
-                    "imported {}: {} events ({} lines, {} packed rows, {} verbatim",
-                    report.session_id, report.events, report.lines, report.rows, report.verbatim
-                )?;
-                if report.frames > 0 {
-                    write!(out, ", {} zstd frames", report.frames)?;
-                }
-                writeln!(out, ") from {}", path.display())?;
-                if let Some(tail) = &report.dropped {
-                    print_dropped_tail(tail, out)?;
-                }
-            }
+    for outcome in outcomes {
+        match outcome {
+            Ok(printed) => out.write_all(&printed)?,
             Err(error) => {
                 failures += 1;
                 eprintln!("dshdb: {}", crate::error_chain_text(&error));

@@ -166,6 +166,18 @@ pub const MAX_IMPORT_LINE_BYTES: usize = MAX_PAYLOAD_BYTES + IMPORT_LINE_ENVELOP
 /// Largest decoded plaintext of one imported DSH log, in bytes: 4 GiB. The import keeps
 /// the plaintext and its parsed events in memory while it validates the whole session.
 pub const MAX_IMPORT_PLAINTEXT_BYTES: u64 = 4 << 30;
+/// Bytes of stored events per batch a streaming import stages (8 MiB): with the line being
+/// read, this bounds the memory of an import whatever the session's size.
+pub const STAGE_BATCH_BYTES: usize = 8 * MIB;
+/// Bytes a streaming import reads from its input at a time (1 MiB); also how often, in
+/// input bytes, it reports progress.
+pub const STREAM_READ_BYTES: usize = MIB;
+/// Bytes of `tool/result` payloads whose rewrite keys a streaming import's cold-load check
+/// keeps (16 MiB, the most recent results): a rewrite of an older result hands the log over
+/// to the in-memory import.
+pub const STREAM_CHECK_KEY_BYTES: usize = 16 * MIB;
+/// Bytes of plaintext a streaming import decompresses at a time from a zstd log (128 KiB).
+pub const STREAM_DECODE_BYTES: usize = 128 * 1024;
 /// Bytes a zstd frame is decompressed by per step before the bounds are checked again.
 pub const IMPORT_DECODE_STEP_BYTES: usize = 64 * 1024;
 /// Uncompressed size limit of a packed SQLite chunk row's data, in bytes (DSH §3.5).

@@ -8,4 +8,5 @@ mod above;
 mod cli;
 mod damage;
 mod hostile;
+mod import;
 mod usage;

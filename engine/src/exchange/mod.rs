@@ -35,6 +35,7 @@ pub(crate) mod scan;
 pub mod spill_lines;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod streaming;
 mod zstd_codec;
 
 use crate::session::json::{object_members, string_text};
@@ -175,49 +176,7 @@ fn import_scanned(
         } else {
             0
         };
-        match &line.record {
-            Record::Event(event) => {
-                let mut stored = plain_event(event, line.raw);
-                if stored.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
-                    report.verbatim += 1;
-                }
-                stored.flags |= batch_flag;
-                owned.push(stored);
-            }
-            Record::Row {
-                members,
-                member_data,
-            } => {
-                report.rows += 1;
-                let triples: Vec<(u64, i64, &str)> = members
-                    .iter()
-                    .zip(member_data)
-                    .map(|(event, data)| (event.seq, event.time, data.as_str()))
-                    .collect();
-                let repacked = pack_row(&triples);
-                let exact = repacked.as_deref().map(str::as_bytes) == Some(line.raw);
-                for (position, (event, data)) in members.iter().zip(member_data).enumerate() {
-                    let mut stored = OwnedEvent {
-                        event_type: event.event_type.clone(),
-                        time: event.time,
-                        data: data.clone(),
-                        envelope: String::new(),
-                        flags: EVENT_FLAG_ROW_MEMBER,
-                    };
-                    if position == 0 {
-                        stored.flags = EVENT_FLAG_ROW_START | batch_flag;
-                        if !exact {
-                            report.verbatim += 1;
-                            // The store checks a non-verbatim envelope as event members, so
-                            // the row line travels as a verbatim envelope.
-                            stored.flags |= EVENT_FLAG_ROW_VERBATIM | EVENT_FLAG_VERBATIM_LINE;
-                            stored.envelope = verbatim_envelope(line.raw);
-                        }
-                    }
-                    owned.push(stored);
-                }
-            }
-        }
+        owned.extend(stored_line(line.raw, &line.record, batch_flag, &mut report));
     }
     let batches = batch_ranges(
         owned
@@ -236,6 +195,63 @@ fn import_scanned(
         writer.append_batch(&as_new(range))?;
     }
     Ok(report)
+}
+
+/// How one committed line of a DSH log is stored: its event (split into fields when that
+/// re-renders exactly, else verbatim), or a packed row's members (the row's line kept
+/// verbatim when re-packing would differ). `batch_flag` goes on the first event. Counts
+/// rows and verbatim lines in `report`.
+pub(crate) fn stored_line(
+    raw: &[u8],
+    record: &Record,
+    batch_flag: u8,
+    report: &mut ImportReport,
+) -> Vec<OwnedEvent> {
+    match record {
+        Record::Event(event) => {
+            let mut stored = plain_event(event, raw);
+            if stored.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
+                report.verbatim += 1;
+            }
+            stored.flags |= batch_flag;
+            vec![stored]
+        }
+        Record::Row {
+            members,
+            member_data,
+        } => {
+            report.rows += 1;
+            let triples: Vec<(u64, i64, &str)> = members
+                .iter()
+                .zip(member_data)
+                .map(|(event, data)| (event.seq, event.time, data.as_str()))
+                .collect();
+            let repacked = pack_row(&triples);
+            let exact = repacked.as_deref().map(str::as_bytes) == Some(raw);
+            let mut stored_members = Vec::with_capacity(members.len());
+            for (position, (event, data)) in members.iter().zip(member_data).enumerate() {
+                let mut stored = OwnedEvent {
+                    event_type: event.event_type.clone(),
+                    time: event.time,
+                    data: data.clone(),
+                    envelope: String::new(),
+                    flags: EVENT_FLAG_ROW_MEMBER,
+                };
+                if position == 0 {
+                    stored.flags = EVENT_FLAG_ROW_START | batch_flag;
+                    if !exact {
+                        report.verbatim += 1;
+                        // The store checks a non-verbatim envelope as event members, so
+                        // the row line travels as a verbatim envelope.
+                        stored.flags |= EVENT_FLAG_ROW_VERBATIM | EVENT_FLAG_VERBATIM_LINE;
+                        stored.envelope = verbatim_envelope(raw);
+                    }
+                }
+                stored_members.push(stored);
+            }
+            stored_members
+        }
+    }
 }
 
 /// Splits events (given as stored size in bytes and flags) into import batches of about
@@ -272,6 +288,11 @@ pub(crate) struct OwnedEvent {
 }
 
 impl OwnedEvent {
+    /// Bytes the event stores, about (its payload and envelope).
+    pub(crate) fn stored_bytes(&self) -> usize {
+        self.data.len() + self.envelope.len()
+    }
+
     pub(crate) fn as_new(&self) -> NewEvent<'_> {
         NewEvent {
             event_type: &self.event_type,

@@ -148,11 +148,24 @@ fn torn_frame_tail(
     file_offset: usize,
     file_bytes: usize,
 ) -> DroppedTail {
-    let torn_frame = TornFrame {
-        file_offset: file_offset as u64,
-        file_bytes: file_bytes as u64,
-        recovered_bytes: (decoded.plaintext.len() - decoded.complete_end) as u64,
-    };
+    torn_tail(
+        scanned,
+        decoded.plaintext.len() as u64,
+        TornFrame {
+            file_offset: file_offset as u64,
+            file_bytes: file_bytes as u64,
+            recovered_bytes: (decoded.plaintext.len() - decoded.complete_end) as u64,
+        },
+    )
+}
+
+/// [`torn_frame_tail`] given the plaintext length and the torn frame (the streaming import's
+/// form).
+pub(super) fn torn_tail(
+    scanned: Option<DroppedTail>,
+    plaintext_bytes: u64,
+    torn_frame: TornFrame,
+) -> DroppedTail {
     let frame_text = match torn_frame.recovered_bytes {
         0 => "torn final zstd frame (no complete block to recover)".to_owned(),
         recovered => format!(
@@ -166,7 +179,7 @@ fn torn_frame_tail(
             ..tail
         },
         None => DroppedTail {
-            offset: decoded.plaintext.len() as u64,
+            offset: plaintext_bytes,
             bytes: 0,
             reason: frame_text,
             torn_frame: Some(torn_frame),

@@ -34,7 +34,7 @@ pub use repair::{interrupted_turn_closers, RepairScan};
 pub use seed::{
     check_known_types, end_seed_marker, fork_seed, restore_session, validate_fork_boundary,
     validate_fork_boundary_of, validate_seed, validate_seed_event, validate_seed_event_parsed,
-    ForkBoundaryEvent, RestoredSession, SeedMode,
+    ForkBoundaryEvent, RestoreCheck, RestoreUndecided, RestoredSession, SeedMode,
 };
 pub use surface::{
     fold_surface, SurfaceChange, SurfaceFold, SurfaceFoldParts, SurfaceFoldResult,

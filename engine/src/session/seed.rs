@@ -282,3 +282,149 @@ pub fn fork_seed(
     let boundary = validate_fork_boundary(session_id, events, boundary)?;
     Ok(boundary.map_or_else(Vec::new, |boundary| events[..=boundary as usize].to_vec()))
 }
+
+/// [`restore_session`]'s checks over a log read as a stream, event by event, in the memory of
+/// the surface fold (without its messages) and the repair scan: whether the cold load would
+/// accept the log, not why it would not. A log it does not accept ([`RestoreUndecided`]) is
+/// one [`restore_session`] over the whole log must decide, with DSH's exact text; on a log it
+/// accepts, [`restore_session`] accepts too.
+///
+/// Why the checks agree: migration is per event ([`migrate_next`]; the one rewrite that needs
+/// earlier events is undecided here), the import shape check is the shape check the seed
+/// validation repeats on the same migrated event, the vocabulary check is per event, and the
+/// closers and the end-seed marker depend only on the repair scan and the last event.
+///
+/// Memory: the fold keeps a rewrite key (the payload, nearly whole) for every visible
+/// `tool/result`; the check keeps those of the most recent results only, up to a budget of
+/// payload bytes, and forgets older ones. A rewrite of a result whose key it forgot is
+/// undecided (never accepted), so the outcome stays exact.
+pub struct RestoreCheck {
+    session_id: String,
+    fold: SurfaceFold,
+    repair: super::repair::RepairScan,
+    /// Seq, time and type of the last event admitted.
+    last: Option<(u64, i64, bool)>,
+    /// The `tool/result` nodes whose key the fold keeps, oldest first, with their payload
+    /// bytes; their sum, and the budget it may not pass.
+    kept_keys: std::collections::VecDeque<(u64, usize)>,
+    kept_key_bytes: usize,
+    key_budget: usize,
+}
+
+/// The streaming checks cannot accept the log: [`restore_session`] over the whole log decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreUndecided {
+    /// Seq of the event the checks stopped at.
+    pub seq: u64,
+}
+
+impl RestoreCheck {
+    /// The check with rewrite keys kept for at most `key_budget` bytes of payloads.
+    pub fn new(session_id: &str, key_budget: usize) -> Self {
+        Self {
+            session_id: session_id.to_owned(),
+            fold: SurfaceFold::new(),
+            repair: super::repair::RepairScan::new(),
+            last: None,
+            kept_keys: std::collections::VecDeque::new(),
+            kept_key_bytes: 0,
+            key_budget,
+        }
+    }
+
+    /// The session the log belongs to.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// Accounts for the key of `tool/result` `seq` just kept; forgets the oldest past the
+    /// budget.
+    fn keep_key(&mut self, seq: u64, bytes: usize) {
+        self.kept_keys.push_back((seq, bytes));
+        self.kept_key_bytes += bytes;
+        while self.kept_key_bytes > self.key_budget {
+            let Some((oldest, oldest_bytes)) = self.kept_keys.pop_front() else {
+                break;
+            };
+            self.kept_key_bytes -= oldest_bytes;
+            self.fold.forget_rewrite_key(oldest);
+        }
+    }
+
+    /// Checks the next stored event of the log (seqs from 0, contiguous).
+    pub fn admit(&mut self, stored: &SessionEvent) -> Result<(), RestoreUndecided> {
+        let undecided = RestoreUndecided { seq: stored.seq };
+        let migrated = match super::legacy::migrate_next(&self.session_id, stored) {
+            Some(Ok(Some(migrated))) => Some(migrated),
+            Some(Ok(None)) => None,
+            None | Some(Err(_)) => return Err(undecided),
+        };
+        let event = migrated.as_ref().unwrap_or(stored);
+        if !event.ignorable && !is_known_event_type(&event.event_type) {
+            return Err(undecided);
+        }
+        self.repair.observe(event);
+        self.seed_event(event).map_err(|_| undecided)?;
+        self.last = Some((event.seq, event.time, event.event_type == END_SEED_TYPE));
+        Ok(())
+    }
+
+    /// The seed validation of one event (index = seq) and its surface fold.
+    fn seed_event(&mut self, event: &SessionEvent) -> Result<(), SessionError> {
+        let index = usize::try_from(event.seq).map_err(|_| SessionError::SeedNotContiguous {
+            index: usize::MAX,
+            seq: event.seq,
+        })?;
+        if is_surface_eligible_type(&event.event_type) {
+            // One parse serves the seed rules and the surface's rewrite key.
+            let data = event.data_value();
+            validate_seed_event_parsed(index, event, SeedMode::Restore, Some(&data))?;
+            let is_result = event.event_type == super::event::TOOL_RESULT;
+            let rewrite_key = is_result.then(|| super::surface::rewrite_key_from(data));
+            self.fold.apply_keeping_no_message(event, rewrite_key)?;
+            if is_result {
+                self.keep_key(event.seq, event.data.get().len());
+            }
+        } else {
+            validate_seed_event(index, event, SeedMode::Restore)?;
+            self.fold.apply_keeping_no_message(event, None)?;
+        }
+        Ok(())
+    }
+
+    /// After the last event: the repair closers and the end-seed marker, checked like the
+    /// rest. `now` is the marker's time (it does not change the outcome).
+    pub fn finish(mut self, now: i64) -> Result<(), RestoreUndecided> {
+        let Some((last_seq, last_time, _)) = self.last else {
+            // An empty log: the marker at seq 0 alone.
+            return self.marker(0, now);
+        };
+        let closers = self.repair.closers(last_seq, last_time);
+        for closer in &closers {
+            self.seed_event(closer)
+                .map_err(|_| RestoreUndecided { seq: closer.seq })?;
+            self.last = Some((closer.seq, closer.time, closer.event_type == END_SEED_TYPE));
+        }
+        match self.last {
+            Some((_, _, true)) => Ok(()),
+            Some((seq, _, false)) => self.marker(seq + 1, now),
+            None => self.marker(0, now),
+        }
+    }
+
+    fn marker(&mut self, seq: u64, now: i64) -> Result<(), RestoreUndecided> {
+        let marker = SessionEvent {
+            event_type: END_SEED_TYPE.to_owned(),
+            seq,
+            time: now,
+            data: raw_from_built("{}".to_owned()),
+            ignorable: false,
+            surface_op: None,
+            source_event_seqs: None,
+        };
+        self.fold
+            .apply_keeping_no_message(&marker, None)
+            .map(drop)
+            .map_err(|_| RestoreUndecided { seq })
+    }
+}

@@ -152,6 +152,15 @@ impl SurfaceFold {
         Ok(change)
     }
 
+    /// Forgets the rewrite key of node `seq`, if it is still visible: a later rewrite of that
+    /// `tool/result` is then refused (`ToolResultRewriteWrongTarget`), so a caller that
+    /// forgets keys to bound its memory must treat that refusal as undecided.
+    pub(crate) fn forget_rewrite_key(&mut self, seq: u64) {
+        if let Some(node) = self.nodes.iter_mut().find(|node| node.seq == seq) {
+            node.rewrite_key = None;
+        }
+    }
+
     /// Applies a log-only event known only by its seq: the caller guarantees that its type
     /// is not one of the three surface types and that it carries neither `surfaceOp` nor
     /// `sourceEventSeqs`, so the one rule left to check is seq contiguity.

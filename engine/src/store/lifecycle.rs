@@ -86,6 +86,7 @@ impl Store {
     ) -> Result<SessionWriter> {
         self.log()?;
         let id = validate_header(header_json)?;
+        super::staging::refuse_stage_id(&id)?;
         for event in initial {
             validate_event(event)?;
         }
@@ -123,6 +124,7 @@ impl Store {
         }
         self.log()?;
         let id = validate_header(header_json)?;
+        super::staging::refuse_stage_id(&id)?;
         for event in events {
             validate_event(event)?;
         }
@@ -143,7 +145,7 @@ impl Store {
     }
 
     /// Reserves session `id` in the catalog with its writer slot taken.
-    fn reserve(&self, id: &str, seed: Option<Seed>, header_json: &str) -> Result<u32> {
+    pub(super) fn reserve(&self, id: &str, seed: Option<Seed>, header_json: &str) -> Result<u32> {
         let mut catalog = self.inner.catalog.write();
         if catalog.by_id.contains_key(id) {
             return Err(Error::DuplicateSession { id: id.to_string() });
@@ -158,7 +160,7 @@ impl Store {
     /// Forgets a new session's reservation when its first commit was refused before
     /// anything was queued. Otherwise (a poisoned log) the outcome is unknown and the next
     /// open decides.
-    fn forget_if_refused(&self, number: u32, error: &Error) {
+    pub(super) fn forget_if_refused(&self, number: u32, error: &Error) {
         if matches!(
             error,
             Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed | Error::Io { .. }
@@ -268,7 +270,7 @@ impl Store {
         let mut list: Vec<SessionSummary> = catalog
             .sessions
             .values()
-            .filter(|entry| !entry.deleted)
+            .filter(|entry| !entry.deleted && !super::staging::is_stage_id(&entry.id))
             .map(|entry| SessionSummary {
                 id: entry.id.clone(),
                 header_json: entry.header_json.to_string(),

@@ -21,12 +21,14 @@ mod lifecycle;
 mod line;
 mod maintenance;
 mod read;
+mod staging;
 mod stats;
 mod validate;
 mod writer;
 
 pub use crate::session::END_SEED_TYPE;
 pub use maintenance::{MaintenanceReport, MAINTENANCE_THREAD};
+pub use staging::{is_stage_id, STAGE_PREFIX};
 pub use stats::Stats;
 pub use validate::check_data_depth;
 pub use writer::PendingReceipt;
@@ -544,6 +546,8 @@ impl Store {
         };
         if store.inner.log.is_some() {
             create::keep_reserve(store.inner.storage.as_ref());
+            // Stages a crash left unpublished never existed (module `staging`).
+            store.drop_stages()?;
             if write_fresh_checkpoint {
                 // Derived data (F-06-22): a failure here only costs the next open a rebuild.
                 let _ = store.write_runs_checkpoint();

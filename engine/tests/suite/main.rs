@@ -34,3 +34,4 @@ mod session_fixtures;
 mod spill;
 mod sqlite_import;
 mod store_basics;
+mod streaming_import;
