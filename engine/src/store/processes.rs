@@ -510,7 +510,10 @@ impl Store {
 
     /// Follows session `id` from seq `from_seq` (F-08-11): the returned subscription yields
     /// every durable event from there on, in seq order, each exactly once, as this or other
-    /// processes commit them. A session that does not exist yet is waited for.
+    /// processes commit them. A session that does not exist yet is waited for. A store
+    /// opened without [`Options::shared`] has no other writers: its subscription yields
+    /// this process's own appends as they reach the log, durable or not yet, and polls
+    /// every `FOLLOW_POLL_ALONE`. A read-only store cannot subscribe (`Error::ReadOnly`).
     pub fn subscribe(&self, id: &str, from_seq: u64) -> Result<Subscription> {
         self.open_log()?;
         Ok(Subscription {
