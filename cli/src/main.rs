@@ -7,6 +7,7 @@ mod help_texts;
 mod input;
 mod quickstart;
 mod sqlite_import;
+mod tail;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -190,6 +191,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a session's events from seq --from on as DSH JSON lines; with --follow keep
+    /// printing what writers (other processes too) commit after them, like `tail -f`.
+    Tail {
+        /// Store directory.
+        store: PathBuf,
+        /// Session to print.
+        session: String,
+        /// First seq to print (inclusive).
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Keep waiting for new durable events (stop with Ctrl-C).
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Print one JSON object per event: {"seq","type","time","data"}.
+        #[arg(long)]
+        json: bool,
+    },
     #[command(flatten)]
     Above(above::AboveCommand),
 }
@@ -333,6 +351,13 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
             session,
             json,
         } => stats(&store, session.as_deref(), json, out)?,
+        Command::Tail {
+            store,
+            session,
+            from,
+            follow,
+            json,
+        } => tail::run(&store, &session, from, follow, json, out)?,
         Command::Above(command) => above::run(command, out)?,
     }
     Ok(ExitCode::SUCCESS)

@@ -106,9 +106,11 @@ pub enum Error {
     /// A session with that id already exists.
     #[error("session {id:?} already exists")]
     DuplicateSession { id: String },
-    /// Another writer handle for that session is alive in this process.
-    #[error("session {id:?} already has a writer handle")]
-    SessionBusy { id: String },
+    /// Another writer holds the session: a handle in this process (`pid` is this process),
+    /// or another process's lease (F-08-10), whose pid is named when the lease record
+    /// knows it (`None`: unknown).
+    #[error("session {id:?} is being written by {}", busy_holder(*pid))]
+    SessionBusy { id: String, pid: Option<u32> },
     /// The caller's input is malformed; nothing was written.
     #[error("invalid input: {reason}")]
     InvalidInput { reason: String },
@@ -248,4 +250,15 @@ pub enum CompactionErrorCode {
     Summary,
     /// The surface changed under the compaction.
     Changed,
+}
+
+/// Who holds a busy session, for [`Error::SessionBusy`]'s message.
+fn busy_holder(pid: Option<u32>) -> String {
+    match pid {
+        Some(pid) if pid == std::process::id() => {
+            "another writer handle in this process".to_string()
+        }
+        Some(pid) => format!("process {pid}"),
+        None => "another process".to_string(),
+    }
 }

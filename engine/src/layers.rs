@@ -23,6 +23,7 @@ const LAYERS: &[&str] = &[
     "storage::catalog",
     "storage::manifest",
     "storage::segment",
+    "storage::multi",
     "storage::commit",
     "storage::run",
     "storage::index",

@@ -6,8 +6,10 @@
 //! - `limits`: every limit of the engine, each with its unit; `const` asserts tie them.
 //! - `session`: the DSH session model, pure (no I/O, nothing else of the crate).
 //! - `error`: the crate's typed [`Error`].
-//! - `storage`: bytes and durability, nothing of DSH: `io`, `coding`, `frame`, `segment`, `manifest`,
-//!   `commit`, `recovery`, `run`, `index`, `catalog`.
+//! - `storage`: bytes and durability, nothing of DSH: `io` (with `io::shared`, the memory-mapped
+//!   `SHARED` file of many processes), `coding`, `frame`, `segment`, `multi` (locks, leases and
+//!   the shared tail index of many processes, format-spec/08), `manifest`, `commit`, `recovery`,
+//!   `run`, `index`, `catalog`.
 //! - `store`: [`Store`] and [`SessionWriter`], the only place that wires storage and session.
 //! - `spill`: the content-addressed artifact store.
 //! - `exchange`: DSH files in and out (JSONL, JSONL-zstd, SQLite, canonical JSON).
@@ -50,5 +52,5 @@ pub use error::{Error, Result};
 pub use storage::commit::Durability;
 pub use store::{
     Event, EventView, NewEvent, Options, PendingReceipt, Receipt, SessionSummary, SessionWriter,
-    Store,
+    Store, Subscription,
 };

@@ -76,6 +76,11 @@ pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
 /// arrival alone; it only happens when several appenders were active (gathering never
 /// delays a lone appender).
 pub const MAX_GROUP_GATHER: Duration = Duration::from_micros(100);
+/// Longest a follower of another process's commits sleeps on the shared futex before it
+/// looks again: bounds the cost of a missed wake-up (F-08-11).
+pub const FOLLOW_POLL: Duration = Duration::from_millis(50);
+/// How often a follower of a store no other process writes looks for new events.
+pub const FOLLOW_POLL_ALONE: Duration = Duration::from_millis(5);
 /// `Options::batched()`: longest an append waits for its group's sync.
 pub const DEFAULT_BATCHED_MAX_DELAY: Duration = Duration::from_millis(5);
 /// `Options::batched()`: queued bytes that start a sync before the delay is up: 1 MiB.

@@ -519,3 +519,63 @@ fn fork_inside_an_open_turn_prints_dsh_text_and_creates_no_child() {
         "a refused fork creates no child"
     );
 }
+
+#[test]
+fn tail_prints_from_a_seq_and_follows_what_another_process_commits() {
+    use std::io::{BufRead, BufReader};
+    let dir = temp_dir("tail");
+    let store_dir = dir.join("store");
+    let store = path_str(&store_dir);
+    let lines = "{\"type\":\"turn/start\",\"data\":0}\n\
+                 {\"type\":\"turn/start\",\"data\":1}\n\
+                 {\"type\":\"turn/start\",\"data\":2}\n";
+    ok(&["append", store, "chat", "--create"], lines);
+    let printed = ok(&["tail", store, "chat", "--from", "1"], "");
+    let seqs: Vec<u64> = printed
+        .lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).expect("JSON line");
+            value["seq"].as_u64().expect("seq")
+        })
+        .collect();
+    assert_eq!(seqs, [1, 2]);
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dshdb"))
+        .args(["tail", store, "chat", "--from", "2", "--follow", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawn tail --follow");
+    let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut next_object = || {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("read tail output");
+        serde_json::from_str::<serde_json::Value>(&line).expect("JSON object")
+    };
+    assert_eq!(next_object()["seq"], 2, "the existing event first");
+    let writer_store = dshdb::Store::open(
+        &store_dir,
+        dshdb::Options {
+            shared: true,
+            ..dshdb::Options::default()
+        },
+    )
+    .expect("a writer beside the follower");
+    let mut writer = writer_store.writer("chat").expect("writer");
+    for n in 3..6 {
+        let data = n.to_string();
+        writer
+            .append(dshdb::NewEvent::new("turn/start", &data))
+            .expect("append");
+    }
+    for n in 3..6u64 {
+        let object = next_object();
+        assert_eq!(object["seq"], n);
+        assert_eq!(object["type"], "turn/start");
+        assert_eq!(object["data"], n);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(writer);
+    writer_store.close().expect("close");
+}

@@ -274,6 +274,27 @@ impl Catalog {
         Ok(())
     }
 
+    /// The number the next new type gets.
+    pub fn next_type_number(&self) -> u32 {
+        self.next_type
+    }
+
+    /// Forgets the types interned from number `first` on (a batch that was refused before
+    /// it was queued defined them): with other processes writing, an unwritten number must
+    /// stay free for them (F-08-6 step 4).
+    pub fn forget_types_from(&mut self, first: u32) {
+        if self.next_type <= first {
+            return;
+        }
+        let names = Arc::make_mut(&mut self.type_names);
+        for number in first..self.next_type {
+            if let Some(name) = names.remove(&number) {
+                self.type_by_name.remove(&name);
+            }
+        }
+        self.next_type = first;
+    }
+
     /// The number of an event type, interning it when new.
     pub fn intern_type(&mut self, name: &str) -> u32 {
         if let Some(number) = self.type_by_name.get(name) {

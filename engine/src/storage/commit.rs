@@ -7,9 +7,14 @@
 //! operating-system error (a full disk says so), not only the name of the operation.
 
 use crate::error::{Error, Result};
+use crate::storage::coding::widen;
 use crate::storage::frame::Record;
 use crate::storage::io::{Storage, StorageFile};
-use crate::storage::manifest::{Manifest, RunEntry, SegmentEntry};
+use crate::storage::manifest::{Manifest, RunEntry, SegmentEntry, MANIFEST_FILE};
+use crate::storage::multi::lock::{ByteLock, DURABLE_LOCK, MANIFEST_LOCK, WRITE_LOCK};
+use crate::storage::multi::repair::{repair_announced_range, zero_unpublished};
+use crate::storage::multi::tail::{LogPosition, Tail, TailIndex};
+use crate::storage::multi::{LockMode, SharedFile};
 use crate::storage::segment::{
     create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES,
 };
@@ -109,6 +114,49 @@ struct State {
     queued_since: Option<Instant>,
     /// A flush or a reader waits: write without gathering.
     urgent: bool,
+    /// Many-process mode: the `WRITE` lock, held from the first batch queued (or the first
+    /// [`TailPin`]) until the queue is written and published (F-08-6).
+    write_lock: Option<ByteLock>,
+    /// Many-process mode: live [`TailPin`]s; the `WRITE` lock stays while any is alive.
+    tail_pins: usize,
+    /// Many-process mode: the committer is writing a group it took from the queue.
+    writing: bool,
+    /// Many-process mode: how far this process's catalog reflects the log.
+    applied: LogPosition,
+}
+
+/// Applies to the process's catalog what other processes published after `from`, up to
+/// the tail (F-08-6 step 3, F-08-11); returns how far it applied.
+pub type CatchUp = dyn Fn(LogPosition, &Tail) -> Result<LogPosition> + Send + Sync;
+
+/// The log's side of many-process mode (format-spec/08-many-processes.md).
+pub struct SharedLog {
+    pub file: Arc<dyn SharedFile>,
+    pub tail: TailIndex,
+    pub catch_up: Box<CatchUp>,
+}
+
+/// `in_progress_end` while the `WRITE` holder rolls to a new segment (from before the new
+/// segment is created until the group after the roll is published): the next holder then
+/// completes or undoes the roll (F-08-8, F-08-9 row 4).
+pub const ROLLING: u64 = u64::MAX;
+
+/// Holds this process's turn at the log tail (the `WRITE` lock) while alive, so that the
+/// session and type numbers a caller takes from the caught-up catalog stay unused by other
+/// processes until its batch is queued (F-08-6 step 4). Without other processes it holds
+/// nothing.
+pub struct TailPin<'log> {
+    log: Option<&'log Log>,
+}
+
+impl Drop for TailPin<'_> {
+    fn drop(&mut self) {
+        if let Some(log) = self.log {
+            let mut state = log.shared.state.lock();
+            state.tail_pins -= 1;
+            state.release_tail_if_idle();
+        }
+    }
 }
 
 /// What poisoned the log: the failed operation and its error, shared by every caller that
@@ -140,6 +188,7 @@ struct Waiter {
 struct Shared {
     storage: Arc<dyn Storage>,
     options: LogOptions,
+    multi: Option<SharedLog>,
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
@@ -282,6 +331,13 @@ impl State {
             queued_waitable: 0,
             queued_since: None,
             urgent: false,
+            write_lock: None,
+            tail_pins: 0,
+            writing: false,
+            applied: LogPosition {
+                segment,
+                offset: tail,
+            },
         }
     }
 }
@@ -298,8 +354,28 @@ impl Log {
         salt: u64,
         tail: u64,
     ) -> Result<Log> {
+        Log::start_with(
+            storage,
+            options,
+            manifest,
+            (file, segment, salt, tail),
+            None,
+        )
+    }
+
+    /// [`Log::start`] for one of many writer processes (`multi`), or alone (`None`).
+    pub fn start_with(
+        storage: Arc<dyn Storage>,
+        options: LogOptions,
+        manifest: Manifest,
+        (file, segment, salt, tail): (Arc<dyn StorageFile>, u64, u64, u64),
+        multi: Option<SharedLog>,
+    ) -> Result<Log> {
         let state = State::new(file, manifest, segment, salt, tail);
-        let log = Log::without_committer(storage, options, state);
+        let mut log = Log::without_committer(storage, options, state);
+        if let Some(shared) = Arc::get_mut(&mut log.shared) {
+            shared.multi = multi;
+        }
         let worker = log.shared.clone();
         let committer = start_thread(COMMITTER_THREAD, move || worker.run_committer())?;
         *log.committer.lock() = Some(committer);
@@ -311,6 +387,7 @@ impl Log {
         let shared = Arc::new(Shared {
             storage,
             options,
+            multi: None,
             state: Mutex::new(state),
             work: Condvar::new(),
             done: Condvar::new(),
@@ -338,6 +415,9 @@ impl Log {
                 break;
             }
             shared.space.wait(&mut state);
+        }
+        if shared.multi.is_some() && state.write_lock.is_none() {
+            shared.take_write_lock(&mut state)?;
         }
         let mut bytes = Vec::new();
         let mut context_snapshot = state.active.context.clone_sets();
@@ -443,6 +523,13 @@ impl Log {
 
     /// Waits until the bytes up to (`segment`, `end`) are written, so a reader can read them.
     pub fn wait_written(&self, segment: u64, end: u64) -> Result<()> {
+        if let Some(multi) = &self.shared.multi {
+            // Bytes another process published are written.
+            let tail = multi.tail.read();
+            if (segment, end) <= (tail.segment, tail.written_end) {
+                return Ok(());
+            }
+        }
         let mut state = self.shared.state.lock();
         loop {
             if state.written_position >= (segment, end) {
@@ -546,6 +633,88 @@ impl Log {
         Ok(())
     }
 
+    /// Where the next append goes: the active segment, its salt and the offset.
+    pub fn tail_position(&self) -> (u64, u64, u64) {
+        let state = self.shared.state.lock();
+        let context = &state.active.context;
+        (context.segment, context.salt, context.base_offset)
+    }
+
+    /// Many-process mode: what this process knows of the others (F-08-5).
+    pub fn shared_tail(&self) -> Option<&TailIndex> {
+        self.shared.multi.as_ref().map(|multi| &multi.tail)
+    }
+
+    /// Takes this process's turn at the tail (the `WRITE` lock, caught up on what others
+    /// published) until the returned pin drops; see [`TailPin`]. Alone it does nothing.
+    pub fn pin_tail(&self) -> Result<TailPin<'_>> {
+        if self.shared.multi.is_none() {
+            return Ok(TailPin { log: None });
+        }
+        let mut state = self.shared.state.lock();
+        state.check_usable()?;
+        if state.write_lock.is_none() {
+            self.shared.take_write_lock(&mut state)?;
+        }
+        state.tail_pins += 1;
+        Ok(TailPin { log: Some(self) })
+    }
+
+    /// Many-process mode: applies what others published since this process last looked
+    /// (F-08-11). Serialized with appends, so that the catalog never applies a batch twice.
+    pub fn catch_up(&self) -> Result<()> {
+        let Some(multi) = &self.shared.multi else {
+            return Ok(());
+        };
+        let mut state = self.shared.state.lock();
+        if state.write_lock.is_some() {
+            // This process holds the tail: nobody else published since it caught up.
+            return Ok(());
+        }
+        let tail = multi.tail.read();
+        state.applied = (multi.catch_up)(state.applied, &tail)?;
+        let published = (tail.segment, tail.written_end);
+        if published > state.written_position {
+            state.written_position = published;
+        }
+        Ok(())
+    }
+
+    /// Many-process mode: makes everything published so far durable (F-08-7), this
+    /// process's bytes and others' alike, so that what a writer that died left written but
+    /// unsynced is delivered to followers too. Used at close.
+    pub fn sync_published(&self) -> Result<()> {
+        let Some(multi) = &self.shared.multi else {
+            return Ok(());
+        };
+        let tail = multi.tail.read();
+        let file = self
+            .shared
+            .storage
+            .open(&segment_path(tail.segment), false)
+            .map_err(|error| Error::io("segment open", error))?;
+        let target = LogPosition {
+            segment: tail.segment,
+            offset: tail.written_end,
+        };
+        sync_shared(multi, &file, target)
+            .map(|_| ())
+            .map_err(|(operation, source)| Error::io(operation, source))
+    }
+
+    /// Many-process mode: takes the tail with nothing to write, so that the last process to
+    /// close can seal the segment where every process left it (F-08-4). Holds the lock
+    /// until [`Log::close`].
+    pub fn take_tail(&self) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        if self.shared.multi.is_some() && state.write_lock.is_none() {
+            self.shared.take_write_lock(&mut state)?;
+        }
+        // Never released by an idle queue again: the close seals under it.
+        state.tail_pins += 1;
+        Ok(())
+    }
+
     /// Durable ticket so far (for receipts).
     pub fn durable_ticket(&self) -> u64 {
         self.shared.state.lock().durable_ticket
@@ -580,6 +749,11 @@ impl Log {
         if let Some(poison) = &state.poisoned {
             return Err(poison.error());
         }
+        if self.shared.multi.is_some() && state.write_lock.is_none() {
+            // Others may still append to this segment: leave it open (F-08-4).
+            state.sealed = true;
+            return Ok(());
+        }
         let result = self.shared.seal_active(&state);
         state.sealed = true;
         result.map_err(|(operation, source)| state.poison(operation, source))
@@ -612,6 +786,14 @@ impl SegmentContext {
 }
 
 impl State {
+    /// Many-process mode: gives the `WRITE` lock back once nothing of this process is
+    /// queued, being written, or pinned (F-08-6 step 6).
+    fn release_tail_if_idle(&mut self) {
+        if self.tail_pins == 0 && self.queue.is_empty() && !self.writing {
+            self.write_lock = None;
+        }
+    }
+
     /// `Some` once waiting for `ticket` is over: reached, poisoned or stopped.
     fn wait_outcome(&self, ticket: u64, durable: bool) -> Option<Result<()>> {
         let reached = if durable {
@@ -649,6 +831,9 @@ impl State {
     /// Poisons the log with a failed `operation` (the first failure stays the cause) and
     /// returns the error its callers get.
     fn poison(&mut self, operation: &'static str, source: io::Error) -> Error {
+        // Nothing more is written: other processes must not wait for this one's `WRITE`
+        // lock; what it announced and did not publish is the next holder's (F-08-9).
+        self.write_lock = None;
         self.poisoned
             .get_or_insert(Poison {
                 operation,
@@ -763,6 +948,19 @@ impl Shared {
     /// Starts a new segment: creates and syncs it, names it in the manifest, and queues the
     /// seal of the old one. Runs under the state lock; rolls are rare (one per segment).
     fn roll(&self, state: &mut State, capacity_bytes: u64) -> Result<()> {
+        // With other processes the manifest is taken from the disk under its lock (F-08-8),
+        // held until the new manifest is in force; the roll is announced first, so that a
+        // death half-way leaves the next `WRITE` holder to finish it (F-08-9 row 4).
+        let manifest_lock = match &self.multi {
+            Some(multi) => {
+                multi.tail.publish(|tail| tail.in_progress_end = ROLLING);
+                let lock = ByteLock::wait(&multi.file, MANIFEST_LOCK, LockMode::Exclusive)
+                    .map_err(|error| Error::io("manifest lock", error))?;
+                state.manifest = read_manifest_in_force(self.storage.as_ref())?;
+                Some(lock)
+            }
+            None => None,
+        };
         let id = state.manifest.next_segment_id;
         let salt = new_salt();
         let file = create_segment(self.storage.as_ref(), id, salt, capacity_bytes)?;
@@ -779,6 +977,10 @@ impl Shared {
             return Err(failure.error);
         }
         state.manifest = manifest;
+        drop(manifest_lock);
+        if let Some(multi) = &self.multi {
+            multi.tail.bump_manifest_generation();
+        }
         let old = &state.active.context;
         let mut seal = Vec::new();
         Record::Seal {
@@ -857,6 +1059,15 @@ impl Shared {
         let sync = state.sync_wanted > state.durable_ticket || batched_due || state.closing;
         let active_file = state.active.file.clone();
         let active_segment = state.active.context.segment;
+        if self.multi.is_some() {
+            return self.commit_shared_group(
+                state,
+                chunks,
+                (last_ticket, group_waitable),
+                sync,
+                &active_file,
+            );
+        }
         drop(state);
         let outcome = write_chunks(&chunks, sync, &active_file);
         let mut state = self.state.lock();
@@ -893,6 +1104,208 @@ impl Shared {
         self.state.lock()
     }
 
+    /// A group in many-process mode (F-08-6 steps 5–6, F-08-7): announce, write, publish
+    /// and release the tail, and only then sync, so that other processes write meanwhile
+    /// and one `fdatasync` covers their bytes too.
+    fn commit_shared_group<'a>(
+        &'a self,
+        mut state: parking_lot::MutexGuard<'a, State>,
+        chunks: Vec<Chunk>,
+        (last_ticket, group_waitable): (u64, usize),
+        sync: bool,
+        active_file: &Arc<dyn StorageFile>,
+    ) -> parking_lot::MutexGuard<'a, State> {
+        let Some(multi) = &self.multi else {
+            return state;
+        };
+        let rolls = chunks.iter().any(|chunk| chunk.trim_to.is_some());
+        if let Some(last) = chunks.last() {
+            let end = last.offset + widen(last.bytes.len());
+            multi.tail.publish(|tail| {
+                tail.in_progress_end = if rolls { ROLLING } else { end };
+            });
+        }
+        state.writing = true;
+        drop(state);
+        let outcome = write_chunks(&chunks, false, active_file);
+        let mut state = self.state.lock();
+        state.writing = false;
+        let written_bytes: usize = chunks.iter().map(|chunk| chunk.bytes.len()).sum();
+        state.queued_bytes -= written_bytes;
+        if let Err((operation, source)) = outcome {
+            // Poisoning gives the `WRITE` lock back; the next holder finds the announced
+            // range and repairs it (F-08-9).
+            state.poison(operation, source);
+            return self.finish_group(state, group_waitable);
+        }
+        state.written_ticket = last_ticket;
+        if let Some(last) = chunks.last() {
+            self.publish_group(&mut state, multi, last, rolls);
+        }
+        state.release_tail_if_idle();
+        if !sync {
+            return self.finish_group(state, group_waitable);
+        }
+        let target = LogPosition {
+            segment: state.written_position.0,
+            offset: state.written_position.1,
+        };
+        let file = state.active.file.clone();
+        drop(state);
+        let synced = sync_shared(multi, &file, target);
+        let mut state = self.state.lock();
+        match synced {
+            Ok(durable) => {
+                state.durable_ticket = last_ticket;
+                state.batched_deadline = None;
+                state.batched_bytes = 0;
+                state.batched_max_bytes = usize::MAX;
+                let context = &mut state.active.context;
+                if durable.segment == context.segment {
+                    context.durable_offset = context.durable_offset.max(durable.offset);
+                }
+            }
+            Err((operation, source)) => {
+                state.poison(operation, source);
+            }
+        }
+        self.finish_group(state, group_waitable)
+    }
+
+    /// Publishes a written group (F-08-6 step 5): the new written end, `in_progress_end`
+    /// cleared, the generation and the futex word bumped.
+    fn publish_group(&self, state: &mut State, multi: &SharedLog, last: &Chunk, rolls: bool) {
+        let end = last.offset + widen(last.bytes.len());
+        let segment = last.segment;
+        let salt = state.active.context.salt;
+        state.written_position = (segment, end);
+        state.applied = LogPosition {
+            segment,
+            offset: end,
+        };
+        multi.tail.publish(|tail| {
+            tail.segment = segment;
+            tail.salt = salt;
+            tail.written_end = end;
+            tail.in_progress_end = 0;
+        });
+        if rolls {
+            // The old segment was sealed and synced before the new one took a byte.
+            if let Err(source) = raise_durable(multi, segment, SEGMENT_HEADER_BYTES) {
+                state.poison("durable lock", source);
+            }
+        }
+        multi.tail.bump_store_generation();
+        multi.tail.notify();
+    }
+
+    /// Wakes the appenders a group finished; returns with the lock held again.
+    fn finish_group<'a>(
+        &'a self,
+        mut state: parking_lot::MutexGuard<'a, State>,
+        group_waitable: usize,
+    ) -> parking_lot::MutexGuard<'a, State> {
+        let finished = state.finished_waiters();
+        state.last_group_tickets = group_waitable;
+        self.done.notify_all();
+        self.space.notify_all();
+        drop(state);
+        wake(finished);
+        self.state.lock()
+    }
+
+    /// Takes the `WRITE` lock and makes the active segment the published tail (F-08-6 steps
+    /// 1–3): repairs what a dead holder announced (completing its roll), follows a roll
+    /// another process made, and catches the catalog up.
+    fn take_write_lock(&self, state: &mut State) -> Result<()> {
+        let Some(multi) = &self.multi else {
+            return Ok(());
+        };
+        let lock = ByteLock::wait(&multi.file, WRITE_LOCK, LockMode::Exclusive)
+            .map_err(|error| Error::io("write lock", error))?;
+        let mut tail = multi.tail.read();
+        if tail.in_progress_end != 0 {
+            self.repair_dead_writer(multi, &tail)?;
+            tail = multi.tail.read();
+        }
+        if tail.segment != state.active.context.segment {
+            let file = self
+                .storage
+                .open(&segment_path(tail.segment), false)
+                .map_err(|error| Error::io("segment open", error))?;
+            state.manifest = read_manifest_in_force(self.storage.as_ref())?;
+            state.active = Active {
+                file,
+                context: SegmentContext {
+                    segment: tail.segment,
+                    salt: tail.salt,
+                    base_offset: tail.written_end,
+                    durable_offset: SEGMENT_HEADER_BYTES,
+                    defined_sessions: HashSet::new(),
+                    defined_types: HashSet::new(),
+                },
+            };
+        }
+        let context = &mut state.active.context;
+        context.base_offset = tail.written_end;
+        let durable = multi.tail.durable();
+        if durable.segment == tail.segment {
+            context.durable_offset = context
+                .durable_offset
+                .max(durable.offset.min(tail.written_end));
+        }
+        let published = (tail.segment, tail.written_end);
+        if published > state.written_position {
+            state.written_position = published;
+        }
+        state.applied = (multi.catch_up)(state.applied, &tail)?;
+        state.write_lock = Some(lock);
+        Ok(())
+    }
+
+    /// F-08-9: the previous `WRITE` holder died after announcing bytes. Keeps the whole
+    /// batches it wrote, zeroes the rest, completes an interrupted roll, and publishes.
+    fn repair_dead_writer(&self, multi: &SharedLog, tail: &Tail) -> Result<()> {
+        let storage = self.storage.as_ref();
+        let manifest = read_manifest_in_force(storage)?;
+        let rolled_to = manifest
+            .segments
+            .iter()
+            .find(|entry| entry.id > tail.segment)
+            .copied();
+        let file = storage
+            .open(&segment_path(tail.segment), false)
+            .map_err(|error| Error::io("segment open", error))?;
+        let repaired = repair_announced_range(file.as_ref(), tail, rolled_to.is_some())?;
+        match rolled_to {
+            Some(next) => {
+                // Finish the roll (F-08-8 steps 3–4): the old segment is sealed and synced
+                // now; the new one never took a published byte, so what is in it is a dead
+                // writer's unacknowledged bytes, zeroed.
+                let next_file = storage
+                    .open(&segment_path(next.id), false)
+                    .map_err(|error| Error::io("segment open", error))?;
+                zero_unpublished(next_file.as_ref())?;
+                multi.tail.publish(|published| {
+                    published.segment = next.id;
+                    published.salt = next.salt;
+                    published.written_end = SEGMENT_HEADER_BYTES;
+                    published.in_progress_end = 0;
+                });
+                raise_durable(multi, next.id, SEGMENT_HEADER_BYTES)
+                    .map_err(|error| Error::io("durable lock", error))?;
+                multi.tail.bump_manifest_generation();
+            }
+            None => multi.tail.publish(|published| {
+                published.written_end = repaired;
+                published.in_progress_end = 0;
+            }),
+        }
+        multi.tail.bump_store_generation();
+        multi.tail.notify();
+        Ok(())
+    }
+
     /// Writes the seal of the active segment at close; a failure names its step.
     fn seal_active(&self, state: &State) -> std::result::Result<(), (&'static str, io::Error)> {
         let context = &state.active.context;
@@ -917,6 +1330,53 @@ impl Shared {
             .map_err(step("seal trim"))?;
         file.sync_data().map_err(step("seal sync"))
     }
+}
+
+/// The manifest on disk, which another process may have replaced (F-08-12).
+fn read_manifest_in_force(storage: &dyn Storage) -> Result<Manifest> {
+    Manifest::read(storage)?.ok_or_else(|| Error::CorruptFile {
+        file: MANIFEST_FILE.to_string(),
+        reason: "removed while the store is open".to_string(),
+    })
+}
+
+/// Raises the shared durable position under the `DURABLE` lock (F-08-7).
+fn raise_durable(multi: &SharedLog, segment: u64, offset: u64) -> io::Result<()> {
+    let _durable = ByteLock::wait(&multi.file, DURABLE_LOCK, LockMode::Exclusive)?;
+    multi.tail.raise_durable(LogPosition { segment, offset });
+    Ok(())
+}
+
+/// Makes `target` durable (F-08-7): nothing to do when another process's sync already
+/// covered it; else one `fdatasync` of the tail segment, which covers every byte published
+/// before it began, and the durable position raised to that published end.
+fn sync_shared(
+    multi: &SharedLog,
+    file: &Arc<dyn StorageFile>,
+    target: LogPosition,
+) -> std::result::Result<LogPosition, (&'static str, io::Error)> {
+    let durable = multi.tail.durable();
+    if durable >= target {
+        return Ok(durable);
+    }
+    let published = multi.tail.read();
+    // Every byte below the published end was written before this sync starts. After a roll
+    // by another process the target's segment is no longer the tail: the roll synced it
+    // whole, and this sync covers the target too.
+    let covered = if published.segment == target.segment {
+        LogPosition {
+            segment: published.segment,
+            offset: published.written_end.max(target.offset),
+        }
+    } else {
+        target
+    };
+    file.sync_data().map_err(|error| ("sync", error))?;
+    raise_durable(multi, covered.segment, covered.offset)
+        .map_err(|error| ("durable lock", error))?;
+    // Followers deliver only durable events: wake them for these.
+    multi.tail.notify();
+    Ok(multi.tail.durable())
 }
 
 fn wake(finished: Vec<Waiter>) {

@@ -26,6 +26,7 @@ pub mod frame;
 pub mod index;
 pub mod io;
 pub mod manifest;
+pub mod multi;
 pub mod recovery;
 pub mod run;
 pub mod segment;

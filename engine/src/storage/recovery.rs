@@ -105,6 +105,70 @@ struct SegmentProgress {
     defined_sessions: HashSet<u32>,
     defined_types: HashSet<u32>,
     committed_end: u64,
+    /// Catching up from the middle of a segment (F-08-11): the records that defined its
+    /// sessions and types in this segment may lie before the range, so "held in this
+    /// segment" (F-05-4) is not checked; everything else is.
+    mid_segment: bool,
+}
+
+/// What [`apply_published`] applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppliedRange {
+    /// Offset just past the last batch applied (past the seal when `sealed`).
+    pub end: u64,
+    /// Whether the range ended with the segment's seal.
+    pub sealed: bool,
+    /// Events applied.
+    pub events: u64,
+}
+
+/// Applies the committed batches of a published range of a segment to `catalog`
+/// (F-08-11): `bytes` are the segment's bytes from offset 0 to a published end (or, with
+/// `to_seal`, to its end), and the range starts at `from`, a batch start. Published bytes
+/// are whole batches (F-08-5), so a range that stops inside a batch, or at an invalid
+/// frame, is damage (`Error::Corrupt`), never a torn tail. With `to_seal` the range is a
+/// rolled segment's rest and must end with its seal.
+pub fn apply_published(
+    catalog: &mut Catalog,
+    bytes: &[u8],
+    from: u64,
+    (segment, salt): (u64, u64),
+    to_seal: bool,
+) -> Result<AppliedRange> {
+    let mut replay = SegmentReplay {
+        pending: Vec::new(),
+        progress: SegmentProgress {
+            committed_end: from,
+            mid_segment: from > SEGMENT_HEADER_BYTES,
+            ..SegmentProgress::default()
+        },
+    };
+    let mut report = RecoveryReport::default();
+    let scan = scan_frames_from(bytes, from, segment, salt, |offset, record| {
+        replay.accept(catalog, &mut report, segment, offset, record)
+    })?;
+    if let Some(stop) = scan.stop {
+        return Err(corrupt(segment, stop.offset, &stop.reason));
+    }
+    if !replay.pending.is_empty() {
+        return Err(corrupt(
+            segment,
+            replay.progress.committed_end,
+            "published range ends inside a batch",
+        ));
+    }
+    if to_seal && !scan.sealed {
+        return Err(corrupt(
+            segment,
+            scan.valid_end,
+            "a rolled segment ends without its seal",
+        ));
+    }
+    Ok(AppliedRange {
+        end: scan.valid_end,
+        sealed: scan.sealed,
+        events: report.events,
+    })
 }
 
 /// Whether the open will write: a writable open checks the files a checkpoint vouches for
@@ -763,7 +827,7 @@ impl<'a> SegmentReplay<'a> {
                 "commit count differs from its events",
             ));
         }
-        if !self.progress.defined_sessions.contains(&session) {
+        if !self.progress.mid_segment && !self.progress.defined_sessions.contains(&session) {
             return Err(corrupt(
                 segment,
                 commit_offset,
@@ -784,6 +848,9 @@ impl<'a> SegmentReplay<'a> {
         }
         if event.seq != expected_seq {
             return Err("event seq is not the next in its batch");
+        }
+        if self.progress.mid_segment {
+            return Ok(());
         }
         if !self.progress.defined_sessions.contains(&event.session) {
             return Err("event before its session header in this segment");

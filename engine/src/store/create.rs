@@ -5,11 +5,13 @@ use super::{io_error, Options, LOCK_FILE, RESERVE_FILE};
 use crate::error::{Error, Result};
 use crate::limits::{DISK_FULL_RESERVE_BYTES, PREALLOCATION_RESERVE_BYTES};
 use crate::storage::coding::checked_usize;
+use crate::storage::commit::SharedLog;
 use crate::storage::commit::{new_salt, Log, LogOptions};
 use crate::storage::frame::Record;
 use crate::storage::index::{CHECKPOINT_FILE, CHECKPOINT_TEMP_FILE, INDEX_DIR};
 use crate::storage::io::{Storage, StorageFile};
 use crate::storage::manifest::{Manifest, SegmentEntry, MANIFEST_FILE, MANIFEST_TEMP_FILE};
+use crate::storage::multi::SHARED_FILE;
 use crate::storage::recovery::{LogTail, RecoveryReport, TornSegment};
 use crate::storage::run::{parse_run_name, RUNS_DIR};
 use crate::storage::segment::{
@@ -19,8 +21,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The entries a directory may hold and still become a store (F-01-4).
-const STORE_NAMES: [&str; 6] = [
+const STORE_NAMES: [&str; 7] = [
     LOCK_FILE,
+    SHARED_FILE,
     MANIFEST_TEMP_FILE,
     WAL_DIR,
     RUNS_DIR,
@@ -179,6 +182,7 @@ pub(super) fn start_log(
     options: &Options,
     mut manifest: Manifest,
     tail: Option<LogTail>,
+    multi: Option<SharedLog>,
 ) -> Result<Log> {
     let log_options = LogOptions {
         segment_bytes: options.segment_bytes,
@@ -200,14 +204,12 @@ pub(super) fn start_log(
         for torn in &tail.seal_earlier {
             seal_torn_segment(storage.as_ref(), torn)?;
         }
-        return Log::start(
+        return Log::start_with(
             storage.clone(),
             log_options,
             manifest,
-            file,
-            tail.segment,
-            tail.salt,
-            tail.offset,
+            (file, tail.segment, tail.salt, tail.offset),
+            multi,
         );
     }
     let (file, SegmentEntry { id, salt }) =
@@ -218,14 +220,12 @@ pub(super) fn start_log(
             }
             started => started?,
         };
-    Log::start(
+    Log::start_with(
         storage.clone(),
         log_options,
         manifest,
-        file,
-        id,
-        salt,
-        SEGMENT_HEADER_BYTES,
+        (file, id, salt, SEGMENT_HEADER_BYTES),
+        multi,
     )
 }
 

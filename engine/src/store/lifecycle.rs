@@ -22,7 +22,10 @@ pub(super) fn claim_writer_slot<'catalog>(
     let number = *catalog.by_id.get(id).ok_or_else(unknown)?;
     let entry = catalog.sessions.get_mut(&number).ok_or_else(unknown)?;
     if entry.has_writer {
-        return Err(Error::SessionBusy { id: id.to_string() });
+        return Err(Error::SessionBusy {
+            id: id.to_string(),
+            pid: Some(std::process::id()),
+        });
     }
     entry.has_writer = true;
     Ok((number, entry))
@@ -87,24 +90,68 @@ impl Store {
         self.log()?;
         let id = validate_header(header_json)?;
         super::staging::refuse_stage_id(&id)?;
+        self.create_named(id, header_json, seed, initial, durability)
+    }
+
+    /// [`Self::create_with_seed`] once the header is validated as naming `id`; also how a
+    /// stage (whose id no other creation may take) is created.
+    pub(super) fn create_named(
+        &self,
+        id: String,
+        header_json: &str,
+        seed: Option<Seed>,
+        initial: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<SessionWriter> {
         for event in initial {
             validate_event(event)?;
         }
-        let number = self.reserve(&id, seed, header_json)?;
+        // Another process may be creating the same id: its lease decides (F-08-10).
+        let leased = self.lease_and_refresh(&id)?;
+        let queued = self.reserve_and_commit(&id, seed, header_json, initial, durability);
+        let (number, pending) = match queued {
+            Ok(queued) => queued,
+            Err(error) => {
+                if leased {
+                    self.release_lease(&id);
+                }
+                return Err(error);
+            }
+        };
         let writer = SessionWriter {
             store: self.clone(),
             number,
             id,
             durability,
+            last_ticket: pending.ticket,
         };
-        let committed = self
-            .commit_batch(number, initial, durability)
-            .and_then(PendingReceipt::wait);
-        if let Err(error) = committed {
+        if let Err(error) = pending.wait() {
             self.forget_if_refused(number, &error);
             return Err(error);
         }
         Ok(writer)
+    }
+
+    /// Reserves a new session and queues its first batch, on this process's turn at the
+    /// tail so that no other process takes the same session number (F-08-6 step 4).
+    fn reserve_and_commit(
+        &self,
+        id: &str,
+        seed: Option<Seed>,
+        header_json: &str,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<(u32, PendingReceipt)> {
+        let log = self.log()?;
+        let _turn = log.pin_tail()?;
+        let number = self.reserve(id, seed, header_json)?;
+        match self.commit_batch(number, events, durability) {
+            Ok(pending) => Ok((number, pending)),
+            Err(error) => {
+                self.forget_if_refused(number, &error);
+                Err(error)
+            }
+        }
     }
 
     /// Creates a session like [`Store::create_session_with_events`] (header and `events` in
@@ -128,17 +175,22 @@ impl Store {
         for event in events {
             validate_event(event)?;
         }
-        let number = self.reserve(&id, None, header_json)?;
-        let writer = SessionWriter {
-            store: self.clone(),
-            number,
-            id,
-            durability,
-        };
-        match self.commit_batch(number, events, durability) {
-            Ok(pending) => Ok((writer, pending)),
+        let leased = self.lease_and_refresh(&id)?;
+        match self.reserve_and_commit(&id, None, header_json, events, durability) {
+            Ok((number, pending)) => {
+                let writer = SessionWriter {
+                    store: self.clone(),
+                    number,
+                    id,
+                    durability,
+                    last_ticket: pending.ticket,
+                };
+                Ok((writer, pending))
+            }
             Err(error) => {
-                self.forget_if_refused(number, &error);
+                if leased {
+                    self.release_lease(&id);
+                }
                 Err(error)
             }
         }
@@ -217,6 +269,15 @@ impl Store {
     /// A session whose writer handle is alive is refused (`SessionBusy`), changing nothing.
     pub fn delete_session(&self, id: &str) -> Result<()> {
         let log = self.log()?;
+        let leased = self.lease_and_refresh(id)?;
+        let outcome = self.delete_leased(log, id);
+        if leased {
+            self.release_lease(id);
+        }
+        outcome
+    }
+
+    fn delete_leased(&self, log: &crate::storage::commit::Log, id: &str) -> Result<()> {
         let (number, header_json, seed, length) = {
             let mut catalog = self.inner.catalog.write();
             // Holds off writers and a second delete while the tombstone is on its way.
@@ -252,16 +313,29 @@ impl Store {
     }
 
     /// Takes the writer handle of an existing session.
+    /// With other processes, the session's lease is taken first (`SessionBusy` naming the
+    /// holder's pid while another process writes it) and the catalog catches up, so that
+    /// appends continue after every event the previous holder committed (F-08-10).
     pub fn writer(&self, id: &str) -> Result<SessionWriter> {
         self.log()?;
-        let mut catalog = self.inner.catalog.write();
-        let (number, _) = claim_writer_slot(&mut catalog, id)?;
-        Ok(SessionWriter {
-            store: self.clone(),
-            number,
-            id: id.to_string(),
-            durability: self.inner.options.durability,
-        })
+        let leased = self.lease_and_refresh(id)?;
+        let claimed =
+            claim_writer_slot(&mut self.inner.catalog.write(), id).map(|(number, _)| number);
+        match claimed {
+            Ok(number) => Ok(SessionWriter {
+                store: self.clone(),
+                number,
+                id: id.to_string(),
+                durability: self.inner.options.durability,
+                last_ticket: 0,
+            }),
+            Err(error) => {
+                if leased {
+                    self.release_lease(id);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Every session, ordered by id.

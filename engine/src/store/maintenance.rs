@@ -178,6 +178,12 @@ impl Store {
     /// One maintenance pass (what `maintain` and the background thread run). Damage it finds
     /// in the log makes the writable store refuse further writes (F-05-12).
     fn maintain_pass(&self) -> Result<MaintenanceReport> {
+        if self.is_shared() {
+            // Sealing and run rewriting beside other live writer processes (F-08-12) are not
+            // implemented: a shared-mode store leaves them to an exclusive open.
+            self.open_log()?;
+            return Ok(MaintenanceReport::default());
+        }
         let outcome = self.maintain_log();
         match &outcome {
             Err(error) => self.note_damage(error),

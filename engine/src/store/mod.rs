@@ -20,6 +20,7 @@ mod create;
 mod lifecycle;
 mod line;
 mod maintenance;
+mod processes;
 mod read;
 mod staging;
 mod stats;
@@ -28,6 +29,7 @@ mod writer;
 
 pub use crate::session::END_SEED_TYPE;
 pub use maintenance::{MaintenanceReport, MAINTENANCE_THREAD};
+pub use processes::{Subscription, FOLLOW_POLL};
 pub use staging::{is_stage_id, STAGE_PREFIX};
 pub use stats::Stats;
 pub use validate::check_data_depth;
@@ -94,6 +96,12 @@ pub struct Options {
     /// Run [`Store::maintain`] on a background thread this often; `None` (the default)
     /// leaves sealing to explicit `maintain` calls.
     pub maintenance_interval: Option<Duration>,
+    /// Share the store with other writer processes on this host
+    /// (format-spec/08-many-processes.md): `LOCK` is taken shared, session leases keep one
+    /// writer per session, and [`Store::refresh`] and [`Store::subscribe`] see the others'
+    /// commits. Off (the default), a writable open takes the store exclusively (F-01-2).
+    /// Ignored by read-only opens, which read a snapshot.
+    pub shared: bool,
 }
 
 impl Default for Options {
@@ -108,6 +116,7 @@ impl Default for Options {
             block_cache_bytes: DEFAULT_BLOCK_CACHE_BYTES,
             use_checkpoint: true,
             maintenance_interval: None,
+            shared: false,
         }
     }
 }
@@ -247,6 +256,8 @@ struct Inner {
     /// Damage a read of this writable store found (F-05-12): from then on it refuses every
     /// write with a copy of this error, so nothing is built on it.
     damage: Mutex<Option<Error>>,
+    /// Many-process mode (format-spec/08): what this process shares with the others.
+    processes: Option<processes::Processes>,
 }
 
 /// An open store. Cheap to clone; all clones share one store.
@@ -261,6 +272,9 @@ pub struct SessionWriter {
     number: u32,
     id: String,
     durability: Durability,
+    /// Ticket of the last batch queued: with other processes, the lease is given back only
+    /// once it is written (F-08-10).
+    last_ticket: u64,
 }
 
 fn io_error(operation: &'static str) -> impl FnOnce(std::io::Error) -> Error {
@@ -439,6 +453,9 @@ impl Store {
             }
             check_creatable(storage.as_ref(), label)?;
         }
+        if options.shared && !options.read_only {
+            return Store::open_shared(storage, options, label);
+        }
         let lock = if options.read_only {
             None
         } else {
@@ -479,6 +496,29 @@ impl Store {
         opened
     }
 
+    /// Opens the store as one of many writer processes (F-08-4).
+    fn open_shared(storage: Arc<dyn Storage>, options: Options, label: &Path) -> Result<Store> {
+        let opened = processes::open_shared_writer(&storage, &options, label)?;
+        // Only the first process may drop stages: those it recovered are a dead process's.
+        // A joining one would take another live process's import in progress.
+        let leftover_stages = match opened.alone {
+            true => staging::stage_ids(&opened.recovered.catalog),
+            false => Vec::new(),
+        };
+        let store = Store::build(
+            storage,
+            options,
+            &opened.manifest,
+            opened.recovered,
+            (Some(opened.log), None, Some(opened.processes)),
+        );
+        // The log's catch-up reaches the catalog through this (the log exists first).
+        let _ = opened.inner_cell.set(Arc::downgrade(&store.inner));
+        create::keep_reserve(store.inner.storage.as_ref());
+        store.drop_stages(leftover_stages)?;
+        Ok(store)
+    }
+
     /// The rest of a writable open once the lock is held and the manifest read: recovery
     /// that checks what the writer will build on (F-05-12), then the store.
     fn open_manifest(
@@ -505,12 +545,6 @@ impl Store {
         mut recovered: Recovered,
         lock: Option<Box<dyn LockGuard>>,
     ) -> Result<Store> {
-        let salts = manifest
-            .segments
-            .iter()
-            .map(|entry| (entry.id, entry.salt))
-            .collect();
-        let run_entries = manifest.runs.iter().map(|run| (run.id, *run)).collect();
         let write_fresh_checkpoint = !recovered.report.checkpoint_used && !manifest.runs.is_empty();
         let log = if options.read_only {
             None
@@ -520,11 +554,53 @@ impl Store {
                 discard_checkpoint(storage.as_ref())?;
             }
             remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
-            Some(start_log(&storage, &options, manifest, recovered.tail)?)
+            Some(start_log(
+                &storage,
+                &options,
+                manifest.clone(),
+                recovered.tail.clone(),
+                None,
+            )?)
         };
-        let cache = BlockCache::new(options.block_cache_bytes);
         let interval = options.maintenance_interval;
-        let store = Store {
+        let store = Store::build(storage, options, &manifest, recovered, (log, lock, None));
+        if store.inner.log.is_some() {
+            create::keep_reserve(store.inner.storage.as_ref());
+            // Stages a crash left unpublished never existed (module `staging`).
+            store.drop_stages(store.stages())?;
+            if write_fresh_checkpoint {
+                // Derived data (F-06-22): a failure here only costs the next open a rebuild.
+                let _ = store.write_runs_checkpoint();
+            }
+            if let Some(interval) = interval {
+                // On failure `store` drops here: the log closes and the lock is released,
+                // so the store opens again once threads can be started.
+                store.start_maintenance_thread(interval)?;
+            }
+        }
+        Ok(store)
+    }
+
+    /// The store's shared state over a recovered catalog.
+    fn build(
+        storage: Arc<dyn Storage>,
+        options: Options,
+        manifest: &Manifest,
+        recovered: Recovered,
+        (log, lock, processes): (
+            Option<Log>,
+            Option<Box<dyn LockGuard>>,
+            Option<processes::Processes>,
+        ),
+    ) -> Store {
+        let salts: HashMap<u64, u64> = manifest
+            .segments
+            .iter()
+            .map(|entry| (entry.id, entry.salt))
+            .collect();
+        let run_entries = manifest.runs.iter().map(|run| (run.id, *run)).collect();
+        let cache = BlockCache::new(options.block_cache_bytes);
+        Store {
             inner: Arc::new(Inner {
                 storage,
                 options,
@@ -542,23 +618,9 @@ impl Store {
                 read_gate: RwLock::new(()),
                 maintenance: Arc::new(MaintenanceSignal::default()),
                 damage: Mutex::new(None),
+                processes,
             }),
-        };
-        if store.inner.log.is_some() {
-            create::keep_reserve(store.inner.storage.as_ref());
-            // Stages a crash left unpublished never existed (module `staging`).
-            store.drop_stages()?;
-            if write_fresh_checkpoint {
-                // Derived data (F-06-22): a failure here only costs the next open a rebuild.
-                let _ = store.write_runs_checkpoint();
-            }
-            if let Some(interval) = interval {
-                // On failure `store` drops here: the log closes and the lock is released,
-                // so the store opens again once threads can be started.
-                store.start_maintenance_thread(interval)?;
-            }
         }
-        Ok(store)
     }
 
     /// What a writable open of the store in `path` would find (F-05-12), without taking the
@@ -660,6 +722,7 @@ impl Store {
         }
         *closed = true;
         let outcome = match &self.inner.log {
+            Some(log) if self.is_shared() => self.close_shared(log),
             Some(log) => log.close().inspect(|()| {
                 // Derived data (F-06-22): a failure only costs the next open a replay.
                 let _ = self.write_closing_checkpoint(log);

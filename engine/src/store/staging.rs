@@ -12,7 +12,7 @@
 
 use super::{now_millis, SessionWriter, Store};
 use crate::error::{Error, Result};
-use crate::storage::catalog::Seed;
+use crate::storage::catalog::{Catalog, Seed};
 use crate::storage::commit::Durability;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -50,20 +50,7 @@ impl Store {
             now_millis()
         );
         let header = serde_json::json!({"version": 0, "id": id, "createdAt": now_millis()});
-        let number = self.reserve(&id, None, &header.to_string())?;
-        let committed = self
-            .commit_batch(number, &[], Durability::Buffered)
-            .and_then(super::writer::PendingReceipt::wait);
-        if let Err(error) = committed {
-            self.forget_if_refused(number, &error);
-            return Err(error);
-        }
-        Ok(SessionWriter {
-            store: self.clone(),
-            number,
-            id,
-            durability: Durability::Buffered,
-        })
+        self.create_named(id, &header.to_string(), None, &[], Durability::Buffered)
     }
 
     /// Publishes `stage` as the session `header_json` names (module doc): one durable batch
@@ -102,23 +89,27 @@ impl Store {
 
     /// Ids of the stages not deleted yet.
     pub fn stages(&self) -> Vec<String> {
-        let catalog = self.inner.catalog.read();
-        let mut ids: Vec<String> = catalog
-            .by_id
-            .keys()
-            .filter(|id| is_stage_id(id))
-            .cloned()
-            .collect();
-        ids.sort();
-        ids
+        stage_ids(&self.inner.catalog.read())
     }
 
-    /// Deletes every stage (a writable open does): returns how many.
-    pub(super) fn drop_stages(&self) -> Result<usize> {
-        let stages = self.stages();
-        for id in &stages {
+    /// Deletes the stages `ids` (a writable open does, with those it recovered): returns
+    /// how many.
+    pub(super) fn drop_stages(&self, ids: Vec<String>) -> Result<usize> {
+        for id in &ids {
             self.delete_session(id)?;
         }
-        Ok(stages.len())
+        Ok(ids.len())
     }
+}
+
+/// Ids of the stages `catalog` holds, sorted.
+pub(super) fn stage_ids(catalog: &Catalog) -> Vec<String> {
+    let mut ids: Vec<String> = catalog
+        .by_id
+        .keys()
+        .filter(|id| is_stage_id(id))
+        .cloned()
+        .collect();
+    ids.sort();
+    ids
 }

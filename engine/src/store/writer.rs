@@ -60,12 +60,21 @@ impl SessionWriter {
         for event in events {
             validate_event(event)?;
         }
-        self.store.commit_batch(self.number, events, durability)
+        let pending = self.store.commit_batch(self.number, events, durability)?;
+        self.last_ticket = pending.ticket;
+        Ok(pending)
     }
 }
 
 impl Drop for SessionWriter {
     fn drop(&mut self) {
+        if self.store.is_shared() {
+            // The next holder must find every batch of this one written (F-08-10).
+            if let (Some(log), true) = (&self.store.inner.log, self.last_ticket > 0) {
+                let _ = log.wait(self.last_ticket, false);
+            }
+            self.store.release_lease(&self.id);
+        }
         if let Some(entry) = self
             .store
             .inner
@@ -84,7 +93,7 @@ impl Drop for SessionWriter {
 #[must_use = "a pending batch is acknowledged only by waiting for it"]
 pub struct PendingReceipt {
     store: Store,
-    ticket: u64,
+    pub(super) ticket: u64,
     first_seq: u64,
     end_seq: u64,
     durability: Durability,
@@ -162,7 +171,13 @@ impl Store {
     ) -> Result<PendingReceipt> {
         let inner = &self.inner;
         let log = self.log()?;
+        // With other processes: this process's turn at the tail, caught up, from before the
+        // type numbers are taken until the batch is queued (F-08-6 step 4).
+        let _turn = log.pin_tail()?;
         let now = now_millis();
+        let first_new_type = self
+            .is_shared()
+            .then(|| inner.catalog.read().next_type_number());
         let (type_numbers, first_seq, seed, header_json) = {
             let mut catalog = inner.catalog.write();
             let type_numbers: Vec<u32> = events
@@ -180,7 +195,7 @@ impl Store {
                 entry.header_json.clone(),
             )
         };
-        let (submitted, positions) = log.submit(durability, |context, out| {
+        let submitted = log.submit(durability, |context, out| {
             encode_header_if_new(context, out, number, seed, &header_json)?;
             for (event, type_number) in events.iter().zip(&type_numbers) {
                 if context.defined_types.insert(*type_number) {
@@ -213,7 +228,16 @@ impl Store {
             let count = checked_count_u32(events.len(), "batch", "events")?;
             encode_commit(context, out, number, first_seq, count)?;
             Ok(positions)
-        })?;
+        });
+        let (submitted, positions) = match submitted {
+            Ok(submitted) => submitted,
+            Err(error) => {
+                if let Some(first) = first_new_type {
+                    inner.catalog.write().forget_types_from(first);
+                }
+                return Err(error);
+            }
+        };
         if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
             for position in positions {
                 entry.events.push_frame(position);

@@ -24,6 +24,8 @@ mod fuzz_replay;
 mod hostile_input;
 mod hostile_open;
 mod kill;
+mod kill_processes;
+mod processes;
 mod projection_cache;
 mod readers;
 mod recovery_table;

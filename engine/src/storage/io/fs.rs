@@ -165,6 +165,26 @@ impl Storage for FsStorage {
     }
 
     fn try_lock(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>> {
+        self.flock(path, libc::LOCK_EX)
+    }
+
+    fn try_lock_shared(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>> {
+        self.flock(path, libc::LOCK_SH)
+    }
+
+    fn open_shared(
+        &self,
+        path: &str,
+    ) -> io::Result<Arc<dyn crate::storage::io::shared::SharedFile>> {
+        Ok(Arc::new(crate::storage::io::shared::fs::FsShared::open(
+            &self.path(path),
+        )?))
+    }
+}
+
+impl FsStorage {
+    /// `flock(mode | LOCK_NB)` on `path` (created empty when missing).
+    fn flock(&self, path: &str, mode: libc::c_int) -> io::Result<Option<Box<dyn LockGuard>>> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -172,7 +192,7 @@ impl Storage for FsStorage {
             .truncate(false)
             .open(self.path(path))?;
         // SAFETY: plain syscall on a file descriptor we own.
-        let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let result = unsafe { libc::flock(file.as_raw_fd(), mode | libc::LOCK_NB) };
         if result == 0 {
             return Ok(Some(Box::new(FsLock { _file: file })));
         }

@@ -5,6 +5,7 @@
 //! Paths are relative to the store's root and use `/` as separator.
 
 pub mod fs;
+pub mod shared;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod snapshot;
@@ -178,6 +179,27 @@ pub trait Storage: Send + Sync {
     /// Takes the exclusive writer lock on `path` without waiting.
     /// Returns `Ok(None)` when another holder has it.
     fn try_lock(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>>;
+    /// Takes a shared lock on `path` without waiting (many shared holders; none while an
+    /// exclusive [`Storage::try_lock`] is held, F-08-2). Returns `Ok(None)` on a conflict.
+    fn try_lock_shared(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>> {
+        let _ = path;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this storage has no shared locks",
+        ))
+    }
+    /// Opens (creating when missing) the store's shared file of many-process coordination
+    /// (format-spec/08-many-processes.md). Every call returns a new lock owner.
+    fn open_shared(
+        &self,
+        path: &str,
+    ) -> io::Result<Arc<dyn crate::storage::io::shared::SharedFile>> {
+        let _ = path;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this storage cannot share a store between processes",
+        ))
+    }
 }
 
 /// The parent directory of a relative path ("" for the root).

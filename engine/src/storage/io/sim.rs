@@ -97,7 +97,11 @@ struct State {
     /// One-shot failures: (kind, index) to the error number it fails with.
     failures: BTreeMap<(FaultKind, u64), i32>,
     counts: BTreeMap<FaultKind, u64>,
-    locks: BTreeSet<String>,
+    /// Held whole-file locks: path → (exclusive, holders).
+    locks: BTreeMap<String, (bool, u32)>,
+    /// The shared files of many-process coordination, by path: memory, not disk, so a
+    /// power cut (a new storage from an image) starts them zeroed, like a reboot.
+    shared: BTreeMap<String, Arc<crate::storage::io::shared::sim::SimSharedBlock>>,
 }
 
 /// The simulated disk. Cloning shares the same disk.
@@ -346,7 +350,34 @@ impl LockGuard for SimLock {}
 
 impl Drop for SimLock {
     fn drop(&mut self) {
-        self.state.lock().locks.remove(&self.path);
+        let mut state = self.state.lock();
+        if let Some((_, holders)) = state.locks.get_mut(&self.path) {
+            *holders -= 1;
+            if *holders == 0 {
+                state.locks.remove(&self.path);
+            }
+        }
+    }
+}
+
+impl SimStorage {
+    fn take_lock(&self, path: &str, exclusive: bool) -> Option<Box<dyn LockGuard>> {
+        let mut state = self.state.lock();
+        match state.locks.get_mut(path) {
+            Some((held_exclusive, holders)) => {
+                if exclusive || *held_exclusive {
+                    return None;
+                }
+                *holders += 1;
+            }
+            None => {
+                state.locks.insert(path.to_string(), (exclusive, 1));
+            }
+        }
+        Some(Box::new(SimLock {
+            state: self.state.clone(),
+            path: path.to_string(),
+        }))
     }
 }
 
@@ -604,14 +635,27 @@ impl Storage for SimStorage {
     }
 
     fn try_lock(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>> {
-        let mut state = self.state.lock();
-        if !state.locks.insert(path.to_string()) {
-            return Ok(None);
-        }
-        Ok(Some(Box::new(SimLock {
-            state: self.state.clone(),
-            path: path.to_string(),
-        })))
+        Ok(self.take_lock(path, true))
+    }
+
+    fn try_lock_shared(&self, path: &str) -> io::Result<Option<Box<dyn LockGuard>>> {
+        Ok(self.take_lock(path, false))
+    }
+
+    fn open_shared(
+        &self,
+        path: &str,
+    ) -> io::Result<Arc<dyn crate::storage::io::shared::SharedFile>> {
+        let block = {
+            let mut state = self.state.lock();
+            if state.crashed {
+                return Err(power_cut());
+            }
+            state.shared.entry(path.to_string()).or_default().clone()
+        };
+        Ok(Arc::new(crate::storage::io::shared::sim::SimShared::new(
+            block,
+        )))
     }
 }
 

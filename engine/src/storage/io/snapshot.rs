@@ -33,6 +33,18 @@ impl SnapshotStorage {
         }
         Ok(SnapshotStorage { inner, pinned })
     }
+
+    /// A view where `open_read` of each path of `files` returns the given handle (e.g. a
+    /// prefix of a segment in memory, what a process joining others reads, F-08-4).
+    pub fn with_files(
+        inner: Arc<dyn Storage>,
+        files: HashMap<String, Arc<dyn StorageFile>>,
+    ) -> SnapshotStorage {
+        SnapshotStorage {
+            inner,
+            pinned: files,
+        }
+    }
 }
 
 impl Storage for SnapshotStorage {

@@ -1,0 +1,592 @@
+//! Many processes on one store, the `Store`'s side (format-spec/08-many-processes.md):
+//! the shared-mode open (alone or joining), catching the catalog up on what other
+//! processes published, `refresh`, session leases, and `subscribe`.
+
+use super::create::{create_store, remove_orphans, start_log};
+use super::{io_error, Event, EventView, Inner, Options, Store, LOCK_FILE};
+use crate::error::{Error, Result};
+use crate::storage::commit::{CatchUp, Log, LogOptions, SharedLog};
+use crate::storage::io::snapshot::SnapshotStorage;
+use crate::storage::io::{LockGuard, MemoryFile, Storage, StorageFile};
+use crate::storage::manifest::{Manifest, SegmentEntry, MANIFEST_FILE};
+use crate::storage::multi::lease::{try_lease, Lease, LeaseRefused};
+use crate::storage::multi::lock::{ByteLock, OPEN_LOCK, PRESENCE_LOCK};
+use crate::storage::multi::tail::{LogPosition, Tail, TailIndex};
+use crate::storage::multi::{LockMode, SharedFile, SHARED_FILE};
+use crate::storage::recovery::{apply_published, recover, Access, Recovered};
+use crate::storage::segment::{segment_path, SEGMENT_HEADER_BYTES};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+pub use crate::limits::FOLLOW_POLL;
+
+/// What a store open in many-process mode shares with the others.
+pub(super) struct Processes {
+    pub(super) file: Arc<dyn SharedFile>,
+    pub(super) tail: TailIndex,
+    pid: u32,
+    /// Leases this process holds, by session id (F-08-10).
+    leases: Mutex<HashMap<String, Lease>>,
+    /// The store generation the catalog last caught up to (F-08-11).
+    seen_generation: AtomicU64,
+    /// The manifest the catalog reflects.
+    known: Mutex<Manifest>,
+    /// Held shared while open (F-08-4), and `LOCK` shared (F-08-2); both given back at close.
+    presence: Mutex<Option<(ByteLock, Box<dyn LockGuard>)>>,
+}
+
+/// A store opened by [`open_shared_writer`] before its `Inner` exists.
+pub(super) struct SharedOpen {
+    pub(super) manifest: Manifest,
+    pub(super) recovered: Recovered,
+    pub(super) log: Log,
+    pub(super) processes: Processes,
+    /// Where the log's catch-up finds the catalog, once the store is assembled.
+    pub(super) inner_cell: Arc<OnceLock<Weak<Inner>>>,
+    /// Whether this process opened the store alone (no other process had it open).
+    pub(super) alone: bool,
+}
+
+/// Opens the store for writing in shared mode (F-08-4): alone, with recovery's repairs and
+/// cleanup and a fresh shared index; or joining the live processes at their published end.
+pub(super) fn open_shared_writer(
+    storage: &Arc<dyn Storage>,
+    options: &Options,
+    label: &Path,
+) -> Result<SharedOpen> {
+    let flock = storage
+        .try_lock_shared(LOCK_FILE)
+        .map_err(io_error("lock"))?
+        .ok_or_else(|| Error::Locked {
+            path: label.to_path_buf(),
+        })?;
+    let file = storage
+        .open_shared(SHARED_FILE)
+        .map_err(io_error("shared file"))?;
+    let tail = TailIndex::new(file.clone());
+    let _opening =
+        ByteLock::wait(&file, OPEN_LOCK, LockMode::Exclusive).map_err(io_error("open lock"))?;
+    let inner_cell: Arc<OnceLock<Weak<Inner>>> = Arc::new(OnceLock::new());
+    let shared_log = SharedLog {
+        file: file.clone(),
+        tail: tail.clone(),
+        catch_up: catch_up_hook(inner_cell.clone()),
+    };
+    let alone = ByteLock::try_take(&file, PRESENCE_LOCK, LockMode::Exclusive)
+        .map_err(io_error("presence lock"))?;
+    let opened_alone = alone.is_some();
+    let (manifest, recovered, log, presence) = match alone {
+        Some(presence) => {
+            let (manifest, recovered, log) = open_alone(storage, options, label, shared_log)?;
+            let (segment, salt, offset) = log.tail_position();
+            tail.initialize(segment, salt, offset);
+            presence
+                .convert(LockMode::Shared)
+                .map_err(io_error("presence lock"))?;
+            (manifest, recovered, log, presence)
+        }
+        None => {
+            let presence = ByteLock::wait(&file, PRESENCE_LOCK, LockMode::Shared)
+                .map_err(io_error("presence lock"))?;
+            let (manifest, recovered, log) = join(storage, options, label, &tail, shared_log)?;
+            (manifest, recovered, log, presence)
+        }
+    };
+    let seen_generation = AtomicU64::new(tail.store_generation());
+    Ok(SharedOpen {
+        manifest: manifest.clone(),
+        recovered,
+        log,
+        processes: Processes {
+            file,
+            tail,
+            pid: std::process::id(),
+            leases: Mutex::new(HashMap::new()),
+            seen_generation,
+            known: Mutex::new(manifest),
+            presence: Mutex::new(Some((presence, flock))),
+        },
+        inner_cell,
+        alone: opened_alone,
+    })
+}
+
+/// The first writer process (F-08-4 step 2): chapter 05's recovery with every repair and
+/// chapter 01's cleanup, as a single writer opens.
+fn open_alone(
+    storage: &Arc<dyn Storage>,
+    options: &Options,
+    label: &Path,
+    shared_log: SharedLog,
+) -> Result<(Manifest, Recovered, Log)> {
+    let manifest = match Manifest::read(storage.as_ref())? {
+        Some(manifest) => manifest,
+        None if options.create_if_missing => create_store(storage.as_ref())?,
+        None => {
+            return Err(Error::NotAStore {
+                path: label.to_path_buf(),
+            })
+        }
+    };
+    let mut recovered = recover(
+        storage.as_ref(),
+        &manifest,
+        options.use_checkpoint,
+        Access::Writable,
+    )?;
+    if recovered.report.checkpoint_distrusted {
+        super::create::discard_checkpoint(storage.as_ref())?;
+    }
+    remove_orphans(storage.as_ref(), &manifest, &mut recovered.report)?;
+    let log = start_log(
+        storage,
+        options,
+        manifest,
+        recovered.tail.clone(),
+        Some(shared_log),
+    )?;
+    Ok((log.manifest(), recovered, log))
+}
+
+/// A process joining live writers (F-08-4 step 3): the catalog from the checkpoint and the
+/// log up to the published written end, with no repair and no cleanup.
+fn join(
+    storage: &Arc<dyn Storage>,
+    options: &Options,
+    label: &Path,
+    tail: &TailIndex,
+    shared_log: SharedLog,
+) -> Result<(Manifest, Recovered, Log)> {
+    if !tail.is_initialized() {
+        return Err(Error::CorruptFile {
+            file: SHARED_FILE.to_string(),
+            reason: "live writers but an uninitialized shared index".to_string(),
+        });
+    }
+    let published = tail.read();
+    let manifest = Manifest::read(storage.as_ref())?.ok_or_else(|| Error::NotAStore {
+        path: label.to_path_buf(),
+    })?;
+    let recovered = recover_until(storage, &manifest, options.use_checkpoint, &published)?;
+    let segment_file = storage
+        .open(&segment_path(published.segment), false)
+        .map_err(io_error("segment open"))?;
+    let log = Log::start_with(
+        storage.clone(),
+        log_options(options),
+        manifest.clone(),
+        (
+            segment_file,
+            published.segment,
+            published.salt,
+            published.written_end,
+        ),
+        Some(shared_log),
+    )?;
+    Ok((manifest, recovered, log))
+}
+
+/// The settings of the log, from the store's options.
+pub(super) fn log_options(options: &Options) -> LogOptions {
+    LogOptions {
+        segment_bytes: options.segment_bytes,
+        max_pending_bytes: options.max_pending_bytes,
+        max_batch_bytes: options.max_batch_bytes,
+    }
+}
+
+/// Recovery of the log up to the published end (F-08-4 step 3): the tail segment is read
+/// only below `written_end`, and segments after it (a roll in progress) are left out, since
+/// they may be in the middle of being written.
+fn recover_until(
+    storage: &Arc<dyn Storage>,
+    manifest: &Manifest,
+    use_checkpoint: bool,
+    published: &Tail,
+) -> Result<Recovered> {
+    let mut limited = manifest.clone();
+    if let Some(index) = limited
+        .segments
+        .iter()
+        .position(|entry| entry.id == published.segment)
+    {
+        limited.segments.truncate(index + 1);
+    }
+    let path = segment_path(published.segment);
+    let file = storage
+        .open_read(&path)
+        .map_err(|error| Error::opening_named_file("segment open", &path, error))?;
+    let mut prefix = vec![0; crate::storage::coding::checked_usize(published.written_end, "tail")?];
+    file.read_exact_at(&mut prefix, 0)
+        .map_err(io_error("segment read"))?;
+    let prefix: Arc<dyn StorageFile> = Arc::new(MemoryFile::new(prefix));
+    let view: Arc<dyn Storage> = Arc::new(SnapshotStorage::with_files(
+        storage.clone(),
+        HashMap::from([(path, prefix)]),
+    ));
+    recover(view.as_ref(), &limited, use_checkpoint, Access::Preview)
+}
+
+fn end_of(tail: &Tail) -> LogPosition {
+    LogPosition {
+        segment: tail.segment,
+        offset: tail.written_end,
+    }
+}
+
+fn catch_up_hook(cell: Arc<OnceLock<Weak<Inner>>>) -> Box<CatchUp> {
+    Box::new(move |from, tail| {
+        let inner = cell.get().and_then(Weak::upgrade).ok_or(Error::Closed)?;
+        catch_up(&inner, from, tail)
+    })
+}
+
+/// Applies the published log between `from` and the tail to the catalog (F-08-11): the
+/// new bytes only, segment by segment along the manifest.
+fn catch_up(inner: &Inner, from: LogPosition, tail: &Tail) -> Result<LogPosition> {
+    let Some(processes) = &inner.processes else {
+        return Ok(from);
+    };
+    let mut known = processes.known.lock();
+    let target = end_of(tail);
+    let mut position = from;
+    while position < target {
+        let entry = match segment_entry(&known, position.segment) {
+            Some(entry) => entry,
+            None => {
+                *known = reread_manifest(inner, &known)?;
+                segment_entry(&known, position.segment).ok_or_else(|| Error::Corrupt {
+                    segment: position.segment,
+                    offset: position.offset,
+                    reason: "a published segment the manifest does not name".to_string(),
+                })?
+            }
+        };
+        inner.salts.write().insert(entry.id, entry.salt);
+        if entry.id == target.segment {
+            apply_segment_range(inner, entry, position.offset, Some(target.offset))?;
+            return Ok(target);
+        }
+        // A segment before the tail was rolled away from: read it to its seal.
+        apply_segment_range(inner, entry, position.offset, None)?;
+        let next = match next_segment(&known, entry.id) {
+            Some(next) => next,
+            None => {
+                *known = reread_manifest(inner, &known)?;
+                next_segment(&known, entry.id).ok_or_else(|| Error::Corrupt {
+                    segment: entry.id,
+                    offset: 0,
+                    reason: "a rolled segment has no successor in the manifest".to_string(),
+                })?
+            }
+        };
+        position = LogPosition {
+            segment: next.id,
+            offset: SEGMENT_HEADER_BYTES,
+        };
+    }
+    Ok(position)
+}
+
+fn segment_entry(manifest: &Manifest, segment: u64) -> Option<SegmentEntry> {
+    manifest
+        .segments
+        .iter()
+        .find(|entry| entry.id == segment)
+        .copied()
+}
+
+fn next_segment(manifest: &Manifest, after: u64) -> Option<SegmentEntry> {
+    manifest
+        .segments
+        .iter()
+        .find(|entry| entry.id > after)
+        .copied()
+}
+
+/// The manifest on disk after another process rolled. Shared-mode processes do not seal
+/// or rewrite runs while others are live (F-08-12 is not implemented yet), so a manifest
+/// that changed anything but appended segments is refused rather than half-applied.
+fn reread_manifest(inner: &Inner, known: &Manifest) -> Result<Manifest> {
+    let manifest = Manifest::read(inner.storage.as_ref())?.ok_or_else(|| Error::CorruptFile {
+        file: MANIFEST_FILE.to_string(),
+        reason: "removed while the store is open".to_string(),
+    })?;
+    let only_appended =
+        manifest.runs == known.runs && manifest.segments.starts_with(&known.segments);
+    if !only_appended {
+        return Err(Error::invalid(
+            "another process replaced files this process reads; reopen the store",
+        ));
+    }
+    Ok(manifest)
+}
+
+/// Applies segment `entry` from `start` to `end`, or (`None`) to its seal.
+fn apply_segment_range(
+    inner: &Inner,
+    entry: SegmentEntry,
+    start: u64,
+    end: Option<u64>,
+) -> Result<()> {
+    let file = match inner.files.lock().get(&entry.id) {
+        Some(file) => file.clone(),
+        None => inner
+            .storage
+            .open_read(&segment_path(entry.id))
+            .map_err(io_error("segment open"))?,
+    };
+    let to_seal = end.is_none();
+    let end = match end {
+        Some(end) => end,
+        None => file.len().map_err(io_error("segment length"))?,
+    };
+    if end <= start {
+        return Ok(());
+    }
+    let mut bytes = vec![0; crate::storage::coding::checked_usize(end, "segment range")?];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(io_error("segment read"))?;
+    inner.files.lock().entry(entry.id).or_insert(file);
+    let mut catalog = inner.catalog.write();
+    apply_published(&mut catalog, &bytes, start, (entry.id, entry.salt), to_seal)?;
+    Ok(())
+}
+
+impl Store {
+    /// Whether this store shares its files with other processes (format-spec/08).
+    pub fn is_shared(&self) -> bool {
+        self.inner.processes.is_some()
+    }
+
+    /// Sees what other processes committed since the last look (F-08-11). Returns whether
+    /// anything changed. With nothing new it costs one load from shared memory; otherwise
+    /// it reads the new bytes only. A store without other processes (an exclusive writer,
+    /// a snapshot) never changes under it: `Ok(false)`.
+    pub fn refresh(&self) -> Result<bool> {
+        let Some(processes) = &self.inner.processes else {
+            return Ok(false);
+        };
+        let generation = processes.tail.store_generation();
+        if generation == processes.seen_generation.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        self.open_log()?.catch_up()?;
+        processes
+            .seen_generation
+            .store(generation, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Takes the lease of session `id` for this process (F-08-10) unless it holds it;
+    /// returns whether it took it now.
+    pub(super) fn take_lease(&self, id: &str) -> Result<bool> {
+        let Some(processes) = &self.inner.processes else {
+            return Ok(false);
+        };
+        let mut leases = processes.leases.lock();
+        if leases.contains_key(id) {
+            return Ok(false);
+        }
+        match try_lease(&processes.file, &processes.tail, id, processes.pid) {
+            Ok(lease) => {
+                leases.insert(id.to_string(), lease);
+                Ok(true)
+            }
+            Err(LeaseRefused::Busy { pid }) => Err(Error::SessionBusy {
+                id: id.to_string(),
+                pid,
+            }),
+            Err(LeaseRefused::Io(error)) => Err(Error::io("lease lock", error)),
+        }
+    }
+
+    /// Gives the lease of `id` back (after its batches are written, F-08-10).
+    pub(super) fn release_lease(&self, id: &str) {
+        if let Some(processes) = &self.inner.processes {
+            processes.leases.lock().remove(id);
+        }
+    }
+
+    /// Takes the lease of `id` and sees the others' commits before a writer handle is
+    /// handed out, so that appends continue at the session's true next seq. Returns
+    /// whether the lease was taken now (to give back if what follows fails).
+    pub(super) fn lease_and_refresh(&self, id: &str) -> Result<bool> {
+        let taken = self.take_lease(id)?;
+        // A turn at the tail, not only a refresh: a dead writer's whole batches it announced
+        // but never published are kept by the next `WRITE` holder (F-08-9 row 2), and the
+        // session's next seq must count them.
+        let caught_up = match self.inner.processes {
+            Some(_) => self.open_log().and_then(|log| log.pin_tail().map(drop)),
+            None => Ok(()),
+        };
+        if let Err(error) = caught_up.and_then(|()| self.refresh().map(drop)) {
+            if taken {
+                self.release_lease(id);
+            }
+            return Err(error);
+        }
+        Ok(taken)
+    }
+
+    /// Whether this process is the last writer process (under `OPEN`, so none joins
+    /// meanwhile): then a close may seal and checkpoint as a single writer does (F-08-4).
+    /// Returns the `OPEN` lock to hold through the close.
+    pub(super) fn last_writer(&self) -> Option<ByteLock> {
+        let processes = self.inner.processes.as_ref()?;
+        let opening = ByteLock::wait(&processes.file, OPEN_LOCK, LockMode::Exclusive).ok()?;
+        let alone = processes
+            .file
+            .lock(PRESENCE_LOCK, LockMode::Exclusive, false)
+            .unwrap_or(false);
+        alone.then_some(opening)
+    }
+
+    /// Closes one of many writer processes (F-08-4): everything queued is made durable;
+    /// the last process to leave also takes the tail, seals it and checkpoints, as a single
+    /// writer does; the others leave the segment open for those still writing.
+    pub(super) fn close_shared(&self, log: &Log) -> Result<()> {
+        let flushed = log.flush().and_then(|()| log.sync_published());
+        let last = self.last_writer();
+        let took_tail = match (&last, &flushed) {
+            (Some(_), Ok(())) => log.take_tail(),
+            _ => Ok(()),
+        };
+        let closed = log.close();
+        if last.is_some() && took_tail.is_ok() && closed.is_ok() {
+            // Derived data (F-06-22): a failure only costs the next open a replay.
+            let _ = self.write_closing_checkpoint(log);
+        }
+        drop(last);
+        if let Some(processes) = &self.inner.processes {
+            // Another opener need not wait for this handle to be dropped.
+            processes.presence.lock().take();
+        }
+        flushed.and(took_tail).and(closed)
+    }
+
+    /// The durable position of the log (F-08-7), for followers.
+    fn durable_position(&self) -> Option<LogPosition> {
+        self.inner
+            .processes
+            .as_ref()
+            .map(|processes| processes.tail.durable())
+    }
+
+    /// The events of `from..` of session `id` that are durable (F-08-11), in seq order.
+    fn read_durable(&self, id: &str, from: u64) -> Result<Vec<Event>> {
+        let durable = self.durable_position();
+        let runs: std::collections::HashSet<u64> =
+            self.inner.run_entries.read().keys().copied().collect();
+        let mut events = Vec::new();
+        let result = self.for_each_event(id, from, u64::MAX, |event, event_type, position| {
+            let is_durable = runs.contains(&position.segment)
+                || durable.is_none_or(|durable| {
+                    position.segment < durable.segment
+                        || (position.segment, position.end()) <= (durable.segment, durable.offset)
+                });
+            if !is_durable {
+                // Stops the walk: later events are not durable either.
+                return Err(Error::Closed);
+            }
+            events.push(
+                EventView {
+                    seq: event.seq,
+                    time: event.time,
+                    event_type,
+                    data: super::read::event_text(event.data, position)?,
+                    envelope: super::read::event_text(event.envelope, position)?,
+                    flags: event.flags,
+                }
+                .to_event(),
+            );
+            Ok(())
+        });
+        match result {
+            Ok(()) | Err(Error::Closed) => Ok(events),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Follows session `id` from seq `from_seq` (F-08-11): the returned subscription yields
+    /// every durable event from there on, in seq order, each exactly once, as this or other
+    /// processes commit them. A session that does not exist yet is waited for. A store
+    /// opened without [`Options::shared`] has no other writers: its subscription yields
+    /// this process's own appends as they reach the log, durable or not yet, and polls
+    /// every `FOLLOW_POLL_ALONE`. A read-only store cannot subscribe (`Error::ReadOnly`).
+    pub fn subscribe(&self, id: &str, from_seq: u64) -> Result<Subscription> {
+        self.open_log()?;
+        Ok(Subscription {
+            store: self.clone(),
+            id: id.to_string(),
+            next_seq: from_seq,
+            buffered: VecDeque::new(),
+        })
+    }
+}
+
+/// A follower of one session (see [`Store::subscribe`]).
+pub struct Subscription {
+    store: Store,
+    id: String,
+    next_seq: u64,
+    buffered: VecDeque<Event>,
+}
+
+impl Subscription {
+    /// The seq of the next event it yields.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The next event, waiting at most `timeout` for it (`Ok(None)`: none came).
+    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Option<Event>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(event) = self.buffered.pop_front() {
+                return Ok(Some(event));
+            }
+            let processes = self.store.inner.processes.as_ref();
+            let seen = processes.map(|processes| processes.tail.notify_count());
+            self.store.refresh()?;
+            let events = match self.store.read_durable(&self.id, self.next_seq) {
+                Ok(events) => events,
+                Err(Error::UnknownSession { .. }) => Vec::new(),
+                Err(error) => return Err(error),
+            };
+            if let Some(last) = events.last() {
+                self.next_seq = last.seq + 1;
+                self.buffered.extend(events);
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let nap = (deadline - now).min(FOLLOW_POLL);
+            match (processes, seen) {
+                (Some(processes), Some(seen)) => processes.tail.wait(seen, nap),
+                _ => std::thread::sleep(nap.min(crate::limits::FOLLOW_POLL_ALONE)),
+            }
+        }
+    }
+}
+
+impl Iterator for Subscription {
+    type Item = Result<Event>;
+
+    /// Blocks until the next durable event (or an error).
+    fn next(&mut self) -> Option<Result<Event>> {
+        loop {
+            match self.next_timeout(FOLLOW_POLL) {
+                Ok(Some(event)) => return Some(Ok(event)),
+                Ok(None) => continue,
+                Err(error) => return Some(Err(error)),
+            }
+        }
+    }
+}

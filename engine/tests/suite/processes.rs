@@ -1,0 +1,343 @@
+//! Many processes on one store (format-spec/08-many-processes.md) on the simulated disk:
+//! each `Store` opened with `Options::shared` on one `SimStorage` is one process (its own
+//! `SHARED` lock owner). A power cut kills them all; the crash-point enumeration checks,
+//! with two and three writers interleaved, that every acknowledged event of every writer
+//! survives, nothing unacknowledged appears as committed, and the store works on.
+
+use crate::common;
+
+use common::*;
+use dshdb::storage::commit::Durability;
+use dshdb::storage::io::sim::{CrashImage, SimStorage};
+use dshdb::store::{Options, Store};
+use dshdb::Error;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+fn shared() -> Options {
+    Options {
+        shared: true,
+        ..sim_options(Durability::Sync)
+    }
+}
+
+fn data(process: usize, seq: u64) -> String {
+    event_data(process, seq, 60 + (seq as usize * 37) % 300)
+}
+
+#[test]
+fn two_processes_interleave_appends_and_a_reopen_keeps_both() {
+    let disk = SimStorage::new();
+    let first = open_sim(&disk, shared()).expect("first process");
+    let second = open_sim(&disk, shared()).expect("second process joins");
+    assert!(first.is_shared() && second.is_shared());
+    let mut writers = [
+        first.create_session_with_id("a").expect("create a"),
+        second.create_session_with_id("b").expect("create b"),
+    ];
+    for seq in 0..40u64 {
+        for (process, writer) in writers.iter_mut().enumerate() {
+            let text = data(process, seq);
+            let receipt = writer.append(chunk(&text)).expect("append");
+            assert_eq!(receipt.first_seq, seq);
+        }
+    }
+    assert!(
+        second.refresh().expect("refresh"),
+        "the first one's commits are new"
+    );
+    assert_eq!(second.session("a").expect("a seen").events, 40);
+    assert!(
+        !second.refresh().expect("refresh"),
+        "nothing new the second time"
+    );
+    drop(writers);
+    first.close().expect("close first");
+    second.close().expect("close second, the last one");
+    let reopened = open_sim(&disk, sim_writable()).expect("an exclusive open after them");
+    for (process, id) in ["a", "b"].iter().enumerate() {
+        let events = reopened.read(id, 0, u64::MAX).expect("read");
+        assert_eq!(events.len(), 40, "{id}");
+        for (seq, event) in events.iter().enumerate() {
+            assert_eq!(event.data, data(process, seq as u64), "{id} seq {seq}");
+        }
+    }
+}
+
+#[test]
+fn a_leased_session_is_busy_for_another_process_and_continues_after_it() {
+    let disk = SimStorage::new();
+    let first = open_sim(&disk, shared()).expect("first");
+    let second = open_sim(&disk, shared()).expect("second");
+    let mut writer = first.create_session_with_id("chat").expect("create");
+    writer.append(chunk("{\"n\":0}")).expect("append");
+    match second.writer("chat") {
+        Err(Error::SessionBusy { id, pid }) => {
+            assert_eq!(id, "chat");
+            assert_eq!(pid, Some(std::process::id()), "the holder's pid is named");
+        }
+        other => panic!("expected SessionBusy, got {:?}", other.map(|_| ())),
+    }
+    assert!(matches!(
+        second.create_session_with_id("chat"),
+        Err(Error::SessionBusy { .. })
+    ));
+    writer.append(chunk("{\"n\":1}")).expect("append");
+    drop(writer);
+    let mut next = second.writer("chat").expect("free once the holder let go");
+    let receipt = next.append(chunk("{\"n\":2}")).expect("append");
+    assert_eq!(
+        receipt.first_seq, 2,
+        "continues after every event of the first"
+    );
+    drop(next);
+    assert!(matches!(
+        first.create_session_with_id("chat"),
+        Err(Error::DuplicateSession { .. })
+    ));
+}
+
+#[test]
+fn a_dead_processs_lease_is_free_and_its_acknowledged_events_stay() {
+    let disk = SimStorage::new();
+    let survivor = open_sim(&disk, shared()).expect("survivor");
+    let doomed = open_sim(&disk, shared()).expect("doomed");
+    let mut writer = doomed.create_session_with_id("s").expect("create");
+    for seq in 0..5u64 {
+        writer.append(chunk(&data(0, seq))).expect("append");
+    }
+    // The process dies: its handles go without a close, so its locks are released the
+    // way the kernel releases them.
+    std::mem::drop(writer);
+    drop(doomed);
+    let mut taken = survivor.writer("s").expect("the lease is free");
+    assert_eq!(
+        taken.append(chunk(&data(0, 5))).expect("append").first_seq,
+        5
+    );
+}
+
+#[test]
+fn a_subscriber_sees_every_durable_event_of_another_process_once_in_order() {
+    let disk = SimStorage::new();
+    let writer_process = open_sim(&disk, shared()).expect("writer");
+    let follower_process = open_sim(&disk, shared()).expect("follower");
+    let mut subscription = follower_process.subscribe("live", 0).expect("subscribe");
+    let producer = std::thread::spawn(move || {
+        let mut writer = writer_process
+            .create_session_with_id("live")
+            .expect("create");
+        for seq in 0..30u64 {
+            writer.append(chunk(&data(1, seq))).expect("append");
+        }
+        drop(writer);
+        writer_process.close().expect("close");
+    });
+    let mut seen = Vec::new();
+    while seen.len() < 30 {
+        match subscription
+            .next_timeout(Duration::from_secs(10))
+            .expect("follow")
+        {
+            Some(event) => seen.push(event),
+            None => panic!("no event within 10 s after {}", seen.len()),
+        }
+    }
+    producer.join().expect("producer");
+    for (seq, event) in seen.iter().enumerate() {
+        assert_eq!(event.seq, seq as u64);
+        assert_eq!(event.data, data(1, seq as u64));
+    }
+    assert!(subscription
+        .next_timeout(Duration::from_millis(50))
+        .expect("follow")
+        .is_none());
+}
+
+#[test]
+fn an_exclusive_writer_and_a_shared_one_exclude_each_other() {
+    let disk = SimStorage::new();
+    let exclusive = open_sim(&disk, sim_writable()).expect("exclusive");
+    assert!(matches!(
+        open_sim(&disk, shared()),
+        Err(Error::Locked { .. })
+    ));
+    exclusive.close().expect("close");
+    drop(exclusive);
+    let shared_store = open_sim(&disk, shared()).expect("shared");
+    assert!(matches!(
+        open_sim(&disk, sim_writable()),
+        Err(Error::Locked { .. })
+    ));
+    shared_store.close().expect("close");
+}
+
+/// The crash-enumeration workload: `processes` stores on one disk, each on its own thread,
+/// each writing its own sessions; every step also moves one session's lease to the next
+/// process, so that writers take over sessions others wrote.
+#[derive(Clone, Copy, Debug)]
+struct Workload {
+    processes: usize,
+    steps: u64,
+}
+
+/// Per session id: what was acknowledged durable and which batch ends were attempted.
+#[derive(Default, Debug)]
+struct Ledger {
+    durable: BTreeMap<String, u64>,
+    attempted: BTreeMap<String, Vec<u64>>,
+}
+
+fn workload_data(id: &str, seq: u64) -> String {
+    format!(
+        "{{\"id\":\"{id}\",\"seq\":{seq},\"pad\":\"{}\"}}",
+        "p".repeat((seq as usize * 53) % 400)
+    )
+}
+
+fn run_process(
+    store: &Store,
+    process: usize,
+    workload: Workload,
+    ledger: &parking_lot::Mutex<Ledger>,
+) {
+    let own = format!("p{process}");
+    let shared_id = "handoff".to_string();
+    for step in 0..workload.steps {
+        for id in [&own, &shared_id] {
+            if id == &shared_id && step as usize % workload.processes != process {
+                continue;
+            }
+            let writer = match store.writer(id) {
+                Ok(writer) => Some(writer),
+                Err(Error::UnknownSession { .. }) => store.create_session_with_id(id).ok(),
+                Err(_) => None,
+            };
+            let Some(mut writer) = writer else {
+                continue;
+            };
+            let length = store.session(id).map(|summary| summary.events).unwrap_or(0);
+            let count = 1 + (step % 3);
+            let texts: Vec<String> = (length..length + count)
+                .map(|seq| workload_data(id, seq))
+                .collect();
+            let events: Vec<_> = texts.iter().map(|text| chunk(text)).collect();
+            ledger
+                .lock()
+                .attempted
+                .entry(id.clone())
+                .or_default()
+                .push(length + count);
+            match writer.append_batch(&events) {
+                Ok(receipt) => {
+                    let mut ledger = ledger.lock();
+                    let durable = ledger.durable.entry(id.clone()).or_default();
+                    *durable = (*durable).max(receipt.end_seq);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+fn run_workload(disk: &SimStorage, workload: Workload) -> Ledger {
+    let ledger = parking_lot::Mutex::new(Ledger::default());
+    let stores: Vec<Store> = (0..workload.processes)
+        .filter_map(|_| open_sim(disk, shared()).ok())
+        .collect();
+    std::thread::scope(|scope| {
+        for (process, store) in stores.iter().enumerate() {
+            let ledger = &ledger;
+            scope.spawn(move || run_process(store, process, workload, ledger));
+        }
+    });
+    for store in &stores {
+        let _ = store.close();
+    }
+    ledger.into_inner()
+}
+
+fn check_image(image: &CrashImage, ledger: &Ledger) -> Result<(), String> {
+    let label = &image.label;
+    let disk = SimStorage::from_image(image);
+    let store = open_sim(&disk, shared()).map_err(|error| format!("{label}: reopen: {error}"))?;
+    for (id, ends) in &ledger.attempted {
+        let durable = ledger.durable.get(id).copied().unwrap_or(0);
+        let length = match store.session(id) {
+            Ok(summary) => summary.events,
+            Err(_) if durable == 0 => continue,
+            Err(error) => return Err(format!("{label}: {id} lost: {error}")),
+        };
+        if length < durable {
+            return Err(format!(
+                "{label}: {id} has {length}, {durable} acknowledged"
+            ));
+        }
+        if length > 0 && !ends.contains(&length) {
+            return Err(format!("{label}: {id} ends at {length}, inside a batch"));
+        }
+        let events = store
+            .read(id, 0, u64::MAX)
+            .map_err(|error| format!("{label}: read {id}: {error}"))?;
+        for (seq, event) in events.iter().enumerate() {
+            if event.seq != seq as u64 || event.data != workload_data(id, seq as u64) {
+                return Err(format!("{label}: {id} seq {seq} is not what was written"));
+            }
+        }
+    }
+    let mut writer = match store.writer("p0") {
+        Ok(writer) => writer,
+        Err(_) => store
+            .create_session_with_id("after")
+            .map_err(|error| format!("{label}: create after recovery: {error}"))?,
+    };
+    writer
+        .append(chunk("{\"after\":true}"))
+        .map_err(|error| format!("{label}: append after recovery: {error}"))?;
+    drop(writer);
+    store
+        .close()
+        .map_err(|error| format!("{label}: close: {error}"))
+}
+
+/// Every crash point of one workload; returns how many images were checked.
+fn enumerate(workload: Workload) -> u64 {
+    let reference = SimStorage::new();
+    run_workload(&reference, workload);
+    let operations = reference.operation_count();
+    let mut checked = 0;
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::new();
+        disk.crash_at(cut);
+        if std::env::var_os("DSHDB_TRACE_CUTS").is_some() {
+            eprintln!("cut {cut}/{operations}");
+        }
+        let ledger = run_workload(&disk, workload);
+        for image in &disk.take_crash_images() {
+            if let Err(violation) = check_image(image, &ledger) {
+                panic!("{workload:?} cut at op {cut}: {violation}");
+            }
+            checked += 1;
+        }
+    }
+    checked
+}
+
+#[test]
+fn every_crash_point_with_two_and_three_writers_keeps_what_they_acknowledged() {
+    let mut checked = 0;
+    for workload in [
+        Workload {
+            processes: 2,
+            steps: 60,
+        },
+        Workload {
+            processes: 3,
+            steps: 40,
+        },
+    ] {
+        checked += enumerate(workload);
+    }
+    eprintln!("many-process crash images checked: {checked}");
+    assert!(checked >= 3_000, "only {checked} crash images");
+}
