@@ -10,7 +10,9 @@
 pub mod backend;
 pub mod error;
 pub mod fake;
+pub mod nats;
 pub mod node;
+pub mod s3;
 pub mod shard;
 pub mod tier;
 pub mod wire;
