@@ -30,6 +30,11 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait for the next message of a replay before it is declared unavailable.
 pub const REPLAY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Attempts at creating or opening the streams and buckets on connect.
+pub const SETUP_ATTEMPTS: u32 = 5;
+/// Pause between those attempts.
+pub const SETUP_RETRY_PAUSE: Duration = Duration::from_secs(1);
+
 /// How the JetStream side of a fleet is set up.
 #[derive(Debug, Clone)]
 pub struct NatsConfig {
@@ -123,6 +128,23 @@ impl Nats {
             .map_err(|error| unavailable("connect", error))?;
         let mut context = jetstream::new(client);
         context.set_timeout(REQUEST_TIMEOUT);
+        let mut attempt = 0;
+        loop {
+            match Nats::set_up(context.clone(), config).await {
+                Ok(nats) => return Ok(nats),
+                // Nodes starting together race to create the streams; the loser's request
+                // can time out while the winner's stream forms. Try again, bounded.
+                Err(error) if attempt + 1 < SETUP_ATTEMPTS => {
+                    attempt += 1;
+                    eprintln!("fleet: JetStream setup attempt {attempt}: {error}; retrying");
+                    tokio::time::sleep(SETUP_RETRY_PAUSE).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn set_up(context: jetstream::Context, config: &NatsConfig) -> BackendResult<Nats> {
         for index in 0..STREAM_COUNT {
             context
                 .get_or_create_stream(tail_stream_config(index, config.replicas))
@@ -177,6 +199,14 @@ fn publish_headers(message: &TailPublish) -> HeaderMap {
     headers
 }
 
+/// Whether a JetStream error text is a refused sequence check. The server answers a failed
+/// expected-last-sequence check with `err_code 10071` ("wrong last sequence: N"), which the
+/// client maps, or with 10164 ("wrong last sequence", seen here when two nodes race to
+/// install an epoch marker), which it does not: both are definitive refusals, nothing stored.
+fn refused_by_sequence_check(text: &str) -> bool {
+    text.contains("wrong last sequence")
+}
+
 /// Maps a publish failure: fenced, unknown outcome, full, or other.
 fn publish_error(
     subject: &str,
@@ -195,7 +225,12 @@ fn publish_error(
         | PublishErrorKind::MaxAckPending => unavailable("publish", error),
         _ => {
             let text = error.to_string();
-            if text.contains("maximum") {
+            if refused_by_sequence_check(&text) {
+                BackendError::Fenced {
+                    subject: subject.to_string(),
+                    expected,
+                }
+            } else if text.contains("maximum") {
                 BackendError::Full { reason: text }
             } else if text.contains("leader") || text.contains("unavailable") {
                 unavailable("publish", text)
@@ -306,8 +341,20 @@ impl TailLog for Nats {
     }
 }
 
-fn kv_error(key: &str, error: impl std::fmt::Display) -> BackendError {
-    unavailable(&format!("kv {key}"), error)
+fn kv_error(key: &str, error: impl std::error::Error) -> BackendError {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if refused_by_sequence_check(&text) {
+        return BackendError::RevisionMismatch {
+            key: key.to_string(),
+        };
+    }
+    unavailable(&format!("kv {key}"), text)
 }
 
 impl Coordinator for Nats {
