@@ -10,8 +10,17 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "== fleet test servers (tests/fleet/servers.sh: 3 x nats-server 2.15.1, s3s-fs 0.14.1, by pid)"
+# fleet/tests/servers.rs runs against them (under CI=true it fails without them); they are
+# stopped by pid on any exit.
+bash tests/fleet/servers.sh start
+trap 'bash tests/fleet/servers.sh stop' EXIT
+eval "$(bash tests/fleet/servers.sh env)"
+
 echo "== cargo test (release)"
 cargo test --workspace --release
+bash tests/fleet/servers.sh stop
+trap - EXIT
 
 echo "== Node provider (bindings/node: Node 22 from the npm registry, DSH's packages, node --test)"
 bash bindings/node/scripts/test.sh

@@ -210,6 +210,30 @@ enum Command {
     },
     #[command(flatten)]
     Above(above::AboveCommand),
+    /// Run one fleet node (issue #17): the local store in STORE as the hot tier, the commit
+    /// tail and coordination on NATS JetStream, sealed runs on S3, all configured by the
+    /// DSHDB_FLEET_* variables (`tests/fleet/servers.sh env` prints them). Serves a JSON-lines
+    /// request protocol on LISTEN until killed (see fleet/src/serve.rs).
+    FleetNode {
+        /// Node id, unique in the fleet.
+        #[arg(long)]
+        id: String,
+        /// Loopback address of the request protocol, e.g. 127.0.0.1:14500.
+        #[arg(long)]
+        listen: String,
+        /// Local store directory (created if missing).
+        #[arg(long)]
+        store: PathBuf,
+        /// Lease TTL in milliseconds (the DSH_NODES bucket keeps the TTL of its creation).
+        #[arg(long, default_value_t = 10_000)]
+        ttl_ms: u64,
+        /// Pause between lease refreshes and takeover rounds, in milliseconds.
+        #[arg(long, default_value_t = 2_000)]
+        tick_ms: u64,
+        /// Virtual shards of the fleet (fixed at fleet creation).
+        #[arg(long, default_value_t = dshdb_fleet::shard::SHARD_COUNT)]
+        shards: u32,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -359,8 +383,43 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
             json,
         } => tail::run(&store, &session, from, follow, json, out)?,
         Command::Above(command) => above::run(command, out)?,
+        Command::FleetNode {
+            id,
+            listen,
+            store,
+            ttl_ms,
+            tick_ms,
+            shards,
+        } => fleet_node(&id, &listen, store, ttl_ms, tick_ms, shards)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn fleet_node(
+    id: &str,
+    listen: &str,
+    store: PathBuf,
+    ttl_ms: u64,
+    tick_ms: u64,
+    shards: u32,
+) -> Result<()> {
+    let config = dshdb_fleet::serve::config_from_env(
+        id,
+        listen,
+        store,
+        std::time::Duration::from_millis(ttl_ms),
+        std::time::Duration::from_millis(tick_ms),
+        shards,
+    )?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime
+        .block_on(dshdb_fleet::serve::run(config))
+        .with_context(|| format!("fleet node {id}"))?;
+    Ok(())
 }
 
 fn maintain(path: &Path, out: &mut impl Write) -> Result<()> {

@@ -1,0 +1,49 @@
+//! `dshdb-fleet-node --id ID --listen ADDR --store DIR [--ttl-ms N] [--tick-ms N] [--shards N]`:
+//! one fleet node process (the same as `dshdb fleet-node`), configured for NATS and S3 by
+//! the `DSHDB_FLEET_*` variables. The multi-process tests start it so that `kill -9` is real.
+
+use dshdb_fleet::serve::{config_from_env, run, DEFAULT_NODE_TTL, DEFAULT_TICK_INTERVAL};
+use dshdb_fleet::shard::SHARD_COUNT;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const USAGE: &str = "usage: dshdb-fleet-node --id ID --listen ADDR --store DIR \
+                     [--ttl-ms N] [--tick-ms N] [--shards N]";
+
+fn parse_number(name: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{name} wants a number, got {value:?}"))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut arguments = std::env::args().skip(1);
+    let (mut id, mut listen, mut store) = (None, None, None);
+    let (mut ttl, mut tick, mut shards) = (DEFAULT_NODE_TTL, DEFAULT_TICK_INTERVAL, SHARD_COUNT);
+    while let Some(name) = arguments.next() {
+        let value = arguments.next().ok_or(USAGE)?;
+        match name.as_str() {
+            "--id" => id = Some(value),
+            "--listen" => listen = Some(value),
+            "--store" => store = Some(PathBuf::from(value)),
+            "--ttl-ms" => ttl = Duration::from_millis(parse_number(&name, &value)?),
+            "--tick-ms" => tick = Duration::from_millis(parse_number(&name, &value)?),
+            "--shards" => shards = u32::try_from(parse_number(&name, &value)?)?,
+            _ => return Err(USAGE.into()),
+        }
+    }
+    let config = config_from_env(
+        &id.ok_or(USAGE)?,
+        &listen.ok_or(USAGE)?,
+        store.ok_or(USAGE)?,
+        ttl,
+        tick,
+        shards,
+    )?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(config))?;
+    Ok(())
+}

@@ -1,0 +1,561 @@
+//! Deterministic in-memory fakes of the tail log, the coordinator and the cold store, with the
+//! semantics fleet mode relies on from NATS JetStream and S3:
+//!
+//! - tail: per-stream sequences; `Nats-Msg-Id` deduplication within a window, checked
+//!   *before* the fence as nats-server does (a retry of a stored message is acknowledged as a
+//!   duplicate even after the fence moved); expected-last-subject-sequence fences on another
+//!   subject; `discard: new` limits; purge by subject below a sequence;
+//! - KV: per-bucket revisions, create-if-absent, update-if-revision, TTL on a virtual clock
+//!   (an expired entry is absent, and a CAS on it fails);
+//! - cold store: immutable puts.
+//!
+//! Each node gets its own handle ([`FakeTail::client`] and so on) with a [`Link`]: up, down
+//! (calls fail as unavailable, nothing happens) or losing replies (the call takes effect,
+//! then fails as unavailable: the outcome the caller cannot tell from a lost request).
+
+use crate::backend::{
+    Bucket, Clock, ColdStore, Coordinator, KvEntry, PublishAck, TailLog, TailMessage, TailPublish,
+};
+use crate::error::{BackendError, BackendResult};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Default dedup window of the fake tail, in virtual milliseconds (FLEET.md: 2 min).
+pub const FAKE_DEDUP_WINDOW_MS: u64 = 120_000;
+
+/// A clock the test advances by hand.
+#[derive(Debug, Default)]
+pub struct VirtualClock {
+    now: AtomicU64,
+}
+
+impl VirtualClock {
+    pub fn new(start_ms: u64) -> Arc<VirtualClock> {
+        Arc::new(VirtualClock {
+            now: AtomicU64::new(start_ms),
+        })
+    }
+
+    pub fn advance(&self, milliseconds: u64) {
+        self.now.fetch_add(milliseconds, Ordering::SeqCst);
+    }
+}
+
+impl Clock for VirtualClock {
+    fn now_ms(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// The state of one node's connection to a fake service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    Up,
+    /// Partitioned: every call fails as unavailable and has no effect.
+    Down,
+    /// Replies are lost: every call takes effect, then fails as unavailable.
+    LoseReplies,
+}
+
+/// A handle to set a node's [`Link`].
+#[derive(Debug, Clone)]
+pub struct LinkControl(Arc<Mutex<Link>>);
+
+impl Default for LinkControl {
+    fn default() -> Self {
+        LinkControl(Arc::new(Mutex::new(Link::Up)))
+    }
+}
+
+impl LinkControl {
+    pub fn set(&self, link: Link) {
+        *self.0.lock() = link;
+    }
+
+    pub fn get(&self) -> Link {
+        *self.0.lock()
+    }
+
+    /// Fails before the call when the link is down.
+    fn before(&self) -> BackendResult<()> {
+        match self.get() {
+            Link::Down => Err(unavailable("partitioned")),
+            Link::Up | Link::LoseReplies => Ok(()),
+        }
+    }
+
+    /// Turns a result into a lost reply when replies are lost.
+    fn after<T>(&self, result: BackendResult<T>) -> BackendResult<T> {
+        match self.get() {
+            Link::LoseReplies => Err(unavailable("reply lost")),
+            Link::Up | Link::Down => result,
+        }
+    }
+}
+
+fn unavailable(reason: &str) -> BackendError {
+    BackendError::Unavailable {
+        reason: reason.to_string(),
+    }
+}
+
+#[derive(Debug, Default)]
+struct FakeStream {
+    last_seq: u64,
+    messages: BTreeMap<u64, TailMessage>,
+    last_by_subject: HashMap<String, u64>,
+    /// msg id → (stream seq, stored at ms).
+    dedup: HashMap<String, (u64, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct TailState {
+    streams: BTreeMap<String, FakeStream>,
+    /// `discard: new` limit of messages per stream.
+    max_messages: Option<usize>,
+    /// Fenced publishes refused (for the tests' counts).
+    fenced: u64,
+}
+
+/// The fake tail log shared by all nodes of a test.
+#[derive(Clone)]
+pub struct FakeTail {
+    state: Arc<Mutex<TailState>>,
+    clock: Arc<VirtualClock>,
+    dedup_window_ms: u64,
+}
+
+/// One node's handle to the fake tail log.
+#[derive(Clone)]
+pub struct FakeTailClient {
+    tail: FakeTail,
+    link: LinkControl,
+}
+
+/// The stream a subject `dsh.<k>.…` belongs to.
+fn stream_of(subject: &str) -> BackendResult<String> {
+    let index = subject
+        .strip_prefix("dsh.")
+        .and_then(|rest| rest.split('.').next())
+        .ok_or_else(|| BackendError::Other {
+            reason: format!("no stream holds subject {subject}"),
+        })?;
+    Ok(format!("DSH_{index}"))
+}
+
+impl FakeTail {
+    pub fn new(clock: Arc<VirtualClock>) -> FakeTail {
+        FakeTail {
+            state: Arc::default(),
+            clock,
+            dedup_window_ms: FAKE_DEDUP_WINDOW_MS,
+        }
+    }
+
+    /// A handle for one node, with its own link.
+    pub fn client(&self, link: LinkControl) -> FakeTailClient {
+        FakeTailClient {
+            tail: self.clone(),
+            link,
+        }
+    }
+
+    /// Sets the `discard: new` message limit per stream.
+    pub fn set_max_messages(&self, limit: Option<usize>) {
+        self.state.lock().max_messages = limit;
+    }
+
+    /// Every stored message on `subject`, in order (for checks).
+    pub fn messages_on(&self, subject: &str) -> Vec<TailMessage> {
+        let state = self.state.lock();
+        let Ok(stream) = stream_of(subject) else {
+            return Vec::new();
+        };
+        state.streams.get(&stream).map_or_else(Vec::new, |stream| {
+            stream
+                .messages
+                .values()
+                .filter(|message| message.subject == subject)
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// Every stored message of every stream, in stream order per stream.
+    pub fn all_messages(&self) -> Vec<TailMessage> {
+        let state = self.state.lock();
+        state
+            .streams
+            .values()
+            .flat_map(|stream| stream.messages.values().cloned())
+            .collect()
+    }
+
+    /// Fenced publishes refused so far.
+    pub fn fenced_count(&self) -> u64 {
+        self.state.lock().fenced
+    }
+
+    fn publish_now(&self, message: TailPublish) -> BackendResult<PublishAck> {
+        let now = self.clock.now_ms();
+        let stream_name = stream_of(&message.subject)?;
+        let mut state = self.state.lock();
+        let max_messages = state.max_messages;
+        let stream = state.streams.entry(stream_name).or_default();
+        let window = self.dedup_window_ms;
+        stream
+            .dedup
+            .retain(|_, (_, stored_at)| now.saturating_sub(*stored_at) < window);
+        if let Some((stream_seq, _)) = stream.dedup.get(&message.msg_id) {
+            return Ok(PublishAck {
+                stream_seq: *stream_seq,
+                duplicate: true,
+            });
+        }
+        if let Some(fence) = &message.fence {
+            let last = stream
+                .last_by_subject
+                .get(&fence.subject)
+                .copied()
+                .unwrap_or(0);
+            if last != fence.last_seq {
+                state.fenced += 1;
+                return Err(BackendError::Fenced {
+                    subject: fence.subject.clone(),
+                    expected: fence.last_seq,
+                });
+            }
+        }
+        if max_messages.is_some_and(|limit| stream.messages.len() >= limit) {
+            return Err(BackendError::Full {
+                reason: "maximum messages exceeded".to_string(),
+            });
+        }
+        stream.last_seq += 1;
+        let stream_seq = stream.last_seq;
+        stream
+            .last_by_subject
+            .insert(message.subject.clone(), stream_seq);
+        stream.dedup.insert(message.msg_id, (stream_seq, now));
+        stream.messages.insert(
+            stream_seq,
+            TailMessage {
+                stream_seq,
+                subject: message.subject,
+                payload: message.payload,
+            },
+        );
+        Ok(PublishAck {
+            stream_seq,
+            duplicate: false,
+        })
+    }
+}
+
+impl TailLog for FakeTailClient {
+    async fn publish(&self, message: TailPublish) -> BackendResult<PublishAck> {
+        self.link.before()?;
+        let result = self.tail.publish_now(message);
+        self.link.after(result)
+    }
+
+    async fn last_on_subject(
+        &self,
+        stream: &str,
+        subject: &str,
+    ) -> BackendResult<Option<TailMessage>> {
+        self.link.before()?;
+        let state = self.tail.state.lock();
+        let found = state.streams.get(stream).and_then(|stream| {
+            let seq = stream.last_by_subject.get(subject)?;
+            stream.messages.get(seq).cloned()
+        });
+        self.link.after(Ok(found))
+    }
+
+    async fn replay(
+        &self,
+        stream: &str,
+        subject: &str,
+        from_stream_seq: u64,
+    ) -> BackendResult<Vec<TailMessage>> {
+        self.link.before()?;
+        let state = self.tail.state.lock();
+        let messages = state.streams.get(stream).map_or_else(Vec::new, |stream| {
+            stream
+                .messages
+                .range(from_stream_seq..)
+                .map(|(_, message)| message)
+                .filter(|message| message.subject == subject)
+                .cloned()
+                .collect()
+        });
+        self.link.after(Ok(messages))
+    }
+
+    async fn purge(
+        &self,
+        stream: &str,
+        subject: &str,
+        before_stream_seq: u64,
+    ) -> BackendResult<u64> {
+        self.link.before()?;
+        let mut state = self.tail.state.lock();
+        let mut purged = 0;
+        if let Some(stream) = state.streams.get_mut(stream) {
+            let doomed: Vec<u64> = stream
+                .messages
+                .range(..before_stream_seq)
+                .filter(|(_, message)| message.subject == subject)
+                .map(|(seq, _)| *seq)
+                .collect();
+            for seq in doomed {
+                stream.messages.remove(&seq);
+                purged += 1;
+            }
+            let still_last = stream
+                .last_by_subject
+                .get(subject)
+                .is_some_and(|seq| stream.messages.contains_key(seq));
+            if !still_last {
+                stream.last_by_subject.remove(subject);
+            }
+        }
+        self.link.after(Ok(purged))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FakeKvValue {
+    value: Vec<u8>,
+    revision: u64,
+    written_at_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct FakeBucket {
+    last_revision: u64,
+    entries: HashMap<String, FakeKvValue>,
+}
+
+/// The fake KV shared by all nodes of a test.
+#[derive(Clone)]
+pub struct FakeKv {
+    buckets: Arc<Mutex<HashMap<Bucket, FakeBucket>>>,
+    clock: Arc<VirtualClock>,
+    /// TTL of `DSH_NODES` entries, in virtual milliseconds.
+    node_ttl_ms: u64,
+}
+
+/// One node's handle to the fake KV.
+#[derive(Clone)]
+pub struct FakeKvClient {
+    kv: FakeKv,
+    link: LinkControl,
+}
+
+impl FakeKv {
+    pub fn new(clock: Arc<VirtualClock>, node_ttl_ms: u64) -> FakeKv {
+        FakeKv {
+            buckets: Arc::default(),
+            clock,
+            node_ttl_ms,
+        }
+    }
+
+    pub fn client(&self, link: LinkControl) -> FakeKvClient {
+        FakeKvClient {
+            kv: self.clone(),
+            link,
+        }
+    }
+
+    fn ttl(&self, bucket: Bucket) -> Option<u64> {
+        match bucket {
+            Bucket::Nodes => Some(self.node_ttl_ms),
+            Bucket::Shards | Bucket::Sessions => None,
+        }
+    }
+
+    /// The live (not expired) entry of `key`.
+    fn live(&self, bucket: Bucket, key: &str) -> Option<FakeKvValue> {
+        let now = self.clock.now_ms();
+        let buckets = self.buckets.lock();
+        let entry = buckets.get(&bucket)?.entries.get(key)?;
+        match self.ttl(bucket) {
+            Some(ttl) if now.saturating_sub(entry.written_at_ms) >= ttl => None,
+            _ => Some(entry.clone()),
+        }
+    }
+
+    fn write(
+        &self,
+        bucket: Bucket,
+        key: &str,
+        value: Vec<u8>,
+        expected: Option<u64>,
+    ) -> BackendResult<u64> {
+        let current = self.live(bucket, key).map(|entry| entry.revision);
+        if current != expected {
+            return Err(BackendError::RevisionMismatch {
+                key: key.to_string(),
+            });
+        }
+        let now = self.clock.now_ms();
+        let mut buckets = self.buckets.lock();
+        let state = buckets.entry(bucket).or_default();
+        state.last_revision += 1;
+        let revision = state.last_revision;
+        state.entries.insert(
+            key.to_string(),
+            FakeKvValue {
+                value,
+                revision,
+                written_at_ms: now,
+            },
+        );
+        Ok(revision)
+    }
+
+    /// The live value of a key (for checks).
+    pub fn peek(&self, bucket: Bucket, key: &str) -> Option<Vec<u8>> {
+        self.live(bucket, key).map(|entry| entry.value)
+    }
+}
+
+impl Coordinator for FakeKvClient {
+    async fn get(&self, bucket: Bucket, key: &str) -> BackendResult<Option<KvEntry>> {
+        self.link.before()?;
+        let found = self.kv.live(bucket, key).map(|entry| KvEntry {
+            value: entry.value,
+            revision: entry.revision,
+        });
+        self.link.after(Ok(found))
+    }
+
+    async fn create(&self, bucket: Bucket, key: &str, value: Vec<u8>) -> BackendResult<u64> {
+        self.link.before()?;
+        let result = self.kv.write(bucket, key, value, None);
+        self.link.after(result)
+    }
+
+    async fn update(
+        &self,
+        bucket: Bucket,
+        key: &str,
+        value: Vec<u8>,
+        revision: u64,
+    ) -> BackendResult<u64> {
+        self.link.before()?;
+        let result = self.kv.write(bucket, key, value, Some(revision));
+        self.link.after(result)
+    }
+
+    async fn keys(&self, bucket: Bucket) -> BackendResult<Vec<String>> {
+        self.link.before()?;
+        let names: Vec<String> = {
+            let buckets = self.kv.buckets.lock();
+            buckets
+                .get(&bucket)
+                .map(|state| state.entries.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let mut live: Vec<String> = names
+            .into_iter()
+            .filter(|key| self.kv.live(bucket, key).is_some())
+            .collect();
+        live.sort();
+        self.link.after(Ok(live))
+    }
+}
+
+/// The fake object store shared by all nodes of a test.
+#[derive(Clone, Default)]
+pub struct FakeCold {
+    objects: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+}
+
+/// One node's handle to the fake object store.
+#[derive(Clone)]
+pub struct FakeColdClient {
+    cold: FakeCold,
+    link: LinkControl,
+}
+
+impl FakeCold {
+    pub fn client(&self, link: LinkControl) -> FakeColdClient {
+        FakeColdClient {
+            cold: self.clone(),
+            link,
+        }
+    }
+
+    /// Flips one byte of a stored object (for corruption tests); false if absent or empty.
+    pub fn corrupt(&self, key: &str, index: usize) -> bool {
+        let mut objects = self.objects.lock();
+        match objects.get_mut(key) {
+            Some(bytes) if !bytes.is_empty() => {
+                let at = index % bytes.len();
+                bytes[at] ^= 0x01;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.objects.lock().keys().cloned().collect()
+    }
+}
+
+impl ColdStore for FakeColdClient {
+    async fn put_immutable(&self, key: &str, bytes: Vec<u8>) -> BackendResult<()> {
+        self.link.before()?;
+        let result = {
+            let mut objects = self.cold.objects.lock();
+            match objects.get(key) {
+                Some(existing) if *existing == bytes => Ok(()),
+                Some(_) => Err(BackendError::Other {
+                    reason: format!("immutable key {key} holds other bytes"),
+                }),
+                None => {
+                    objects.insert(key.to_string(), bytes);
+                    Ok(())
+                }
+            }
+        };
+        self.link.after(result)
+    }
+
+    async fn get(&self, key: &str) -> BackendResult<Option<Vec<u8>>> {
+        self.link.before()?;
+        let found = self.cold.objects.lock().get(key).cloned();
+        self.link.after(Ok(found))
+    }
+
+    async fn head(&self, key: &str) -> BackendResult<Option<u64>> {
+        self.link.before()?;
+        let found = self
+            .cold
+            .objects
+            .lock()
+            .get(key)
+            .map(|bytes| bytes.len() as u64);
+        self.link.after(Ok(found))
+    }
+
+    async fn list(&self, prefix: &str) -> BackendResult<Vec<String>> {
+        self.link.before()?;
+        let keys = self
+            .cold
+            .objects
+            .lock()
+            .range(prefix.to_string()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(key, _)| key.clone())
+            .collect();
+        self.link.after(Ok(keys))
+    }
+}

@@ -1,0 +1,418 @@
+//! The tail log and the coordinator on NATS JetStream (server ≥ 2.11 for the cross-subject
+//! fence header): streams `DSH_00..DSH_15` and KV buckets `DSH_NODES`, `DSH_SHARDS`,
+//! `DSH_SESSIONS`, created on connect if absent (FLEET.md §5.2).
+//!
+//! Error mapping, which the node's safety rests on: a wrong-last-sequence answer (JetStream
+//! `err_code 10071`) is [`BackendError::Fenced`] on a tail publish and
+//! [`BackendError::RevisionMismatch`] on a KV write; a timeout, a broken connection or a
+//! missing responder (a stream electing its leader) is [`BackendError::Unavailable`], an
+//! outcome the caller cannot know, retried with the same `Nats-Msg-Id`.
+
+use crate::backend::{Bucket, Coordinator, KvEntry, PublishAck, TailLog, TailMessage, TailPublish};
+use crate::error::{BackendError, BackendResult};
+use crate::shard::{stream_subjects, STREAM_COUNT};
+use async_nats::jetstream::{self, consumer, kv, stream};
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use std::time::Duration;
+
+/// The header naming the subject whose last sequence `Nats-Expected-Last-Subject-Sequence`
+/// checks (nats-server ≥ 2.11); without it the server checks the published subject.
+pub const EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str =
+    "Nats-Expected-Last-Subject-Sequence-Subject";
+/// Deduplication window of the tail streams (FLEET.md: 2 min): a retry with the same msg id
+/// inside it is acknowledged with the first copy's sequence.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(120);
+/// Safety-only age limit of tail messages (sealing purges them long before): 30 days.
+pub const TAIL_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Longest wait for one JetStream answer (publish ack, KV write, stream API call).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for the next message of a replay before it is declared unavailable.
+pub const REPLAY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Attempts at creating or opening the streams and buckets on connect.
+pub const SETUP_ATTEMPTS: u32 = 5;
+/// Pause between those attempts.
+pub const SETUP_RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// How the JetStream side of a fleet is set up.
+#[derive(Debug, Clone)]
+pub struct NatsConfig {
+    /// Comma-separated server URLs.
+    pub urls: String,
+    /// Replicas of every stream and bucket (3 in production and in the tests).
+    pub replicas: usize,
+    /// Lease TTL: age at which a `DSH_NODES` entry expires.
+    pub node_ttl: Duration,
+}
+
+/// A connection to the JetStream cluster; cheap to clone.
+#[derive(Clone)]
+pub struct Nats {
+    context: jetstream::Context,
+    nodes: kv::Store,
+    shards: kv::Store,
+    sessions: kv::Store,
+}
+
+fn unavailable(what: &str, error: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable {
+        reason: format!("{what}: {error}"),
+    }
+}
+
+fn other(what: &str, error: impl std::fmt::Display) -> BackendError {
+    BackendError::Other {
+        reason: format!("{what}: {error}"),
+    }
+}
+
+fn tail_stream_config(index: u32, replicas: usize) -> stream::Config {
+    stream::Config {
+        name: format!("DSH_{index:02}"),
+        subjects: vec![stream_subjects(index)],
+        storage: stream::StorageType::File,
+        num_replicas: replicas,
+        // Hitting a limit must refuse writes, never drop unsealed tails.
+        discard: stream::DiscardPolicy::New,
+        max_age: TAIL_MAX_AGE,
+        duplicate_window: DEDUP_WINDOW,
+        deny_delete: true,
+        ..Default::default()
+    }
+}
+
+fn bucket_config(bucket: Bucket, config: &NatsConfig) -> kv::Config {
+    let (history, max_age) = match bucket {
+        Bucket::Nodes => (1, config.node_ttl),
+        Bucket::Shards => (8, Duration::ZERO),
+        Bucket::Sessions => (4, Duration::ZERO),
+    };
+    kv::Config {
+        bucket: bucket.name().to_string(),
+        history,
+        max_age,
+        storage: stream::StorageType::File,
+        num_replicas: config.replicas,
+        ..Default::default()
+    }
+}
+
+async fn open_bucket(
+    context: &jetstream::Context,
+    bucket: Bucket,
+    config: &NatsConfig,
+) -> BackendResult<kv::Store> {
+    match context.get_key_value(bucket.name()).await {
+        Ok(store) => Ok(store),
+        Err(_) => context
+            .create_key_value(bucket_config(bucket, config))
+            .await
+            .map_err(|error| unavailable(bucket.name(), error)),
+    }
+}
+
+impl Nats {
+    /// Connects and creates the streams and buckets that do not exist yet.
+    pub async fn connect(config: &NatsConfig) -> BackendResult<Nats> {
+        let servers = config
+            .urls
+            .split(',')
+            .map(|url| url.trim().parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| other("server list", error))?;
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(REQUEST_TIMEOUT)
+            .connect(servers)
+            .await
+            .map_err(|error| unavailable("connect", error))?;
+        let mut context = jetstream::new(client);
+        context.set_timeout(REQUEST_TIMEOUT);
+        let mut attempt = 0;
+        loop {
+            match Nats::set_up(context.clone(), config).await {
+                Ok(nats) => return Ok(nats),
+                // Nodes starting together race to create the streams; the loser's request
+                // can time out while the winner's stream forms. Try again, bounded.
+                Err(error) if attempt + 1 < SETUP_ATTEMPTS => {
+                    attempt += 1;
+                    eprintln!("fleet: JetStream setup attempt {attempt}: {error}; retrying");
+                    tokio::time::sleep(SETUP_RETRY_PAUSE).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn set_up(context: jetstream::Context, config: &NatsConfig) -> BackendResult<Nats> {
+        for index in 0..STREAM_COUNT {
+            context
+                .get_or_create_stream(tail_stream_config(index, config.replicas))
+                .await
+                .map_err(|error| unavailable(&format!("stream DSH_{index:02}"), error))?;
+        }
+        Ok(Nats {
+            nodes: open_bucket(&context, Bucket::Nodes, config).await?,
+            shards: open_bucket(&context, Bucket::Shards, config).await?,
+            sessions: open_bucket(&context, Bucket::Sessions, config).await?,
+            context,
+        })
+    }
+
+    /// The JetStream context (for tests that inspect streams).
+    pub fn context(&self) -> &jetstream::Context {
+        &self.context
+    }
+
+    fn store(&self, bucket: Bucket) -> &kv::Store {
+        match bucket {
+            Bucket::Nodes => &self.nodes,
+            Bucket::Shards => &self.shards,
+            Bucket::Sessions => &self.sessions,
+        }
+    }
+
+    async fn stream(&self, name: &str) -> BackendResult<stream::Stream<()>> {
+        self.context
+            .get_stream_no_info(name)
+            .await
+            .map_err(|error| unavailable(name, error))
+    }
+}
+
+fn publish_headers(message: &TailPublish) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, message.msg_id.as_str());
+    if let Some(fence) = &message.fence {
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            fence.last_seq.to_string().as_str(),
+        );
+        headers.insert(
+            EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+            fence.subject.as_str(),
+        );
+    }
+    for (name, value) in &message.headers {
+        headers.insert(name.as_str(), value.as_str());
+    }
+    headers
+}
+
+/// Whether a JetStream error text is a refused sequence check. The server answers a failed
+/// expected-last-sequence check with `err_code 10071` ("wrong last sequence: N"), which the
+/// client maps, or with 10164 ("wrong last sequence", seen here when two nodes race to
+/// install an epoch marker), which it does not: both are definitive refusals, nothing stored.
+fn refused_by_sequence_check(text: &str) -> bool {
+    text.contains("wrong last sequence")
+}
+
+/// Maps a publish failure: fenced, unknown outcome, full, or other.
+fn publish_error(
+    subject: &str,
+    expected: u64,
+    error: jetstream::context::PublishError,
+) -> BackendError {
+    use jetstream::context::PublishErrorKind;
+    match error.kind() {
+        PublishErrorKind::WrongLastSequence => BackendError::Fenced {
+            subject: subject.to_string(),
+            expected,
+        },
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::StreamNotFound
+        | PublishErrorKind::MaxAckPending => unavailable("publish", error),
+        _ => {
+            let text = error.to_string();
+            if refused_by_sequence_check(&text) {
+                BackendError::Fenced {
+                    subject: subject.to_string(),
+                    expected,
+                }
+            } else if text.contains("maximum") {
+                BackendError::Full { reason: text }
+            } else if text.contains("leader") || text.contains("unavailable") {
+                unavailable("publish", text)
+            } else {
+                other("publish", text)
+            }
+        }
+    }
+}
+
+impl TailLog for Nats {
+    async fn publish(&self, message: TailPublish) -> BackendResult<PublishAck> {
+        let headers = publish_headers(&message);
+        let (fence_subject, expected) =
+            message.fence.as_ref().map_or((String::new(), 0), |fence| {
+                (fence.subject.clone(), fence.last_seq)
+            });
+        let pending = self
+            .context
+            .publish_with_headers(message.subject, headers, message.payload.into())
+            .await
+            .map_err(|error| publish_error(&fence_subject, expected, error))?;
+        let ack = pending
+            .await
+            .map_err(|error| publish_error(&fence_subject, expected, error))?;
+        Ok(PublishAck {
+            stream_seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    async fn last_on_subject(
+        &self,
+        stream: &str,
+        subject: &str,
+    ) -> BackendResult<Option<TailMessage>> {
+        use jetstream::stream::LastRawMessageErrorKind;
+        let handle = self.stream(stream).await?;
+        match handle.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(Some(TailMessage {
+                stream_seq: message.sequence,
+                subject: message.subject.to_string(),
+                payload: message.payload.to_vec(),
+            })),
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(error) => Err(unavailable("last message by subject", error)),
+        }
+    }
+
+    async fn replay(
+        &self,
+        stream: &str,
+        subject: &str,
+        from_stream_seq: u64,
+    ) -> BackendResult<Vec<TailMessage>> {
+        let handle = self.stream(stream).await?;
+        let consumer = handle
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject.to_string(),
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from_stream_seq.max(1),
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|error| unavailable("replay consumer", error))?;
+        // What the stream holds at the time of the call; later messages are not asked for.
+        let mut pending = consumer.cached_info().num_pending;
+        let mut messages = Vec::new();
+        if pending == 0 {
+            return Ok(messages);
+        }
+        let mut delivered = consumer
+            .messages()
+            .await
+            .map_err(|error| unavailable("replay", error))?;
+        while pending > 0 {
+            let next = tokio::time::timeout(REPLAY_MESSAGE_TIMEOUT, delivered.next())
+                .await
+                .map_err(|_| unavailable("replay", "no message in time"))?
+                .ok_or_else(|| unavailable("replay", "the consumer ended"))?
+                .map_err(|error| unavailable("replay", error))?;
+            let info = next.info().map_err(|error| other("replay", error))?;
+            messages.push(TailMessage {
+                stream_seq: info.stream_sequence,
+                subject: next.subject.to_string(),
+                payload: next.payload.to_vec(),
+            });
+            pending = info.pending;
+        }
+        Ok(messages)
+    }
+
+    async fn purge(
+        &self,
+        stream: &str,
+        subject: &str,
+        before_stream_seq: u64,
+    ) -> BackendResult<u64> {
+        let handle = self.stream(stream).await?;
+        let response = handle
+            .purge()
+            .filter(subject)
+            .sequence(before_stream_seq)
+            .await
+            .map_err(|error| unavailable("purge", error))?;
+        Ok(response.purged)
+    }
+}
+
+fn kv_error(key: &str, error: impl std::error::Error) -> BackendError {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if refused_by_sequence_check(&text) {
+        return BackendError::RevisionMismatch {
+            key: key.to_string(),
+        };
+    }
+    unavailable(&format!("kv {key}"), text)
+}
+
+impl Coordinator for Nats {
+    async fn get(&self, bucket: Bucket, key: &str) -> BackendResult<Option<KvEntry>> {
+        let entry = self
+            .store(bucket)
+            .entry(key)
+            .await
+            .map_err(|error| kv_error(key, error))?;
+        Ok(entry
+            .filter(|entry| entry.operation == kv::Operation::Put)
+            .map(|entry| KvEntry {
+                value: entry.value.to_vec(),
+                revision: entry.revision,
+            }))
+    }
+
+    async fn create(&self, bucket: Bucket, key: &str, value: Vec<u8>) -> BackendResult<u64> {
+        match self.store(bucket).create(key, value.into()).await {
+            Ok(revision) => Ok(revision),
+            Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
+                Err(BackendError::RevisionMismatch {
+                    key: key.to_string(),
+                })
+            }
+            Err(error) => Err(kv_error(key, error)),
+        }
+    }
+
+    async fn update(
+        &self,
+        bucket: Bucket,
+        key: &str,
+        value: Vec<u8>,
+        revision: u64,
+    ) -> BackendResult<u64> {
+        match self.store(bucket).update(key, value.into(), revision).await {
+            Ok(revision) => Ok(revision),
+            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                Err(BackendError::RevisionMismatch {
+                    key: key.to_string(),
+                })
+            }
+            Err(error) => Err(kv_error(key, error)),
+        }
+    }
+
+    async fn keys(&self, bucket: Bucket) -> BackendResult<Vec<String>> {
+        let mut keys = self
+            .store(bucket)
+            .keys()
+            .await
+            .map_err(|error| kv_error(bucket.name(), error))?;
+        let mut names = Vec::new();
+        while let Some(key) = keys.next().await {
+            names.push(key.map_err(|error| kv_error(bucket.name(), error))?);
+        }
+        names.sort();
+        Ok(names)
+    }
+}

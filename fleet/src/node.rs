@@ -1,0 +1,1041 @@
+//! A fleet node: owns shards, serves their sessions from the local tier, replicates every
+//! commit batch to the tail log before acknowledging it, seals tails into cold runs, and
+//! takes over the shards of dead nodes. The design is FLEET.md of issue #17.
+//!
+//! Safety rests on three compare-and-sets, never on timing:
+//! - the tail fence: every session write carries the stream sequence of the writer's epoch
+//!   marker as `expected last sequence` of the shard's epoch subject; a newer marker refuses
+//!   it (a zombie cannot write after a takeover);
+//! - the marker itself is published with the previous marker's sequence as its fence, so
+//!   two would-be owners cannot both install a marker on top of the same one;
+//! - session manifests carry the epoch of their last writer; a rebuild claims a manifest
+//!   (CAS to its epoch) before it reads the tail, so a zombie's seal (manifest CAS, then
+//!   purge) either lands before the claim (and is seen) or fails.
+
+use crate::backend::{
+    Bucket, Clock, ColdStore, Coordinator, Fence, KvEntry, PublishAck, TailLog, TailPublish,
+};
+use crate::error::{BackendError, FleetError, FleetResult};
+use crate::shard::{
+    epoch_subject, manifest_copy_key, rendezvous_owner, run_key, session_key, session_subject,
+    shard_key, stream_name, valid_session_id,
+};
+use crate::tier::{LocalPending, LocalTier};
+use crate::wire::{
+    blake3_hex, from_json, to_json, EpochMarker, NodeRecord, RunObject, RunRef, SessionManifest,
+    ShardRecord, TailBatch,
+};
+use dshdb::Event;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Version of [`SessionManifest`] written.
+pub const MANIFEST_FORMAT: u32 = 1;
+/// Largest session header, in bytes: it lives in a KV value (NATS `max_payload` 1 MiB).
+pub const MAX_FLEET_HEADER_BYTES: usize = 256 * 1024;
+/// Largest encoded tail message, in bytes: below NATS's default `max_payload` (1 MiB) with
+/// room for headers. Larger batches are refused; large content belongs in spill blobs.
+pub const MAX_TAIL_PAYLOAD_BYTES: usize = 1000 * 1024;
+/// Attempts at a manifest compare-and-set before giving up (each lost race re-reads it).
+pub const MANIFEST_CAS_ATTEMPTS: u32 = 8;
+
+/// How a node is set up.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub node_id: String,
+    /// Where clients reach this node (carried in `Moved` answers through `DSH_NODES`).
+    pub addr: String,
+    /// Distinguishes this process from earlier ones with the same id.
+    pub generation: u64,
+    /// Virtual shards of the fleet (fixed at fleet creation; 1024 in production).
+    pub shard_count: u32,
+    /// Attempts at publishing one batch while the answer is unknown (same msg id).
+    pub publish_attempts: u32,
+    /// Pause between those attempts, in milliseconds (0: none, as in the model tests).
+    pub publish_retry_backoff_ms: u64,
+}
+
+impl NodeConfig {
+    pub fn new(node_id: &str, addr: &str, generation: u64) -> NodeConfig {
+        NodeConfig {
+            node_id: node_id.to_string(),
+            addr: addr.to_string(),
+            generation,
+            shard_count: crate::shard::SHARD_COUNT,
+            publish_attempts: 20,
+            publish_retry_backoff_ms: 250,
+        }
+    }
+}
+
+/// An event as a client sends it; the node gives it its seq (and its time when absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncomingEvent {
+    pub event_type: String,
+    pub time: Option<i64>,
+    pub data: String,
+    pub envelope: String,
+    pub flags: u8,
+}
+
+impl IncomingEvent {
+    pub fn new(event_type: &str, data: &str) -> IncomingEvent {
+        IncomingEvent {
+            event_type: event_type.to_string(),
+            time: None,
+            data: data.to_string(),
+            envelope: String::new(),
+            flags: 0,
+        }
+    }
+}
+
+/// An acknowledged append: durable locally and in the replicated tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendAck {
+    pub first_seq: u64,
+    pub end_seq: u64,
+    pub stream_seq: u64,
+    /// The stream had this batch already (a retry of a stored message); nothing new stored.
+    pub duplicate: bool,
+}
+
+/// What one seal did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SealReport {
+    pub events: u64,
+    pub run_bytes: u64,
+    pub run_key: Option<String>,
+    pub purged_messages: u64,
+}
+
+/// How far a seal goes (the model tests stop it part-way to model a crash in between).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SealStep {
+    PutRun = 1,
+    VerifyRun = 2,
+    UpdateManifest = 3,
+    CopyManifest = 4,
+    PurgeTail = 5,
+}
+
+/// Counters a node keeps (FLEET.md's metrics).
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    pub appends_acked: AtomicU64,
+    pub events_acked: AtomicU64,
+    pub publish_retries: AtomicU64,
+    pub dedup_hits: AtomicU64,
+    pub fenced_writes: AtomicU64,
+    pub shards_lost: AtomicU64,
+    pub takeovers: AtomicU64,
+    pub rebuilds: AtomicU64,
+    pub rebuilt_events: AtomicU64,
+    pub seals: AtomicU64,
+    pub sealed_events: AtomicU64,
+    pub purged_messages: AtomicU64,
+    pub not_acknowledged: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OwnedShard {
+    epoch: u64,
+    fence_seq: u64,
+}
+
+/// What the node knows of one session it serves.
+#[derive(Debug, Default)]
+struct SessionSlot {
+    /// The shard epoch the local copy was last checked against the replicated history
+    /// under (0: not checked; rebuild before serving).
+    validated_epoch: u64,
+    header: String,
+    next_seq: u64,
+    /// Stream sequence of the last tail message of this session the node knows.
+    last_stream_seq: u64,
+}
+
+/// One fleet node over a tail log `T`, a coordinator `C` and a cold store `S`.
+pub struct Node<T, C, S> {
+    config: NodeConfig,
+    tail: T,
+    coordinator: C,
+    cold: S,
+    local: Arc<dyn LocalTier>,
+    clock: Arc<dyn Clock>,
+    shards: Mutex<BTreeMap<u32, OwnedShard>>,
+    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionSlot>>>>,
+    lease_revision: Mutex<Option<u64>>,
+    stopped: AtomicBool,
+    pub metrics: NodeMetrics,
+}
+
+fn backend(error: BackendError) -> FleetError {
+    FleetError::Backend(error)
+}
+
+/// Waits for a local append; blocks the thread only as long as the fsync takes.
+fn wait_local(pending: Box<dyn LocalPending>) -> FleetResult<()> {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .map(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+        .unwrap_or(false);
+    if multi_thread {
+        tokio::task::block_in_place(|| pending.wait())
+    } else {
+        pending.wait()
+    }
+}
+
+fn valid_header(session: &str, header: &str) -> FleetResult<()> {
+    if header.len() > MAX_FLEET_HEADER_BYTES {
+        return Err(FleetError::InvalidInput {
+            reason: format!(
+                "header of {} bytes (limit {MAX_FLEET_HEADER_BYTES})",
+                header.len()
+            ),
+        });
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(header).map_err(|error| FleetError::InvalidInput {
+            reason: format!("header is not JSON: {error}"),
+        })?;
+    match value.get("id").and_then(serde_json::Value::as_str) {
+        Some(id) if id == session => Ok(()),
+        _ => Err(FleetError::InvalidInput {
+            reason: format!("header id must be {session:?}"),
+        }),
+    }
+}
+
+impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
+    pub fn new(
+        config: NodeConfig,
+        tail: T,
+        coordinator: C,
+        cold: S,
+        local: Arc<dyn LocalTier>,
+        clock: Arc<dyn Clock>,
+    ) -> Node<T, C, S> {
+        Node {
+            config,
+            tail,
+            coordinator,
+            cold,
+            local,
+            clock,
+            shards: Mutex::new(BTreeMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            lease_revision: Mutex::new(None),
+            stopped: AtomicBool::new(false),
+            metrics: NodeMetrics::default(),
+        }
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    pub fn id(&self) -> &str {
+        &self.config.node_id
+    }
+
+    /// Whether the node stopped because another process holds its id.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// The shards this node serves, with their epochs.
+    pub fn owned_shards(&self) -> BTreeMap<u32, u64> {
+        self.shards
+            .lock()
+            .iter()
+            .map(|(shard, owned)| (*shard, owned.epoch))
+            .collect()
+    }
+
+    pub fn shard_of(&self, session: &str) -> u32 {
+        crate::shard::shard_of_in(session, self.config.shard_count)
+    }
+
+    fn node_record(&self) -> Vec<u8> {
+        to_json(&NodeRecord {
+            addr: self.config.addr.clone(),
+            generation: self.config.generation,
+            started_at_ms: self.clock.now_ms(),
+        })
+    }
+
+    /// Registers the node in `DSH_NODES`. Fails with `RevisionMismatch` while an entry of
+    /// this id is live (an earlier process's lease has not expired, or a duplicate runs):
+    /// the caller waits and tries again.
+    pub async fn start(&self) -> FleetResult<()> {
+        let revision = self
+            .coordinator
+            .create(Bucket::Nodes, &self.config.node_id, self.node_record())
+            .await
+            .map_err(backend)?;
+        *self.lease_revision.lock() = Some(revision);
+        Ok(())
+    }
+
+    /// Stops serving: drops every shard (another process holds this node's id).
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.shards.lock().clear();
+    }
+
+    /// Refreshes the lease by CAS; a lost CAS whose winner is not this process stops it.
+    async fn refresh_lease(&self) -> FleetResult<()> {
+        let Some(revision) = *self.lease_revision.lock() else {
+            return self.start().await;
+        };
+        let id = &self.config.node_id;
+        match self
+            .coordinator
+            .update(Bucket::Nodes, id, self.node_record(), revision)
+            .await
+        {
+            Ok(next) => {
+                *self.lease_revision.lock() = Some(next);
+                Ok(())
+            }
+            Err(BackendError::RevisionMismatch { .. }) => {
+                // Our own refresh whose reply was lost moved the revision: adopt it. Anything
+                // else (expired, or another process) means the id is no longer ours.
+                let current = self
+                    .coordinator
+                    .get(Bucket::Nodes, id)
+                    .await
+                    .map_err(backend)?;
+                let ours = current.as_ref().and_then(|entry| {
+                    let record: NodeRecord = from_json(&entry.value, "node record").ok()?;
+                    (record.generation == self.config.generation).then_some(entry.revision)
+                });
+                match ours {
+                    Some(next) => {
+                        *self.lease_revision.lock() = Some(next);
+                        Ok(())
+                    }
+                    None => {
+                        self.stop();
+                        Err(FleetError::Moved {
+                            shard: 0,
+                            owner: None,
+                            epoch: 0,
+                        })
+                    }
+                }
+            }
+            Err(error) => Err(backend(error)),
+        }
+    }
+
+    /// Live nodes: id → generation.
+    async fn live_nodes(&self) -> FleetResult<HashMap<String, u64>> {
+        let mut live = HashMap::new();
+        for id in self
+            .coordinator
+            .keys(Bucket::Nodes)
+            .await
+            .map_err(backend)?
+        {
+            if let Some(entry) = self
+                .coordinator
+                .get(Bucket::Nodes, &id)
+                .await
+                .map_err(backend)?
+            {
+                if let Ok(record) = from_json::<NodeRecord>(&entry.value, "node record") {
+                    live.insert(id, record.generation);
+                }
+            }
+        }
+        Ok(live)
+    }
+
+    /// One round of lease refresh, ownership checks and takeovers. Returns the shards taken.
+    pub async fn tick(&self) -> FleetResult<Vec<u32>> {
+        if self.is_stopped() {
+            return Err(FleetError::InvalidInput {
+                reason: "node stopped: its id is held by another process".to_string(),
+            });
+        }
+        self.refresh_lease().await?;
+        let live = self.live_nodes().await?;
+        self.drop_shards_owned_elsewhere().await?;
+        let mut names: Vec<String> = live.keys().cloned().collect();
+        names.sort();
+        let mut taken = Vec::new();
+        for shard in 0..self.config.shard_count {
+            if rendezvous_owner(shard, &names).map(String::as_str) != Some(self.id()) {
+                continue;
+            }
+            if self.shards.lock().contains_key(&shard) {
+                continue;
+            }
+            if self.try_take(shard, &live).await? {
+                taken.push(shard);
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Drops shards whose `DSH_SHARDS` record names another owner (learned without a
+    /// fenced write, e.g. while idle).
+    async fn drop_shards_owned_elsewhere(&self) -> FleetResult<()> {
+        let owned: Vec<(u32, OwnedShard)> = self
+            .shards
+            .lock()
+            .iter()
+            .map(|(shard, owned)| (*shard, *owned))
+            .collect();
+        for (shard, owned) in owned {
+            let record = self.shard_record(shard).await?;
+            let still_ours = record.as_ref().is_some_and(|(record, _)| {
+                record.owner == self.config.node_id
+                    && record.generation == self.config.generation
+                    && record.epoch == owned.epoch
+            });
+            if !still_ours {
+                self.lose_shard(shard, owned.epoch);
+            }
+        }
+        Ok(())
+    }
+
+    async fn shard_record(&self, shard: u32) -> FleetResult<Option<(ShardRecord, u64)>> {
+        let entry = self
+            .coordinator
+            .get(Bucket::Shards, &shard_key(shard))
+            .await
+            .map_err(backend)?;
+        match entry {
+            None => Ok(None),
+            Some(KvEntry { value, revision }) => {
+                Ok(Some((from_json(&value, "shard record")?, revision)))
+            }
+        }
+    }
+
+    /// Takes `shard` if its owner is not live; adopts it if the record already names this
+    /// process (a takeover whose reply was lost). Returns whether the node now owns it.
+    async fn try_take(&self, shard: u32, live: &HashMap<String, u64>) -> FleetResult<bool> {
+        let record = self.shard_record(shard).await?;
+        let stream = stream_name(shard);
+        let subject = epoch_subject(shard);
+        let last_marker = self
+            .tail
+            .last_on_subject(&stream, &subject)
+            .await
+            .map_err(backend)?;
+        let marker_seq = last_marker.as_ref().map_or(0, |message| message.stream_seq);
+        let marker: Option<EpochMarker> = last_marker
+            .as_ref()
+            .and_then(|message| from_json(&message.payload, "epoch marker").ok());
+        let is_us = |owner: &str, generation: u64| {
+            owner == self.config.node_id && generation == self.config.generation
+        };
+        if let Some((current, _)) = &record {
+            if is_us(&current.owner, current.generation) {
+                // Ours already: valid only if our marker is still the last one.
+                if current.fence_seq == marker_seq {
+                    self.own(shard, current.epoch, current.fence_seq);
+                    return Ok(true);
+                }
+            } else if live.get(&current.owner) == Some(&current.generation) {
+                return Ok(false);
+            }
+        }
+        let recorded_epoch = record.as_ref().map_or(0, |(current, _)| current.epoch);
+        let marker_epoch = marker.as_ref().map_or(0, |marker| marker.epoch);
+        // A marker of ours that the record does not name yet (the CAS after it was lost):
+        // reuse it rather than fence ourselves.
+        let (epoch, fence_seq) = match &marker {
+            Some(marker)
+                if is_us(&marker.owner, marker.generation) && marker.epoch > recorded_epoch =>
+            {
+                (marker.epoch, marker_seq)
+            }
+            _ => {
+                let epoch = recorded_epoch.max(marker_epoch) + 1;
+                match self.publish_marker(shard, epoch, marker_seq).await {
+                    Ok(ack) => (epoch, ack.stream_seq),
+                    Err(BackendError::Fenced { .. } | BackendError::Unavailable { .. }) => {
+                        return Ok(false)
+                    }
+                    Err(error) => return Err(backend(error)),
+                }
+            }
+        };
+        let value = to_json(&ShardRecord {
+            owner: self.config.node_id.clone(),
+            generation: self.config.generation,
+            epoch,
+            fence_seq,
+        });
+        let key = shard_key(shard);
+        let written = match &record {
+            None => self.coordinator.create(Bucket::Shards, &key, value).await,
+            Some((_, revision)) => {
+                self.coordinator
+                    .update(Bucket::Shards, &key, value, *revision)
+                    .await
+            }
+        };
+        match written {
+            Ok(_) => {
+                self.own(shard, epoch, fence_seq);
+                bump(&self.metrics.takeovers, 1);
+                Ok(true)
+            }
+            Err(BackendError::RevisionMismatch { .. } | BackendError::Unavailable { .. }) => {
+                Ok(false)
+            }
+            Err(error) => Err(backend(error)),
+        }
+    }
+
+    async fn publish_marker(
+        &self,
+        shard: u32,
+        epoch: u64,
+        previous_seq: u64,
+    ) -> Result<PublishAck, BackendError> {
+        let subject = epoch_subject(shard);
+        let marker = EpochMarker {
+            epoch,
+            owner: self.config.node_id.clone(),
+            generation: self.config.generation,
+        };
+        self.tail
+            .publish(TailPublish {
+                subject: subject.clone(),
+                payload: to_json(&marker),
+                msg_id: format!(
+                    "e/{shard}/{epoch}/{}/{}",
+                    self.config.node_id, self.config.generation
+                ),
+                fence: Some(Fence {
+                    subject,
+                    last_seq: previous_seq,
+                }),
+                headers: vec![("Dsh-Epoch".to_string(), epoch.to_string())],
+            })
+            .await
+    }
+
+    fn own(&self, shard: u32, epoch: u64, fence_seq: u64) {
+        self.shards
+            .lock()
+            .insert(shard, OwnedShard { epoch, fence_seq });
+    }
+
+    /// Stops serving `shard` if it is still held at `epoch`.
+    fn lose_shard(&self, shard: u32, epoch: u64) {
+        let mut shards = self.shards.lock();
+        if shards.get(&shard).is_some_and(|owned| owned.epoch == epoch) {
+            shards.remove(&shard);
+            bump(&self.metrics.shards_lost, 1);
+        }
+    }
+
+    /// `Moved` naming the owner `DSH_SHARDS` knows (if it can be read).
+    async fn moved(&self, shard: u32) -> FleetError {
+        let record = self.shard_record(shard).await.ok().flatten();
+        FleetError::Moved {
+            shard,
+            owner: record.as_ref().map(|(record, _)| record.owner.clone()),
+            epoch: record.map_or(0, |(record, _)| record.epoch),
+        }
+    }
+
+    async fn owned(&self, session: &str) -> FleetResult<(u32, OwnedShard)> {
+        if !valid_session_id(session) {
+            return Err(FleetError::InvalidInput {
+                reason: format!("session id {session:?}: 1..=200 bytes of [A-Za-z0-9_-]"),
+            });
+        }
+        let shard = self.shard_of(session);
+        let owned = self.shards.lock().get(&shard).copied();
+        match owned {
+            Some(owned) if !self.is_stopped() => Ok((shard, owned)),
+            _ => Err(self.moved(shard).await),
+        }
+    }
+
+    fn slot(&self, session: &str) -> Arc<tokio::sync::Mutex<SessionSlot>> {
+        self.sessions
+            .lock()
+            .entry(session.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Creates a session: its manifest in `DSH_SESSIONS` (the create is the decision), then
+    /// the local copy.
+    pub async fn create_session(&self, session: &str, header: &str) -> FleetResult<()> {
+        let (shard, owned) = self.owned(session).await?;
+        valid_header(session, header)?;
+        let manifest = SessionManifest {
+            format: MANIFEST_FORMAT,
+            session: session.to_string(),
+            shard,
+            header: header.to_string(),
+            epoch: owned.epoch,
+            sealed_end: 0,
+            tail_from_stream_seq: 1,
+            runs: Vec::new(),
+        };
+        let slot = self.slot(session);
+        let mut slot = slot.lock().await;
+        match self
+            .coordinator
+            .create(Bucket::Sessions, &session_key(session), to_json(&manifest))
+            .await
+        {
+            Ok(_) => {}
+            Err(BackendError::RevisionMismatch { .. }) => {
+                return Err(FleetError::DuplicateSession {
+                    session: session.to_string(),
+                })
+            }
+            Err(error) => return Err(backend(error)),
+        }
+        *slot = SessionSlot::default();
+        self.local.replace(session, header, &[])?;
+        *slot = SessionSlot {
+            validated_epoch: owned.epoch,
+            header: header.to_string(),
+            next_seq: 0,
+            last_stream_seq: 0,
+        };
+        Ok(())
+    }
+
+    /// Appends one batch: local durable append and JetStream ack, then the acknowledgement.
+    pub async fn append(
+        &self,
+        session: &str,
+        incoming: &[IncomingEvent],
+    ) -> FleetResult<AppendAck> {
+        if incoming.is_empty() {
+            return Err(FleetError::InvalidInput {
+                reason: "an empty batch".to_string(),
+            });
+        }
+        let (shard, owned) = self.owned(session).await?;
+        let slot = self.slot(session);
+        let mut slot = slot.lock().await;
+        if slot.validated_epoch != owned.epoch {
+            self.rebuild(session, shard, owned, &mut slot).await?;
+        }
+        let first_seq = slot.next_seq;
+        let events: Vec<Event> = incoming
+            .iter()
+            .enumerate()
+            .map(|(offset, event)| Event {
+                seq: first_seq + offset as u64,
+                time: event.time.unwrap_or_else(dshdb::store::now_millis),
+                event_type: event.event_type.clone(),
+                data: event.data.clone(),
+                envelope: event.envelope.clone(),
+                flags: event.flags,
+            })
+            .collect();
+        let batch = TailBatch {
+            session: session.to_string(),
+            epoch: owned.epoch,
+            events,
+        };
+        let payload = batch.encode();
+        if payload.len() > MAX_TAIL_PAYLOAD_BYTES {
+            return Err(FleetError::InvalidInput {
+                reason: format!(
+                    "batch of {} bytes (limit {MAX_TAIL_PAYLOAD_BYTES}); spill large content",
+                    payload.len()
+                ),
+            });
+        }
+        let end_seq = batch.end_seq();
+        // From here on a failure leaves the outcome unknown: the slot is invalidated so that
+        // the next access rebuilds the local copy from the replicated history.
+        slot.validated_epoch = 0;
+        let pending = self.local.submit(session, &batch.events)?;
+        let message = TailPublish {
+            subject: session_subject(session, shard),
+            payload,
+            msg_id: format!("{session}/{first_seq}/e{}", owned.epoch),
+            fence: Some(Fence {
+                subject: epoch_subject(shard),
+                last_seq: owned.fence_seq,
+            }),
+            headers: vec![
+                ("Dsh-Epoch".to_string(), owned.epoch.to_string()),
+                ("Dsh-First-Seq".to_string(), first_seq.to_string()),
+                ("Dsh-Last-Seq".to_string(), (end_seq - 1).to_string()),
+            ],
+        };
+        let published = self.publish_with_retries(message).await;
+        let local = wait_local(pending);
+        let ack = match published {
+            Ok(ack) => ack,
+            Err(BackendError::Fenced { .. }) => {
+                bump(&self.metrics.fenced_writes, 1);
+                self.lose_shard(shard, owned.epoch);
+                return Err(self.moved(shard).await);
+            }
+            Err(error) => {
+                bump(&self.metrics.not_acknowledged, 1);
+                return Err(FleetError::NotAcknowledged {
+                    reason: error.to_string(),
+                });
+            }
+        };
+        local?;
+        if ack.duplicate {
+            bump(&self.metrics.dedup_hits, 1);
+        }
+        slot.validated_epoch = owned.epoch;
+        slot.next_seq = end_seq;
+        slot.last_stream_seq = ack.stream_seq;
+        bump(&self.metrics.appends_acked, 1);
+        bump(&self.metrics.events_acked, end_seq - first_seq);
+        Ok(AppendAck {
+            first_seq,
+            end_seq,
+            stream_seq: ack.stream_seq,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Publishes, retrying with the same msg id while the answer is unknown.
+    async fn publish_with_retries(&self, message: TailPublish) -> Result<PublishAck, BackendError> {
+        let attempts = self.config.publish_attempts.max(1);
+        let mut last_error = None;
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                bump(&self.metrics.publish_retries, 1);
+                if self.config.publish_retry_backoff_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(self.config.publish_retry_backoff_ms))
+                        .await;
+                }
+            }
+            match self.tail.publish(message.clone()).await {
+                Ok(ack) => return Ok(ack),
+                Err(error @ BackendError::Unavailable { .. }) => last_error = Some(error),
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or(BackendError::Unavailable {
+            reason: "no attempt made".to_string(),
+        }))
+    }
+
+    /// The session's events `from..to`, from the local copy once it is checked.
+    pub async fn read(&self, session: &str, from: u64, to: u64) -> FleetResult<Vec<Event>> {
+        let (shard, owned) = self.owned(session).await?;
+        let slot = self.slot(session);
+        let mut slot = slot.lock().await;
+        if slot.validated_epoch != owned.epoch {
+            self.rebuild(session, shard, owned, &mut slot).await?;
+        }
+        self.local.read(session, from, to.min(slot.next_seq))
+    }
+
+    /// The session's header (checked like a read).
+    pub async fn header(&self, session: &str) -> FleetResult<String> {
+        let (shard, owned) = self.owned(session).await?;
+        let slot = self.slot(session);
+        let mut slot = slot.lock().await;
+        if slot.validated_epoch != owned.epoch {
+            self.rebuild(session, shard, owned, &mut slot).await?;
+        }
+        Ok(slot.header.clone())
+    }
+
+    /// Reads the manifest, claiming it for `owned.epoch` (CAS) when an older epoch wrote it.
+    async fn claim_manifest(
+        &self,
+        session: &str,
+        shard: u32,
+        owned: OwnedShard,
+    ) -> FleetResult<(SessionManifest, u64)> {
+        let key = session_key(session);
+        for _ in 0..MANIFEST_CAS_ATTEMPTS {
+            let entry = self
+                .coordinator
+                .get(Bucket::Sessions, &key)
+                .await
+                .map_err(backend)?
+                .ok_or_else(|| FleetError::UnknownSession {
+                    session: session.to_string(),
+                })?;
+            let mut manifest: SessionManifest = from_json(&entry.value, "session manifest")?;
+            if manifest.epoch > owned.epoch {
+                self.lose_shard(shard, owned.epoch);
+                return Err(self.moved(shard).await);
+            }
+            if manifest.epoch == owned.epoch {
+                return Ok((manifest, entry.revision));
+            }
+            manifest.epoch = owned.epoch;
+            match self
+                .coordinator
+                .update(Bucket::Sessions, &key, to_json(&manifest), entry.revision)
+                .await
+            {
+                Ok(revision) => return Ok((manifest, revision)),
+                Err(BackendError::RevisionMismatch { .. }) => continue,
+                Err(error) => return Err(backend(error)),
+            }
+        }
+        Err(FleetError::NotAcknowledged {
+            reason: format!("manifest of {session} kept changing"),
+        })
+    }
+
+    /// Rebuilds the session from its sealed runs and its tail, checking every record's CRC,
+    /// blake3 of every run and seq continuity; makes the local copy equal to it.
+    async fn rebuild(
+        &self,
+        session: &str,
+        shard: u32,
+        owned: OwnedShard,
+        slot: &mut SessionSlot,
+    ) -> FleetResult<()> {
+        let (manifest, _) = self.claim_manifest(session, shard, owned).await?;
+        let mut events = self.load_runs(session, &manifest).await?;
+        let tail_from = manifest.tail_from_stream_seq.max(1);
+        let messages = self
+            .tail
+            .replay(
+                &stream_name(shard),
+                &session_subject(session, shard),
+                tail_from,
+            )
+            .await
+            .map_err(backend)?;
+        let mut last_stream_seq = tail_from - 1;
+        for message in messages {
+            let rebuild_error = |reason: String, from: u64| FleetError::Rebuild {
+                session: session.to_string(),
+                from,
+                reason,
+            };
+            let batch = TailBatch::decode(&message.payload).map_err(|error| {
+                rebuild_error(
+                    format!("tail message at stream seq {}: {error}", message.stream_seq),
+                    events.len() as u64,
+                )
+            })?;
+            if batch.session != session {
+                return Err(rebuild_error(
+                    format!("tail message names session {}", batch.session),
+                    events.len() as u64,
+                ));
+            }
+            for event in batch.events {
+                let have = events.len() as u64;
+                if event.seq < have {
+                    // Already rebuilt (a sealed range not yet purged): must be the same event.
+                    let index = usize::try_from(event.seq).unwrap_or(usize::MAX);
+                    if events.get(index) != Some(&event) {
+                        return Err(rebuild_error(
+                            "two different events with one seq".to_string(),
+                            event.seq,
+                        ));
+                    }
+                } else if event.seq == have {
+                    events.push(event);
+                } else {
+                    return Err(rebuild_error(
+                        format!("gap: seq {} follows {}", event.seq, have),
+                        have,
+                    ));
+                }
+            }
+            last_stream_seq = message.stream_seq;
+        }
+        let length = events.len() as u64;
+        let local_matches = self.local.length(session) == Some(length)
+            && self.local.read(session, 0, length)? == events;
+        if !local_matches {
+            self.local.replace(session, &manifest.header, &events)?;
+        }
+        *slot = SessionSlot {
+            validated_epoch: owned.epoch,
+            header: manifest.header,
+            next_seq: length,
+            last_stream_seq,
+        };
+        bump(&self.metrics.rebuilds, 1);
+        bump(&self.metrics.rebuilt_events, length);
+        Ok(())
+    }
+
+    async fn load_runs(
+        &self,
+        session: &str,
+        manifest: &SessionManifest,
+    ) -> FleetResult<Vec<Event>> {
+        let mut runs = manifest.runs.clone();
+        runs.sort_by_key(|run| run.first_seq);
+        let mut events: Vec<Event> = Vec::new();
+        for run in runs {
+            let failure = |reason: String| FleetError::Rebuild {
+                session: session.to_string(),
+                from: run.first_seq,
+                reason: format!(
+                    "run {} (seqs {}..={}): {reason}",
+                    run.key, run.first_seq, run.last_seq
+                ),
+            };
+            let bytes = self
+                .cold
+                .get(&run.key)
+                .await
+                .map_err(backend)?
+                .ok_or_else(|| failure("object missing".to_string()))?;
+            if blake3_hex(&bytes) != run.blake3 {
+                return Err(failure("blake3 mismatch".to_string()));
+            }
+            let object = RunObject::decode(&bytes).map_err(|error| failure(error.to_string()))?;
+            let first = object.events.first().map(|event| event.seq);
+            let last = object.events.last().map(|event| event.seq);
+            if object.session != session
+                || first != Some(run.first_seq)
+                || last != Some(run.last_seq)
+                || run.first_seq != events.len() as u64
+            {
+                return Err(failure("does not continue the sealed history".to_string()));
+            }
+            events.extend(object.events);
+        }
+        if events.len() as u64 != manifest.sealed_end {
+            return Err(FleetError::Rebuild {
+                session: session.to_string(),
+                from: events.len() as u64,
+                reason: format!(
+                    "runs end at {}, manifest says {}",
+                    events.len(),
+                    manifest.sealed_end
+                ),
+            });
+        }
+        Ok(events)
+    }
+
+    /// Seals the session's unsealed acknowledged events into a cold run.
+    pub async fn seal(&self, session: &str) -> FleetResult<SealReport> {
+        self.seal_until(session, SealStep::PurgeTail).await
+    }
+
+    /// A seal that stops after `last_step` (for the model tests' crashes between steps).
+    #[doc(hidden)]
+    pub async fn seal_until(&self, session: &str, last_step: SealStep) -> FleetResult<SealReport> {
+        let (shard, owned) = self.owned(session).await?;
+        let slot = self.slot(session);
+        let mut slot = slot.lock().await;
+        if slot.validated_epoch != owned.epoch {
+            self.rebuild(session, shard, owned, &mut slot).await?;
+        }
+        let (mut manifest, revision) = self.claim_manifest(session, shard, owned).await?;
+        let mut report = SealReport::default();
+        if manifest.sealed_end >= slot.next_seq {
+            return Ok(report);
+        }
+        let events = self
+            .local
+            .read(session, manifest.sealed_end, slot.next_seq)?;
+        crate::wire::check_contiguous(&events, manifest.sealed_end, "local events")?;
+        let first_seq = manifest.sealed_end;
+        let last_seq = slot.next_seq - 1;
+        let bytes = RunObject {
+            session: session.to_string(),
+            events,
+        }
+        .encode()?;
+        let key = run_key(session, first_seq, last_seq, owned.epoch);
+        let digest = blake3_hex(&bytes);
+        report.run_bytes = bytes.len() as u64;
+        report.run_key = Some(key.clone());
+        self.cold
+            .put_immutable(&key, bytes)
+            .await
+            .map_err(backend)?;
+        if last_step == SealStep::PutRun {
+            return Ok(report);
+        }
+        let stored = self.cold.get(&key).await.map_err(backend)?;
+        if stored.as_deref().map(blake3_hex) != Some(digest.clone()) {
+            return Err(FleetError::Corrupt {
+                what: "run object",
+                reason: format!("{key} reads back different bytes"),
+            });
+        }
+        if last_step == SealStep::VerifyRun {
+            return Ok(report);
+        }
+        manifest.runs.push(RunRef {
+            key,
+            first_seq,
+            last_seq,
+            bytes: report.run_bytes,
+            blake3: digest,
+        });
+        manifest.sealed_end = slot.next_seq;
+        manifest.tail_from_stream_seq = slot.last_stream_seq + 1;
+        match self
+            .coordinator
+            .update(
+                Bucket::Sessions,
+                &session_key(session),
+                to_json(&manifest),
+                revision,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(BackendError::RevisionMismatch { .. }) => {
+                // A newer owner claimed the manifest: we are stale.
+                slot.validated_epoch = 0;
+                return Err(self.moved(shard).await);
+            }
+            Err(error) => return Err(backend(error)),
+        }
+        report.events = manifest.sealed_end - first_seq;
+        bump(&self.metrics.seals, 1);
+        bump(&self.metrics.sealed_events, report.events);
+        if last_step == SealStep::UpdateManifest {
+            return Ok(report);
+        }
+        self.cold
+            .put_immutable(
+                &manifest_copy_key(session, owned.epoch, manifest.sealed_end),
+                to_json(&manifest),
+            )
+            .await
+            .map_err(backend)?;
+        if last_step == SealStep::CopyManifest {
+            return Ok(report);
+        }
+        report.purged_messages = self
+            .tail
+            .purge(
+                &stream_name(shard),
+                &session_subject(session, shard),
+                manifest.tail_from_stream_seq,
+            )
+            .await
+            .map_err(backend)?;
+        bump(&self.metrics.purged_messages, report.purged_messages);
+        Ok(report)
+    }
+}

@@ -1,0 +1,717 @@
+//! Model test of the fleet protocol on the deterministic fakes: random schedules of appends,
+//! lease ticks, node crashes (with the disk kept or lost), pauses (zombies), partitions,
+//! lost replies, cold-store outages and seals stopped part-way. After each schedule every
+//! fault is healed, leases run out, and the checks run:
+//!
+//! - every acknowledged event is on the shard's owner exactly once, at its acknowledged seq,
+//!   in order, with contiguous seqs; no event appears that no client sent;
+//! - the owner accepts an append at the next seq;
+//! - across all schedules, zombie writes were attempted and every one was refused.
+//!
+//! `DSHDB_FLEET_MODEL_SCHEDULES` sets the number of schedules (default 10,000);
+//! `DSHDB_FLEET_MODEL_SEED` replays one schedule.
+
+use dshdb_fleet::backend::{Bucket, Clock};
+use dshdb_fleet::fake::{
+    FakeCold, FakeColdClient, FakeKv, FakeKvClient, FakeTail, FakeTailClient, Link, LinkControl,
+    VirtualClock,
+};
+use dshdb_fleet::tier::{EngineTier, LocalTier, MemoryTier};
+use dshdb_fleet::wire::{from_json, ShardRecord};
+use dshdb_fleet::{FleetError, IncomingEvent, Node, NodeConfig, SealStep};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+const NODE_TTL_MS: u64 = 10_000;
+const REFRESH_MS: u64 = 2_000;
+const SHARDS: u32 = 6;
+const NODES: usize = 3;
+const SESSIONS: usize = 5;
+const STEPS: usize = 60;
+const DEFAULT_SCHEDULES: u64 = 10_000;
+/// Schedules run with the real engine (on simulated storage) as the local tier.
+const ENGINE_SCHEDULES: u64 = 150;
+
+type FakeNode = Node<FakeTailClient, FakeKvClient, FakeColdClient>;
+
+/// splitmix64: small, seedable, good enough to pick actions.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TierKind {
+    Memory,
+    Engine,
+}
+
+/// A node's disk: kept across crashes unless wiped.
+enum Disk {
+    Memory(MemoryTier),
+    Engine(Arc<dshdb::storage::io::sim::SimStorage>),
+}
+
+impl Disk {
+    fn new(kind: TierKind) -> Disk {
+        match kind {
+            TierKind::Memory => Disk::Memory(MemoryTier::default()),
+            TierKind::Engine => Disk::Engine(Arc::new(dshdb::storage::io::sim::SimStorage::new())),
+        }
+    }
+
+    fn open(&self) -> Arc<dyn LocalTier> {
+        match self {
+            Disk::Memory(tier) => Arc::new(tier.clone()),
+            Disk::Engine(storage) => {
+                let options = dshdb::Options {
+                    segment_bytes: 256 * 1024,
+                    ..dshdb::Options::default()
+                };
+                let store = dshdb::Store::open_on(storage.clone(), options, Path::new("node"))
+                    .expect("the simulated store opens");
+                Arc::new(EngineTier::new(store))
+            }
+        }
+    }
+
+    /// What survives a crash: the durable image (the engine's store is dropped first).
+    fn after_crash(&mut self) {
+        if let Disk::Engine(storage) = self {
+            *storage = Arc::new(dshdb::storage::io::sim::SimStorage::from_image(
+                &storage.durable_image(),
+            ));
+        }
+    }
+
+    fn wipe(&mut self, kind: TierKind) {
+        *self = Disk::new(kind);
+    }
+}
+
+struct NodeHarness {
+    id: String,
+    generation: u64,
+    nats: LinkControl,
+    s3: LinkControl,
+    disk: Disk,
+    node: Option<Arc<FakeNode>>,
+    started: bool,
+    paused: bool,
+}
+
+#[derive(Default)]
+struct SessionModel {
+    created: bool,
+    /// seq → data of acknowledged events.
+    acked: BTreeMap<u64, String>,
+    /// data of every event sent (acknowledged or not).
+    sent: BTreeSet<String>,
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Totals {
+    acked_events: u64,
+    zombie_attempts: u64,
+    zombie_acks_after_takeover: u64,
+    fenced: u64,
+    takeovers: u64,
+    rebuilds: u64,
+    seals: u64,
+    crashes: u64,
+}
+
+struct World {
+    kind: TierKind,
+    rng: Rng,
+    clock: Arc<VirtualClock>,
+    tail: FakeTail,
+    kv: FakeKv,
+    cold: FakeCold,
+    nodes: Vec<NodeHarness>,
+    sessions: Vec<SessionModel>,
+    next_payload: u64,
+    totals: Totals,
+    runtime: tokio::runtime::Runtime,
+}
+
+fn session_id(index: usize) -> String {
+    format!("s{index}")
+}
+
+impl World {
+    fn new(seed: u64, kind: TierKind) -> World {
+        let clock = VirtualClock::new(1_000_000);
+        let world = World {
+            kind,
+            rng: Rng(seed),
+            tail: FakeTail::new(clock.clone()),
+            kv: FakeKv::new(clock.clone(), NODE_TTL_MS),
+            cold: FakeCold::default(),
+            clock,
+            nodes: (0..NODES)
+                .map(|index| NodeHarness {
+                    id: format!("n{}", index + 1),
+                    generation: 0,
+                    nats: LinkControl::default(),
+                    s3: LinkControl::default(),
+                    disk: Disk::new(kind),
+                    node: None,
+                    started: false,
+                    paused: false,
+                })
+                .collect(),
+            sessions: (0..SESSIONS).map(|_| SessionModel::default()).collect(),
+            next_payload: 0,
+            totals: Totals::default(),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a runtime"),
+        };
+        let mut world = world;
+        for index in 0..NODES {
+            world.boot(index);
+        }
+        world
+    }
+
+    fn boot(&mut self, index: usize) {
+        let harness = &mut self.nodes[index];
+        harness.generation += 1;
+        let mut config = NodeConfig::new(&harness.id, &harness.id, harness.generation);
+        config.shard_count = SHARDS;
+        config.publish_attempts = 3;
+        config.publish_retry_backoff_ms = 0;
+        let node = Node::new(
+            config,
+            self.tail.client(harness.nats.clone()),
+            self.kv.client(harness.nats.clone()),
+            self.cold.client(harness.s3.clone()),
+            harness.disk.open(),
+            self.clock.clone(),
+        );
+        harness.node = Some(Arc::new(node));
+        harness.started = false;
+        harness.paused = false;
+    }
+
+    fn crash(&mut self, index: usize, wipe: bool) {
+        let kind = self.kind;
+        let harness = &mut self.nodes[index];
+        if let Some(node) = harness.node.take() {
+            self.totals.fenced += node
+                .metrics
+                .fenced_writes
+                .load(std::sync::atomic::Ordering::Relaxed);
+            self.totals.takeovers += node
+                .metrics
+                .takeovers
+                .load(std::sync::atomic::Ordering::Relaxed);
+            self.totals.rebuilds += node
+                .metrics
+                .rebuilds
+                .load(std::sync::atomic::Ordering::Relaxed);
+            self.totals.seals += node
+                .metrics
+                .seals
+                .load(std::sync::atomic::Ordering::Relaxed);
+        }
+        harness.disk.after_crash();
+        if wipe {
+            harness.disk.wipe(kind);
+        }
+        self.totals.crashes += 1;
+    }
+
+    /// The owner `DSH_SHARDS` names for a session's shard.
+    fn recorded_owner(&self, session: &str) -> Option<(String, u64, u64)> {
+        let shard = dshdb_fleet::shard::shard_of_in(session, SHARDS);
+        let value = self.kv.peek(Bucket::Shards, &shard.to_string())?;
+        let record: ShardRecord = from_json(&value, "shard record").ok()?;
+        Some((record.owner, record.generation, record.epoch))
+    }
+
+    fn node_index(&self, id: &str) -> Option<usize> {
+        self.nodes.iter().position(|harness| harness.id == id)
+    }
+
+    fn tick(&mut self, index: usize) {
+        let Some(node) = self.nodes[index].node.clone() else {
+            return;
+        };
+        if self.nodes[index].paused {
+            return;
+        }
+        if !self.nodes[index].started {
+            if self.runtime.block_on(node.start()).is_ok() {
+                self.nodes[index].started = true;
+            }
+            return;
+        }
+        if node.is_stopped() {
+            // It exits (its id was taken over after its lease ran out) and is restarted.
+            self.crash(index, false);
+            self.boot(index);
+            return;
+        }
+        let _ = self.runtime.block_on(node.tick());
+    }
+
+    fn new_payload(&mut self) -> String {
+        self.next_payload += 1;
+        format!("{{\"n\":{}}}", self.next_payload)
+    }
+
+    /// A client appends to session `which` through node `index` (following one `Moved`).
+    fn append(&mut self, which: usize, index: usize) {
+        let session = session_id(which);
+        let count = 1 + self.rng.below(3) as usize;
+        let payloads: Vec<String> = (0..count).map(|_| self.new_payload()).collect();
+        let events: Vec<IncomingEvent> = payloads
+            .iter()
+            .map(|data| IncomingEvent {
+                time: Some(1_700_000_000_000),
+                ..IncomingEvent::new("assistant/chunk", data)
+            })
+            .collect();
+        let mut target = index;
+        for _ in 0..2 {
+            let Some(node) = self.nodes[target].node.clone() else {
+                return;
+            };
+            if self.nodes[target].paused {
+                return;
+            }
+            let model = &mut self.sessions[which];
+            if !model.created {
+                let header = format!("{{\"version\":0,\"id\":\"{session}\",\"createdAt\":1}}");
+                match self
+                    .runtime
+                    .block_on(node.create_session(&session, &header))
+                {
+                    Ok(()) | Err(FleetError::DuplicateSession { .. }) => model.created = true,
+                    Err(FleetError::Moved {
+                        owner: Some(owner), ..
+                    }) => match self.node_index(&owner) {
+                        Some(next) if next != target => {
+                            target = next;
+                            continue;
+                        }
+                        _ => return,
+                    },
+                    Err(_) => return,
+                }
+            }
+            let model = &mut self.sessions[which];
+            model.sent.extend(payloads.iter().cloned());
+            let was_owner = self.recorded_owner(&session);
+            match self.runtime.block_on(node.append(&session, &events)) {
+                Ok(ack) => {
+                    let model = &mut self.sessions[which];
+                    for (offset, data) in payloads.iter().enumerate() {
+                        let previous = model
+                            .acked
+                            .insert(ack.first_seq + offset as u64, data.clone());
+                        assert!(
+                            previous.is_none(),
+                            "seq {} acknowledged twice",
+                            ack.first_seq
+                        );
+                    }
+                    self.totals.acked_events += count as u64;
+                    let harness = &self.nodes[target];
+                    if was_owner
+                        .as_ref()
+                        .map(|(owner, generation, _)| (owner.as_str(), *generation))
+                        != Some((harness.id.as_str(), harness.generation))
+                    {
+                        // Acknowledged by a node the record does not name: allowed only for
+                        // a retry the stream had stored before the takeover (a duplicate).
+                        assert!(ack.duplicate, "a zombie's new write was acknowledged");
+                        self.totals.zombie_acks_after_takeover += 1;
+                    }
+                    return;
+                }
+                Err(FleetError::Moved { owner, .. }) => {
+                    let harness = &self.nodes[target];
+                    if was_owner.as_ref().map(|(owner, _, _)| owner.as_str())
+                        != Some(harness.id.as_str())
+                        || was_owner.as_ref().map(|(_, generation, _)| *generation)
+                            != Some(harness.generation)
+                    {
+                        self.totals.zombie_attempts += 1;
+                    }
+                    match owner.as_deref().and_then(|owner| self.node_index(owner)) {
+                        Some(next) if next != target => target = next,
+                        _ => return,
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn seal(&mut self, which: usize) {
+        let session = session_id(which);
+        let Some((owner, _, _)) = self.recorded_owner(&session) else {
+            return;
+        };
+        let Some(index) = self.node_index(&owner) else {
+            return;
+        };
+        let Some(node) = self.nodes[index].node.clone() else {
+            return;
+        };
+        if self.nodes[index].paused {
+            return;
+        }
+        let steps = [
+            SealStep::PutRun,
+            SealStep::VerifyRun,
+            SealStep::UpdateManifest,
+            SealStep::CopyManifest,
+            SealStep::PurgeTail,
+        ];
+        let step = if self.rng.chance(70) {
+            SealStep::PurgeTail
+        } else {
+            steps[self.rng.below(steps.len() as u64) as usize]
+        };
+        let _ = self.runtime.block_on(node.seal_until(&session, step));
+        if step != SealStep::PurgeTail && self.rng.chance(50) {
+            self.crash(index, false);
+            self.boot(index);
+        }
+    }
+
+    /// Resumes a paused node and, mostly, has a client with a stale route write through it
+    /// at once, before its next tick: a zombie write if its shard moved meanwhile.
+    fn resume(&mut self, index: usize) {
+        let was_paused = self.nodes[index].paused;
+        self.nodes[index].paused = false;
+        let Some(node) = self.nodes[index].node.clone() else {
+            return;
+        };
+        if !was_paused || !self.rng.chance(80) {
+            return;
+        }
+        let owned = node.owned_shards();
+        let stale = (0..SESSIONS).find(|which| {
+            self.sessions[*which].created
+                && owned.contains_key(&dshdb_fleet::shard::shard_of_in(
+                    &session_id(*which),
+                    SHARDS,
+                ))
+        });
+        if let Some(which) = stale {
+            self.append(which, index);
+        }
+    }
+
+    /// Pauses node `index` past its lease while the others tick (they take its shards), then
+    /// resumes it with a stale client writing through it.
+    fn zombie(&mut self, index: usize) {
+        self.nodes[index].paused = true;
+        for _ in 0..(NODE_TTL_MS / REFRESH_MS + 2) {
+            self.clock.advance(REFRESH_MS);
+            for other in 0..NODES {
+                if other != index {
+                    self.tick(other);
+                }
+            }
+        }
+        self.resume(index);
+    }
+
+    fn random_link(&mut self) -> Link {
+        match self.rng.below(3) {
+            0 => Link::Up,
+            1 => Link::Down,
+            _ => Link::LoseReplies,
+        }
+    }
+
+    fn step(&mut self) {
+        let index = self.rng.below(NODES as u64) as usize;
+        let roll = self.rng.below(100);
+        match roll {
+            0..=39 => {
+                let which = self.rng.below(SESSIONS as u64) as usize;
+                // Clients mostly route by the shard record; some use a stale cache.
+                let recorded = self
+                    .recorded_owner(&session_id(which))
+                    .and_then(|(owner, _, _)| self.node_index(&owner));
+                let target = match recorded {
+                    Some(owner) if self.rng.chance(75) => owner,
+                    _ => index,
+                };
+                self.append(which, target);
+            }
+            40..=64 => self.tick(index),
+            65..=71 => self.clock.advance(self.rng.below(4_000)),
+            72..=73 => {
+                if self.nodes[index].node.is_some() {
+                    let wipe = self.rng.chance(20);
+                    self.crash(index, wipe);
+                }
+            }
+            74..=77 => {
+                if self.nodes[index].node.is_none() {
+                    self.boot(index);
+                }
+            }
+            78..=80 => self.nodes[index].paused = true,
+            81..=83 => self.resume(index),
+            84..=86 => {
+                let link = self.random_link();
+                self.nodes[index].nats.set(link);
+            }
+            87..=89 => self.nodes[index].nats.set(Link::Up),
+            90 => {
+                let link = self.random_link();
+                self.nodes[index].s3.set(link);
+            }
+            91 => self.nodes[index].s3.set(Link::Up),
+            92..=94 => self.zombie(index),
+            _ => {
+                let which = self.rng.below(SESSIONS as u64) as usize;
+                self.seal(which);
+            }
+        }
+        self.clock.advance(self.rng.below(300));
+    }
+
+    /// Heals every fault and lets the fleet settle.
+    fn settle(&mut self) {
+        for index in 0..NODES {
+            self.nodes[index].paused = false;
+            self.nodes[index].nats.set(Link::Up);
+            self.nodes[index].s3.set(Link::Up);
+            if self.nodes[index].node.is_none() {
+                self.boot(index);
+            }
+        }
+        // Ticks every 2 s (the refresh interval) for well past the lease TTL: leases of the
+        // dead expire, restarted nodes register, shards move and settle.
+        for _ in 0..(3 * NODE_TTL_MS / REFRESH_MS) {
+            self.clock.advance(REFRESH_MS);
+            for index in 0..NODES {
+                self.tick(index);
+            }
+        }
+    }
+
+    /// The checks after a schedule; returns the events found.
+    fn check(&mut self, seed: u64) -> u64 {
+        let mut found = 0;
+        for which in 0..SESSIONS {
+            if !self.sessions[which].created {
+                continue;
+            }
+            let session = session_id(which);
+            let (owner, generation, _) = self
+                .recorded_owner(&session)
+                .unwrap_or_else(|| panic!("seed {seed}: {session} has no recorded owner"));
+            let index = self.node_index(&owner).expect("a known node");
+            let node = self.nodes[index].node.clone().expect("booted");
+            assert_eq!(
+                self.nodes[index].generation, generation,
+                "seed {seed}: the record names a dead generation of {owner}"
+            );
+            let events = self
+                .runtime
+                .block_on(node.read(&session, 0, u64::MAX))
+                .unwrap_or_else(|error| {
+                    panic!("seed {seed}: reading {session} on {owner}: {error}")
+                });
+            let model = &self.sessions[which];
+            let mut seen = BTreeSet::new();
+            for (position, event) in events.iter().enumerate() {
+                assert_eq!(
+                    event.seq, position as u64,
+                    "seed {seed}: {session} seqs not contiguous"
+                );
+                assert!(
+                    seen.insert(event.data.clone()),
+                    "seed {seed}: {session} holds {} twice",
+                    event.data
+                );
+                assert!(
+                    model.sent.contains(&event.data),
+                    "seed {seed}: {session} holds {} that no client sent",
+                    event.data
+                );
+            }
+            for (seq, data) in &model.acked {
+                let index = usize::try_from(*seq).expect("small");
+                assert_eq!(
+                    events.get(index).map(|event| &event.data),
+                    Some(data),
+                    "seed {seed}: {session} lost acknowledged seq {seq}"
+                );
+            }
+            found += events.len() as u64;
+            // The owner accepts the next append at the next seq.
+            let next = self
+                .runtime
+                .block_on(node.append(&session, &[IncomingEvent::new("turn/start", "{}")]))
+                .unwrap_or_else(|error| {
+                    panic!("seed {seed}: append to {session} after settling: {error}")
+                });
+            assert_eq!(
+                next.first_seq,
+                events.len() as u64,
+                "seed {seed}: {session}"
+            );
+        }
+        for harness in &self.nodes {
+            if let Some(node) = &harness.node {
+                self.totals.fenced += node
+                    .metrics
+                    .fenced_writes
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                self.totals.takeovers += node
+                    .metrics
+                    .takeovers
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                self.totals.rebuilds += node
+                    .metrics
+                    .rebuilds
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                self.totals.seals += node
+                    .metrics
+                    .seals
+                    .load(std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        found
+    }
+}
+
+fn run_schedule(seed: u64, kind: TierKind) -> Totals {
+    let mut world = World::new(seed, kind);
+    for _ in 0..STEPS {
+        world.step();
+    }
+    world.settle();
+    world.check(seed);
+    world.totals
+}
+
+fn add(total: &mut Totals, one: Totals) {
+    total.acked_events += one.acked_events;
+    total.zombie_attempts += one.zombie_attempts;
+    total.zombie_acks_after_takeover += one.zombie_acks_after_takeover;
+    total.fenced += one.fenced;
+    total.takeovers += one.takeovers;
+    total.rebuilds += one.rebuilds;
+    total.seals += one.seals;
+    total.crashes += one.crashes;
+}
+
+fn run_many(count: u64, kind: TierKind) -> Totals {
+    if let Some(seed) = std::env::var("DSHDB_FLEET_MODEL_SEED")
+        .ok()
+        .and_then(|text| text.parse().ok())
+    {
+        return run_schedule(seed, kind);
+    }
+    let threads = 2u64;
+    let handles: Vec<_> = (0..threads)
+        .map(|thread| {
+            std::thread::spawn(move || {
+                let mut total = Totals::default();
+                let mut seed = thread;
+                while seed < count {
+                    add(&mut total, run_schedule(seed, kind));
+                    seed += threads;
+                }
+                total
+            })
+        })
+        .collect();
+    let mut total = Totals::default();
+    for handle in handles {
+        add(&mut total, handle.join().expect("a schedule panicked"));
+    }
+    total
+}
+
+#[test]
+fn random_schedules_lose_no_acknowledged_event() {
+    let count = std::env::var("DSHDB_FLEET_MODEL_SCHEDULES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(DEFAULT_SCHEDULES);
+    let started = std::time::Instant::now();
+    let totals = run_many(count, TierKind::Memory);
+    eprintln!(
+        "model: {count} schedules in {:.1?}: {totals:?}",
+        started.elapsed()
+    );
+    if count >= 1_000 {
+        // The schedules must exercise what they claim to.
+        assert!(totals.acked_events > count, "{totals:?}");
+        assert!(
+            totals.takeovers > 0 && totals.rebuilds > 0 && totals.seals > 0,
+            "{totals:?}"
+        );
+        assert!(
+            totals.zombie_attempts > 0 && totals.fenced > 0,
+            "{totals:?}"
+        );
+    }
+}
+
+#[test]
+fn random_schedules_on_the_engine_tier() {
+    let totals = run_many(ENGINE_SCHEDULES, TierKind::Engine);
+    eprintln!("model (engine tier): {ENGINE_SCHEDULES} schedules: {totals:?}");
+    assert!(totals.acked_events > 0 && totals.rebuilds > 0, "{totals:?}");
+}
+
+#[test]
+fn virtual_clock_drives_lease_expiry() {
+    let clock = VirtualClock::new(0);
+    let kv = FakeKv::new(clock.clone(), NODE_TTL_MS);
+    let client = kv.client(LinkControl::default());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    use dshdb_fleet::backend::Coordinator;
+    let revision = runtime
+        .block_on(client.create(Bucket::Nodes, "n1", b"a".to_vec()))
+        .expect("create");
+    assert!(matches!(
+        runtime.block_on(client.create(Bucket::Nodes, "n1", b"b".to_vec())),
+        Err(dshdb_fleet::BackendError::RevisionMismatch { .. })
+    ));
+    clock.advance(NODE_TTL_MS);
+    assert_eq!(clock.now_ms(), NODE_TTL_MS);
+    assert!(runtime
+        .block_on(client.get(Bucket::Nodes, "n1"))
+        .expect("get")
+        .is_none());
+    assert!(matches!(
+        runtime.block_on(client.update(Bucket::Nodes, "n1", b"c".to_vec(), revision)),
+        Err(dshdb_fleet::BackendError::RevisionMismatch { .. })
+    ));
+    assert!(runtime
+        .block_on(client.create(Bucket::Nodes, "n1", b"d".to_vec()))
+        .is_ok());
+}
