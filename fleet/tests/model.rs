@@ -135,6 +135,19 @@ struct Totals {
     crashes: u64,
 }
 
+impl Totals {
+    /// Adds a node's counters (at its crash, or at the end of the schedule).
+    fn add(&mut self, metrics: &dshdb_fleet::node::NodeMetrics) {
+        let read = |counter: &std::sync::atomic::AtomicU64| {
+            counter.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        self.fenced += read(&metrics.fenced_writes);
+        self.takeovers += read(&metrics.takeovers);
+        self.rebuilds += read(&metrics.rebuilds);
+        self.seals += read(&metrics.seals);
+    }
+}
+
 struct World {
     kind: TierKind,
     rng: Rng,
@@ -214,22 +227,7 @@ impl World {
         let kind = self.kind;
         let harness = &mut self.nodes[index];
         if let Some(node) = harness.node.take() {
-            self.totals.fenced += node
-                .metrics
-                .fenced_writes
-                .load(std::sync::atomic::Ordering::Relaxed);
-            self.totals.takeovers += node
-                .metrics
-                .takeovers
-                .load(std::sync::atomic::Ordering::Relaxed);
-            self.totals.rebuilds += node
-                .metrics
-                .rebuilds
-                .load(std::sync::atomic::Ordering::Relaxed);
-            self.totals.seals += node
-                .metrics
-                .seals
-                .load(std::sync::atomic::Ordering::Relaxed);
+            self.totals.add(&node.metrics);
         }
         harness.disk.after_crash();
         if wipe {
@@ -581,22 +579,7 @@ impl World {
         }
         for harness in &self.nodes {
             if let Some(node) = &harness.node {
-                self.totals.fenced += node
-                    .metrics
-                    .fenced_writes
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                self.totals.takeovers += node
-                    .metrics
-                    .takeovers
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                self.totals.rebuilds += node
-                    .metrics
-                    .rebuilds
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                self.totals.seals += node
-                    .metrics
-                    .seals
-                    .load(std::sync::atomic::Ordering::Relaxed);
+                self.totals.add(&node.metrics);
             }
         }
         found

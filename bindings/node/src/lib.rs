@@ -112,6 +112,15 @@ impl Shared {
     fn send(&self, job: Job) {
         self.receipts.lock().send(job);
     }
+
+    /// Catches the catalog up on what other processes committed, in the shared mode (one
+    /// load from shared memory when nothing is new); an exclusive store has nothing to see.
+    fn fresh(&self) -> Result<()> {
+        self.store
+            .refresh()
+            .map(|_| ())
+            .map_err(|error| engine_error(&error))
+    }
 }
 
 /// An open dshdb store.
@@ -147,16 +156,24 @@ pub struct ReadOutcome {
 
 /// Opens (or creates) the store in directory `path`.
 #[napi(ts_return_type = "Promise<NativeStore>")]
-pub fn open_store(path: String, durability: String) -> Result<AsyncTask<OpenTask>> {
+/// With `shared`, other processes may open it too (format-spec/08-many-processes.md): each
+/// session has one writer process at a time, and reads see the others' commits.
+pub fn open_store(
+    path: String,
+    durability: String,
+    shared: Option<bool>,
+) -> Result<AsyncTask<OpenTask>> {
     Ok(AsyncTask::new(OpenTask {
         path,
         durability: parse_durability(&durability)?,
+        shared: shared.unwrap_or(false),
     }))
 }
 
 pub struct OpenTask {
     path: String,
     durability: Durability,
+    shared: bool,
 }
 
 impl Task for OpenTask {
@@ -166,6 +183,7 @@ impl Task for OpenTask {
     fn compute(&mut self) -> Result<Self::Output> {
         let options = Options {
             durability: self.durability,
+            shared: self.shared,
             ..Options::default()
         };
         let store = match Store::open(&self.path, options) {
@@ -214,6 +232,7 @@ impl Task for ReadTask {
     fn compute(&mut self) -> Result<Self::Output> {
         let started = std::time::Instant::now();
         let shared = &self.shared;
+        shared.fresh()?;
         let summary = match shared.store.session(&self.id) {
             Ok(summary) => summary,
             Err(dshdb::Error::UnknownSession { .. }) => return Ok(None),
@@ -271,6 +290,7 @@ impl Task for ExportTask {
     type JsValue = Option<Buffer>;
 
     fn compute(&mut self) -> Result<Self::Output> {
+        self.shared.fresh()?;
         if self.shared.store.session(&self.id).is_err() {
             return Ok(None);
         }
@@ -369,6 +389,7 @@ impl NativeStore {
     #[napi]
     pub fn revision(&self, id: String) -> Result<Option<String>> {
         let shared = self.open()?;
+        shared.fresh()?;
         match shared.store.session(&id) {
             Ok(summary) => Ok(Some(shared.revision(
                 &id,
@@ -385,6 +406,7 @@ impl NativeStore {
     #[napi]
     pub fn list(&self) -> Result<String> {
         let shared = self.open()?;
+        shared.fresh()?;
         let sessions = shared.store.sessions();
         let mut text = String::with_capacity(sessions.len() * 160 + 2);
         text.push('[');
@@ -536,6 +558,7 @@ fn submit(
         writers.insert(id.to_string(), writer);
         return Ok(pending);
     }
+    shared.fresh()?;
     let stored_next = shared
         .store
         .session(id)

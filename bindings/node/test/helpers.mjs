@@ -47,6 +47,23 @@ export function mountJsonl(root, extra = {}) {
   return mount(JsonlSessionPersistence, { root, writeBatchMaxDelayMs: 5, ...extra })
 }
 
+/** The time of the tests' first events (ms). */
+export const T0 = 1_790_000_000_000
+
+/** Plain DSH events for the provider's public `append`, seqs from `first`. */
+export function events(first, specs) {
+  return specs.map(([type, data, envelope = {}], index) => ({ type, seq: first + index, time: T0 + first + index, data, ...envelope }))
+}
+
+/** A completed turn (`turn/start`, a user message, `turn/end`) from seq `first`. */
+export function completedTurn(first, turn) {
+  return events(first, [
+    ['turn/start', { turn }],
+    ['user/message', userMessage(`q${turn}`), { surfaceOp: 'append' }],
+    ['turn/end', { turn, reason: { kind: 'completed' } }],
+  ])
+}
+
 let messageCounter = 0
 
 /** A user message payload as DSH's loop records it. */

@@ -5,15 +5,9 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Context } from '@deepseek-ai/cordis'
 import { testTearLastBatch } from '../native/index.js'
-import { appendTurn, assistantMessage, DshdbSessionPersistence, mountDshdb, SessionStore, tempDir, userMessage } from './helpers.mjs'
+import { appendTurn, assistantMessage, completedTurn, DshdbSessionPersistence, events, mountDshdb, SessionStore, T0, tempDir, userMessage } from './helpers.mjs'
 import { storeId, dshId } from '../lib/index.js'
 
-const T0 = 1_790_000_000_000
-
-/** Plain DSH events for the public `append`, seqs from `first`. */
-function events(first, specs) {
-  return specs.map(([type, data, envelope = {}], index) => ({ type, seq: first + index, time: T0 + first + index, data, ...envelope }))
-}
 
 /** An interrupted turn: one tool call recorded as started, one not, no results, no turn/end. */
 function interruptedTurn() {
@@ -27,13 +21,6 @@ function interruptedTurn() {
   ])
 }
 
-function completedTurn(first, turn) {
-  return events(first, [
-    ['turn/start', { turn }],
-    ['user/message', userMessage(`q${turn}`), { surfaceOp: 'append' }],
-    ['turn/end', { turn, reason: { kind: 'completed' } }],
-  ])
-}
 
 async function withStore(run) {
   const { dir, cleanup } = await tempDir()

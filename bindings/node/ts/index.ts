@@ -47,6 +47,13 @@ export interface DshdbPersistenceConfig {
   preparedSessionCacheSize?: number
   /** DSH's fixed write-behind window, in milliseconds. */
   writeBatchMaxDelayMs?: number
+  /**
+   * `true`: other processes (a second DSH terminal, a web server, subagents) may mount the
+   * same store too; each session has one writing process at a time (appending to a session
+   * another live process writes is refused with the holder's pid), and every process sees
+   * the others' commits. `false` (default): this process holds the store alone.
+   */
+  shared?: boolean
 }
 
 /**
@@ -111,6 +118,7 @@ export class DshdbSessionPersistence extends SessionPersistence implements Persi
       .min(1)
       .max(MAX_WRITE_BATCH_DELAY_MS)
       .default(DEFAULT_WRITE_BATCH_MAX_DELAY_MS),
+    shared: z.boolean().default(false),
   })
 
   readonly supportsRawArtifacts = true
@@ -119,6 +127,8 @@ export class DshdbSessionPersistence extends SessionPersistence implements Persi
   /** The absolute store directory. */
   readonly path: string
   readonly durability: Durability
+  /** Whether other processes may open the store too ({@link DshdbPersistenceConfig.shared}). */
+  readonly shared: boolean
   readonly coordinator: PersistenceCoordinator<DshdbTornMarker>
   private opening: Promise<NativeStore> | undefined
   /** Where the last `loadStored` spent its time (see {@link DshdbLoadTimings}). */
@@ -129,6 +139,7 @@ export class DshdbSessionPersistence extends SessionPersistence implements Persi
     super(ctx)
     this.path = resolve(config.path)
     this.durability = config.durability ?? 'sync'
+    this.shared = config.shared ?? false
     this.coordinator = new PersistenceCoordinator(ctx, this, {
       preparedSessionCacheSize: config.preparedSessionCacheSize ?? DEFAULT_PREPARED_SESSION_CACHE_SIZE,
       writeBatchMaxDelayMs: config.writeBatchMaxDelayMs ?? DEFAULT_WRITE_BATCH_MAX_DELAY_MS,
@@ -141,7 +152,7 @@ export class DshdbSessionPersistence extends SessionPersistence implements Persi
       const pending = closing.get(this.path)
       const opening = (async () => {
         await pending
-        return openStore(this.path, this.durability)
+        return openStore(this.path, this.durability, this.shared)
       })()
       this.opening = opening
       // A failed open (e.g. another process holds the store) is retried by the next call.

@@ -162,15 +162,19 @@ mod tests {
         presence_tells_alone(&first, &second);
     }
 
+    /// Two handles of one simulated `SHARED` file: two lock owners, like two processes.
+    fn two_simulated_owners(disk: &SimStorage) -> (Arc<dyn SharedFile>, Arc<dyn SharedFile>) {
+        let open = || {
+            disk.open_shared(crate::storage::multi::SHARED_FILE)
+                .expect("shared")
+        };
+        (open(), open())
+    }
+
     #[test]
     fn simulated_locks_behave_like_real_ones() {
         let disk = SimStorage::new();
-        let first = disk
-            .open_shared(crate::storage::multi::SHARED_FILE)
-            .expect("shared");
-        let second = disk
-            .open_shared(crate::storage::multi::SHARED_FILE)
-            .expect("shared");
+        let (first, second) = two_simulated_owners(&disk);
         exclusion_holds(&first, &second);
         presence_tells_alone(&first, &second);
     }
@@ -178,12 +182,7 @@ mod tests {
     #[test]
     fn dropping_a_handle_releases_its_locks_like_a_process_death() {
         let disk = SimStorage::new();
-        let first = disk
-            .open_shared(crate::storage::multi::SHARED_FILE)
-            .expect("shared");
-        let second = disk
-            .open_shared(crate::storage::multi::SHARED_FILE)
-            .expect("shared");
+        let (first, second) = two_simulated_owners(&disk);
         assert!(first
             .lock(WRITE_LOCK, LockMode::Exclusive, false)
             .expect("lock"));

@@ -367,12 +367,9 @@ mod tests {
         assert!(after.manifest_generation > before.manifest_generation);
     }
 
-    #[test]
-    fn a_follower_sleeps_until_notified() {
-        let disk = SimStorage::new();
-        let writer = TailIndex::new(disk.open_shared("SHARED").expect("shared"));
-        let follower = TailIndex::new(disk.open_shared("SHARED").expect("shared"));
-        writer.initialize(1, 1, 64);
+    /// How long `follower`, waiting for a notification, sleeps until `writer` notifies
+    /// (30 ms after it started waiting).
+    fn wait_for_notify(writer: &TailIndex, follower: TailIndex) -> Duration {
         let seen = follower.notify_count();
         let waiter = std::thread::spawn(move || {
             let started = std::time::Instant::now();
@@ -383,7 +380,16 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(30));
         writer.notify();
-        let waited = waiter.join().expect("follower");
+        waiter.join().expect("follower")
+    }
+
+    #[test]
+    fn a_follower_sleeps_until_notified() {
+        let disk = SimStorage::new();
+        let writer = TailIndex::new(disk.open_shared("SHARED").expect("shared"));
+        let follower = TailIndex::new(disk.open_shared("SHARED").expect("shared"));
+        writer.initialize(1, 1, 64);
+        let waited = wait_for_notify(&writer, follower);
         assert!(waited < Duration::from_secs(4), "{waited:?}");
     }
 
@@ -399,17 +405,7 @@ mod tests {
         };
         let (writer, follower) = (open(), open());
         writer.initialize(1, 1, 64);
-        let seen = follower.notify_count();
-        let waiter = std::thread::spawn(move || {
-            let started = std::time::Instant::now();
-            while follower.notify_count() == seen {
-                follower.wait(seen, Duration::from_secs(5));
-            }
-            started.elapsed()
-        });
-        std::thread::sleep(Duration::from_millis(30));
-        writer.notify();
-        let waited = waiter.join().expect("follower");
+        let waited = wait_for_notify(&writer, follower);
         let _ = std::fs::remove_dir_all(&dir);
         assert!(waited < Duration::from_secs(4), "{waited:?}");
     }
