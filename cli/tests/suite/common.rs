@@ -45,3 +45,15 @@ pub fn ok(args: &[&str], stdin: &str) -> String {
 pub fn path_str(path: &Path) -> &str {
     path.to_str().expect("UTF-8 temp path")
 }
+
+/// The session ids `dshdb ls --json` lists for the store in `store`, in its order.
+pub fn listed_ids(store: &Path) -> Vec<String> {
+    let listing = ok(&["ls", path_str(store), "--json"], "");
+    let sessions: serde_json::Value = serde_json::from_str(&listing).expect("JSON");
+    sessions
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|session| session["id"].as_str().map(str::to_owned))
+        .collect()
+}

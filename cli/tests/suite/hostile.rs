@@ -333,14 +333,7 @@ fn directory_import_does_not_follow_links_out_of_the_sessions_root() {
             "{skipped}: {message}"
         );
     }
-    let listing = ok(&["ls", path_str(&store), "--json"], "");
-    let sessions: serde_json::Value = serde_json::from_str(&listing).expect("JSON");
-    let ids: Vec<&str> = sessions
-        .as_array()
-        .expect("array")
-        .iter()
-        .filter_map(|session| session["id"].as_str())
-        .collect();
+    let ids = listed_ids(&store);
     assert_eq!(ids, vec!["inside"]);
 }
 

@@ -123,14 +123,7 @@ fn a_sessions_folder_imports_every_session_at_once_and_refuses_one_alone() {
             "{id} does not export as imported"
         );
     }
-    let listing = ok(&["ls", path_str(&store), "--json"], "");
-    let sessions: serde_json::Value = serde_json::from_str(&listing).expect("JSON");
-    let ids: Vec<&str> = sessions
-        .as_array()
-        .expect("array")
-        .iter()
-        .filter_map(|session| session["id"].as_str())
-        .collect();
+    let ids = listed_ids(&store);
     let expected_ids: Vec<&str> = expected.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids, expected_ids);
 }

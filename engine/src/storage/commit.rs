@@ -1095,13 +1095,7 @@ impl Shared {
                 state.poison(operation, source);
             }
         }
-        let finished = state.finished_waiters();
-        state.last_group_tickets = group_waitable;
-        self.done.notify_all();
-        self.space.notify_all();
-        drop(state);
-        wake(finished);
-        self.state.lock()
+        self.finish_group(state, group_waitable)
     }
 
     /// A group in many-process mode (F-08-6 steps 5–6, F-08-7): announce, write, publish

@@ -103,33 +103,48 @@ impl Store {
         initial: &[NewEvent<'_>],
         durability: Durability,
     ) -> Result<SessionWriter> {
-        for event in initial {
-            validate_event(event)?;
-        }
-        // Another process may be creating the same id: its lease decides (F-08-10).
-        let leased = self.lease_and_refresh(&id)?;
-        let queued = self.reserve_and_commit(&id, seed, header_json, initial, durability);
-        let (number, pending) = match queued {
-            Ok(queued) => queued,
-            Err(error) => {
-                if leased {
-                    self.release_lease(&id);
-                }
-                return Err(error);
-            }
-        };
-        let writer = SessionWriter {
-            store: self.clone(),
-            number,
-            id,
-            durability,
-            last_ticket: pending.ticket,
-        };
+        let (writer, pending) = self.submit_named(id, header_json, seed, initial, durability)?;
+        let number = writer.number;
         if let Err(error) = pending.wait() {
             self.forget_if_refused(number, &error);
             return Err(error);
         }
         Ok(writer)
+    }
+
+    /// Validates `events`, takes the session's lease (another process may be creating the
+    /// same id: its lease decides, F-08-10) and queues the header with `events`, without
+    /// waiting; the lease is given back if nothing was queued.
+    fn submit_named(
+        &self,
+        id: String,
+        header_json: &str,
+        seed: Option<Seed>,
+        events: &[NewEvent<'_>],
+        durability: Durability,
+    ) -> Result<(SessionWriter, PendingReceipt)> {
+        for event in events {
+            validate_event(event)?;
+        }
+        let leased = self.lease_and_refresh(&id)?;
+        match self.reserve_and_commit(&id, seed, header_json, events, durability) {
+            Ok((number, pending)) => {
+                let writer = SessionWriter {
+                    store: self.clone(),
+                    number,
+                    id,
+                    durability,
+                    last_ticket: pending.ticket,
+                };
+                Ok((writer, pending))
+            }
+            Err(error) => {
+                if leased {
+                    self.release_lease(&id);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Reserves a new session and queues its first batch, on this process's turn at the
@@ -172,28 +187,7 @@ impl Store {
         self.log()?;
         let id = validate_header(header_json)?;
         super::staging::refuse_stage_id(&id)?;
-        for event in events {
-            validate_event(event)?;
-        }
-        let leased = self.lease_and_refresh(&id)?;
-        match self.reserve_and_commit(&id, None, header_json, events, durability) {
-            Ok((number, pending)) => {
-                let writer = SessionWriter {
-                    store: self.clone(),
-                    number,
-                    id,
-                    durability,
-                    last_ticket: pending.ticket,
-                };
-                Ok((writer, pending))
-            }
-            Err(error) => {
-                if leased {
-                    self.release_lease(&id);
-                }
-                Err(error)
-            }
-        }
+        self.submit_named(id, header_json, None, events, durability)
     }
 
     /// Reserves session `id` in the catalog with its writer slot taken.

@@ -113,21 +113,14 @@ impl TailIndex {
     /// A consistent copy of the tail fields.
     pub fn read(&self) -> Tail {
         let file = self.file.as_ref();
-        loop {
-            let before = wait_even(file, TAIL_SEQUENCE);
-            let tail = Tail {
-                segment: load(file, TAIL_SEGMENT),
-                salt: load(file, TAIL_SALT),
-                written_end: load(file, WRITTEN_END),
-                in_progress_end: load(file, IN_PROGRESS_END),
-                manifest_generation: load(file, MANIFEST_GENERATION),
-                store_generation: load(file, STORE_GENERATION),
-            };
-            std::sync::atomic::fence(Ordering::Acquire);
-            if load(file, TAIL_SEQUENCE) == before {
-                return tail;
-            }
-        }
+        read_consistent(file, TAIL_SEQUENCE, || Tail {
+            segment: load(file, TAIL_SEGMENT),
+            salt: load(file, TAIL_SALT),
+            written_end: load(file, WRITTEN_END),
+            in_progress_end: load(file, IN_PROGRESS_END),
+            manifest_generation: load(file, MANIFEST_GENERATION),
+            store_generation: load(file, STORE_GENERATION),
+        })
     }
 
     /// Changes the tail fields (segment, salt, written and in-progress ends) as one update;
@@ -177,17 +170,10 @@ impl TailIndex {
     /// How far the log is durable (F-08-7).
     pub fn durable(&self) -> LogPosition {
         let file = self.file.as_ref();
-        loop {
-            let before = wait_even(file, DURABLE_SEQUENCE);
-            let position = LogPosition {
-                segment: load(file, DURABLE_SEGMENT),
-                offset: load(file, DURABLE_END),
-            };
-            std::sync::atomic::fence(Ordering::Acquire);
-            if load(file, DURABLE_SEQUENCE) == before {
-                return position;
-            }
-        }
+        read_consistent(file, DURABLE_SEQUENCE, || LogPosition {
+            segment: load(file, DURABLE_SEGMENT),
+            offset: load(file, DURABLE_END),
+        })
     }
 
     /// Raises the durable position to `position` unless it is already past it. Only the
@@ -267,6 +253,19 @@ fn bump(file: &dyn SharedFile, index: usize) {
 /// Waits until seqlock word `index` is even and returns it. A word that stays odd belongs
 /// to a holder that died between its two stores; the next holder of the lock re-publishes
 /// (and an alone opener resets it, [`TailIndex::initialize`]), so readers only yield.
+/// What `read` returns from words a seqlock at `sequence` guards, read again until no
+/// update ran during the read (the sequence was even before and unchanged after).
+fn read_consistent<T>(file: &dyn SharedFile, sequence: usize, read: impl Fn() -> T) -> T {
+    loop {
+        let before = wait_even(file, sequence);
+        let value = read();
+        std::sync::atomic::fence(Ordering::Acquire);
+        if load(file, sequence) == before {
+            return value;
+        }
+    }
+}
+
 fn wait_even(file: &dyn SharedFile, index: usize) -> u64 {
     let mut spins = 0;
     loop {
