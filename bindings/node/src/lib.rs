@@ -2,8 +2,9 @@
 //! `@dshdb/dsh-session-persistence-dshdb`, DSH's persistence provider.
 //!
 //! It speaks only the engine's public facade. Events cross the boundary as DSH's own
-//! `JSON.stringify` text (kept byte for byte, see [`lines`]) and come back as one JSON array
-//! text per read, so JavaScript builds fresh objects with a single `JSON.parse`. Session ids
+//! `JSON.stringify` text (kept byte for byte, see [`lines`]) and come back as JSON array texts
+//! of DSH's own lines, streamed in chunks ([`stream`]), so JavaScript builds fresh objects with
+//! one `JSON.parse` per chunk while the engine reads the next. Session ids
 //! are passed already mapped to store ids by the JavaScript side (lone surrogates cannot
 //! cross as strings). Appends settle their promise from the binding's receipt thread once the
 //! engine's group commit made them durable ([`receipts`]); no fsync runs on the event loop
@@ -12,6 +13,7 @@
 mod holder;
 mod lines;
 mod receipts;
+mod stream;
 
 use dshdb::exchange;
 use dshdb::{Durability, Options, PendingReceipt, SessionWriter, Store};
@@ -129,31 +131,6 @@ pub struct NativeStore {
     shared: Arc<Mutex<Option<Arc<Shared>>>>,
 }
 
-/// A session read: header JSON text, revision, torn marker, and the events as one JSON
-/// array text (UTF-8).
-#[napi(object)]
-pub struct StoredRead {
-    pub header: String,
-    pub revision: String,
-    pub torn: bool,
-    pub events: Buffer,
-    /// Whether `events` holds packed chunk rows (DSH storage records) that expand into
-    /// several events each.
-    pub packed: bool,
-    /// Milliseconds the engine spent on the read (off the JavaScript thread): with the
-    /// promise's own time it splits a cold restore into engine, boundary and JavaScript.
-    pub engine_millis: f64,
-}
-
-pub struct ReadOutcome {
-    header: String,
-    revision: String,
-    torn: bool,
-    events: Vec<u8>,
-    packed: bool,
-    engine_millis: f64,
-}
-
 /// Opens (or creates) the store in directory `path`.
 #[napi(ts_return_type = "Promise<NativeStore>")]
 /// With `shared`, other processes may open it too (format-spec/08-many-processes.md): each
@@ -215,67 +192,6 @@ impl Task for OpenTask {
         Ok(NativeStore {
             shared: Arc::new(Mutex::new(Some(output))),
         })
-    }
-}
-
-/// Reads a session (or its suffix from `from`) as one JSON array text.
-pub struct ReadTask {
-    shared: Arc<Shared>,
-    id: String,
-    from: u64,
-}
-
-impl Task for ReadTask {
-    type Output = Option<ReadOutcome>;
-    type JsValue = Option<StoredRead>;
-
-    fn compute(&mut self) -> Result<Self::Output> {
-        let started = std::time::Instant::now();
-        let shared = &self.shared;
-        shared.fresh()?;
-        let summary = match shared.store.session(&self.id) {
-            Ok(summary) => summary,
-            Err(dshdb::Error::UnknownSession { .. }) => return Ok(None),
-            Err(error) => return Err(engine_error(&error)),
-        };
-        // The length read here bounds the events read, so the revision names exactly them.
-        let length = summary.events;
-        // DSH's own lines: an imported log's packed chunk rows stay rows (DSH's
-        // `decodeStorageRecord` expands them in JavaScript, as its JSONL provider does), so
-        // the text to parse is the log's, not its 3-4 times larger expansion.
-        let mut text = Vec::with_capacity(64);
-        text.push(b'[');
-        let mut lines = 0u64;
-        exchange::visit_dsh_lines(&shared.store, &self.id, self.from, length, |line| {
-            if lines > 0 {
-                text.push(b',');
-            }
-            lines += 1;
-            text.extend_from_slice(line.bytes);
-            Ok(())
-        })
-        .map_err(|error| engine_error(&error))?;
-        let packed = lines < length.saturating_sub(self.from);
-        text.push(b']');
-        Ok(Some(ReadOutcome {
-            revision: shared.revision(&self.id, &summary.header_json, length),
-            torn: shared.torn.lock().contains(&self.id),
-            header: summary.header_json,
-            events: text,
-            packed,
-            engine_millis: started.elapsed().as_secs_f64() * 1000.0,
-        }))
-    }
-
-    fn resolve(&mut self, _env: Env, output: Self::Output) -> Result<Self::JsValue> {
-        Ok(output.map(|read| StoredRead {
-            header: read.header,
-            revision: read.revision,
-            torn: read.torn,
-            events: read.events.into(),
-            packed: read.packed,
-            engine_millis: read.engine_millis,
-        }))
     }
 }
 
@@ -423,20 +339,12 @@ impl NativeStore {
         Ok(text)
     }
 
-    /// Reads a whole session; `null` when it is absent.
-    #[napi(ts_return_type = "Promise<StoredRead | null>")]
-    pub fn load(&self, id: String) -> Result<AsyncTask<ReadTask>> {
-        Ok(AsyncTask::new(ReadTask {
-            shared: self.open()?,
-            id,
-            from: 0,
-        }))
-    }
-
-    /// Reads the events with seq ≥ `from` (a seek through the engine's seq index).
-    #[napi(ts_return_type = "Promise<StoredRead | null>")]
-    pub fn load_from(&self, id: String, from: i64) -> Result<AsyncTask<ReadTask>> {
-        Ok(AsyncTask::new(ReadTask {
+    /// Starts a streamed read of the events with seq ≥ `from` (a seek through the engine's
+    /// seq index), in chunks that JavaScript parses while the engine reads the next ones
+    /// ([`stream`]); `null` when the session is absent.
+    #[napi(ts_return_type = "Promise<NativeRead | null>")]
+    pub fn open_read(&self, id: String, from: i64) -> Result<AsyncTask<stream::OpenReadTask>> {
+        Ok(AsyncTask::new(stream::OpenReadTask {
             shared: self.open()?,
             id,
             from: seq_from(from, "fromSeq")?,

@@ -75,3 +75,58 @@ test('appends resolve while every libuv worker is busy', async () => {
   console.log(`32 sequential appends ${result.sequential.toFixed(1)} ms, 32 concurrent ${result.concurrent.toFixed(1)} ms`)
   await cleanup()
 })
+
+/** Every record of a streamed read, and how many chunks carried them. */
+async function drainRead(read) {
+  const records = []
+  let chunks = 0
+  for (;;) {
+    const chunk = await read.next()
+    if (chunk === null) return { records, chunks }
+    chunks += 1
+    assert.equal(chunk.packed, false)
+    records.push(...JSON.parse(chunk.lines.toString('utf8')))
+  }
+}
+
+test('a streamed read hands a large session over in several chunks, whole and in order; cancel ends it', async () => {
+  const { dir, cleanup } = await tempDir()
+  const store = await openStore(dir, 'buffered')
+  const header = JSON.stringify({ version: 0, id: 'big', createdAt: 1 })
+  // About 9 MiB of lines: more than four chunks of the binding's 2 MiB.
+  const EVENTS = 20_000
+  const BATCH = 1_000
+  const lines = Array.from({ length: EVENTS }, (_, seq) => JSON.stringify({ type: 'assistant/chunk', seq, time: 1000 + seq, data: { text: `${seq}:`.padEnd(440, 'x') } }))
+  try {
+    for (let first = 0; first < EVENTS; first += BATCH) {
+      await store.append('big', first === 0 ? header : null, first, lines.slice(first, first + BATCH).join('\n'))
+    }
+    assert.equal(await store.openRead('absent', 0), null)
+
+    const whole = await store.openRead('big', 0)
+    assert.equal(JSON.parse(whole.header).id, 'big')
+    const { records, chunks } = await drainRead(whole)
+    assert.ok(chunks > 4, `${chunks} chunks`)
+    assert.deepEqual(records.map((record) => JSON.stringify(record)), lines)
+    assert.ok(whole.engineMillis >= 0)
+
+    const { records: suffix } = await drainRead(await store.openRead('big', 12_345))
+    assert.deepEqual(suffix.map((record) => JSON.stringify(record)), lines.slice(12_345))
+    const past = await store.openRead('big', Number.MAX_SAFE_INTEGER)
+    assert.deepEqual(await drainRead(past), { records: [], chunks: 0 })
+    assert.equal(past.revision, whole.revision)
+
+    // Cancelled after one chunk: the read ends, and the store closes and reopens.
+    const cancelled = await store.openRead('big', 0)
+    assert.notEqual(await cancelled.next(), null)
+    cancelled.cancel()
+    assert.equal(await cancelled.next(), null)
+  } finally {
+    await store.close()
+  }
+  const again = await openStore(dir, 'sync')
+  const { records } = await drainRead(await again.openRead('big', 0))
+  assert.equal(records.length, EVENTS)
+  await again.close()
+  await cleanup()
+})

@@ -12,10 +12,12 @@ use crate::storage::frame::{
 };
 use crate::{EventView, Store};
 
-/// One DSH line (without its newline) and whether it starts a batch DSH wrote as one unit.
+/// One DSH line (without its newline), whether it starts a batch DSH wrote as one unit, and
+/// whether it is a packed chunk row (a line that stands for several events).
 pub struct DshLine<'a> {
     pub bytes: &'a [u8],
     pub batch_start: bool,
+    pub row: bool,
 }
 
 /// The row being gathered: its members (seq, time and the span of their data in one
@@ -103,6 +105,7 @@ impl Walk<'_> {
             return visit(DshLine {
                 bytes: &bytes,
                 batch_start,
+                row: false,
             });
         }
         // A plain event, or a row member whose row started before the walk's `from`.
@@ -119,6 +122,7 @@ impl Walk<'_> {
         visit(DshLine {
             bytes: self.line.as_bytes(),
             batch_start,
+            row: false,
         })
     }
 }
@@ -156,6 +160,7 @@ fn flush_row(
         PendingRow::Verbatim { batch_start, bytes } => visit(DshLine {
             bytes: &bytes,
             batch_start,
+            row: true,
         }),
         PendingRow::Members {
             batch_start,
@@ -172,6 +177,7 @@ fn flush_row(
             visit(DshLine {
                 bytes: row.as_bytes(),
                 batch_start,
+                row: true,
             })
         }
     }

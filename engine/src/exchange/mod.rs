@@ -91,6 +91,10 @@ pub enum ExchangeError {
     /// The input exceeds an import bound ([`ImportLimits`]); nothing was written.
     #[error("{reason}")]
     TooLarge { reason: String },
+    /// A visitor ended the walk early on purpose (e.g. its reader went away); not a failure
+    /// of the store.
+    #[error("the walk was stopped by its visitor")]
+    Stopped,
 }
 
 pub type Result<T, E = ExchangeError> = std::result::Result<T, E>;
