@@ -208,8 +208,11 @@ impl Store {
             .storage
             .open(&segment_path(cut.segment), false)
             .map_err(|error| Error::io("segment open", error))?;
-        file.sync_data()
-            .map_err(|error| Error::io("checkpoint segment sync", error))?;
+        // `Sync` appends made them durable already; `Buffered` and `Batched` ones may not be.
+        if !log.is_durable(cut.segment, cut.end) {
+            file.sync_data()
+                .map_err(|error| Error::io("checkpoint segment sync", error))?;
+        }
         let mut frame = [0u8; COMMIT_FRAME_BYTES as usize];
         file.read_exact_at(&mut frame, cut.end - COMMIT_FRAME_BYTES)
             .map_err(|error| Error::io("segment read", error))?;
