@@ -27,7 +27,9 @@ pub const CHECKPOINT_VERSION: u32 = 3;
 /// only when it covers such a prefix, so that readers of version 3 keep using the others.
 pub const OPEN_PREFIX_CHECKPOINT_VERSION: u32 = 4;
 /// Bytes of a commit frame: a header and a 24-byte payload (F-02-13).
-pub const COMMIT_FRAME_BYTES: u64 = FRAME_HEADER_BYTES as u64 + 24;
+pub const COMMIT_FRAME_LENGTH: usize = FRAME_HEADER_BYTES + 24;
+/// [`COMMIT_FRAME_LENGTH`] as a file offset.
+pub const COMMIT_FRAME_BYTES: u64 = COMMIT_FRAME_LENGTH as u64;
 /// Bytes of one encoded extent (F-06-21).
 const EXTENT_BYTES: usize = 8 + 8 + 8 + 4;
 pub use crate::limits::MAX_INDEX_CHECKPOINT_BYTES as MAX_CHECKPOINT_BYTES;
@@ -371,7 +373,7 @@ pub fn check_open_prefix(
     let file = storage
         .open_read(&crate::storage::segment::segment_path(prefix.id))
         .map_err(|error| format!("open segment {}: cannot open: {error}", prefix.id))?;
-    let mut frame = [0u8; COMMIT_FRAME_BYTES as usize];
+    let mut frame = [0u8; COMMIT_FRAME_LENGTH];
     let start = prefix.end - COMMIT_FRAME_BYTES;
     file.read_exact_at(&mut frame, start).map_err(|error| {
         format!(

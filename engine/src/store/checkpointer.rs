@@ -15,7 +15,7 @@ use crate::storage::commit::{start_thread, Log};
 use crate::storage::frame::{decode_frame, Kind};
 use crate::storage::index::{
     assemble_checkpoint, encode_catalog, write_checkpoint, CoveredSegment, OpenPrefix,
-    COMMIT_FRAME_BYTES,
+    COMMIT_FRAME_BYTES, COMMIT_FRAME_LENGTH,
 };
 use crate::storage::manifest::RunEntry;
 use crate::storage::multi::lock::{ByteLock, MAINTENANCE_LOCK};
@@ -213,7 +213,7 @@ impl Store {
             file.sync_data()
                 .map_err(|error| Error::io("checkpoint segment sync", error))?;
         }
-        let mut frame = [0u8; COMMIT_FRAME_BYTES as usize];
+        let mut frame = [0u8; COMMIT_FRAME_LENGTH];
         file.read_exact_at(&mut frame, cut.end - COMMIT_FRAME_BYTES)
             .map_err(|error| Error::io("segment read", error))?;
         let not_a_commit = || Error::Corrupt {
