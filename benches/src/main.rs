@@ -1,4 +1,4 @@
-//! `dshdb-benches compare [--quick] [--only cold-resume|dsh-layout] [--out DIR]`: dshdb against DSH JSONL, DSH SQLite and the
+//! `dshdb-benches compare [--quick] [--only cold-resume|dsh-layout|crash-reopen|sync-latency] [--out DIR]`: dshdb against DSH JSONL, DSH SQLite and the
 //! raw `pwrite`+`fdatasync` floor, on the same machine and the same event stream.
 //! See BENCHMARKS.md at the repository root for the method.
 
@@ -63,6 +63,11 @@ struct Config {
     cold_resume_only: bool,
     /// Only the DSH-files section on both layouts (`compare --only dsh-layout`).
     layout_only: bool,
+    /// Only the reopen-after-crash section (`compare --only crash-reopen`).
+    crash_reopen_only: bool,
+    /// Only the single-session 256 B durable latency of dshdb and the raw floor
+    /// (`compare --only sync-latency`).
+    sync_latency_only: bool,
     reps: usize,
     /// Appends measured per interactive run (after a warm-up).
     interactive_appends: usize,
@@ -102,7 +107,7 @@ fn parse_args() -> Result<Config> {
             single = Some((system, sessions));
         }
         _ => bail!(
-            "usage: dshdb-benches compare [--quick] [--only cold-resume|dsh-layout] [--out DIR]\n       \
+            "usage: dshdb-benches compare [--quick] [--only cold-resume|dsh-layout|crash-reopen|sync-latency] [--out DIR]\n       \
              dshdb-benches fleet sync|batched|pipelined|jsonl|jsonl-zstd|sqlite|redb SESSIONS [--quick] [--out DIR]\n       \
              dshdb-benches exchange [--quick] [--out DIR]\n       \
              dshdb-benches dsh-layout-file DIR [EVENTS]   (a DSH packed-layout session.jsonl and .jsonl.zstd)"
@@ -111,6 +116,8 @@ fn parse_args() -> Result<Config> {
     let mut quick = false;
     let mut cold_resume_only = false;
     let mut layout_only = false;
+    let mut crash_reopen_only = false;
+    let mut sync_latency_only = false;
     let mut out = PathBuf::from("bench-out");
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -118,7 +125,12 @@ fn parse_args() -> Result<Config> {
             "--only" => match args.next().as_deref() {
                 Some("cold-resume") => cold_resume_only = true,
                 Some("dsh-layout") => layout_only = true,
-                other => bail!("--only takes cold-resume or dsh-layout, not {other:?}"),
+                Some("crash-reopen") => crash_reopen_only = true,
+                Some("sync-latency") => sync_latency_only = true,
+                other => bail!(
+                    "--only takes cold-resume, dsh-layout, crash-reopen or sync-latency, \
+                     not {other:?}"
+                ),
             },
             "--out" => out = PathBuf::from(args.next().context("--out needs a directory")?),
             other => bail!("unknown argument {other:?}"),
@@ -131,6 +143,8 @@ fn parse_args() -> Result<Config> {
             exchange_only,
             cold_resume_only,
             layout_only,
+            crash_reopen_only,
+            sync_latency_only,
             reps: 1,
             interactive_appends: 300,
             warmup: 20,
@@ -146,6 +160,8 @@ fn parse_args() -> Result<Config> {
             exchange_only,
             cold_resume_only,
             layout_only,
+            crash_reopen_only,
+            sync_latency_only,
             reps: 5,
             interactive_appends: 600,
             warmup: 50,
@@ -191,6 +207,12 @@ fn main() -> Result<()> {
     } else if config.layout_only {
         layout_run::run(&work, exchange_events(&config))
             .map(|section| format!("## dshdb compare --only dsh-layout\n\n{section}"))
+    } else if config.crash_reopen_only {
+        let (sessions, events) = crash_size(&config);
+        resume_run::crash_reopen(&work, sessions, events)
+            .map(|section| format!("## dshdb compare --only crash-reopen\n\n{section}"))
+    } else if config.sync_latency_only {
+        sync_latency_only(&config, &work)
     } else {
         run(&config, &work)
     };
@@ -202,9 +224,14 @@ fn main() -> Result<()> {
     );
     let name = match (
         config.exchange_only,
-        config.cold_resume_only || config.layout_only,
+        config.cold_resume_only
+            || config.layout_only
+            || config.crash_reopen_only
+            || config.sync_latency_only,
         config.quick,
     ) {
+        (false, true, _) if config.crash_reopen_only => "crash-reopen.md",
+        (false, true, _) if config.sync_latency_only => "sync-latency.md",
         (false, true, true) if config.layout_only => "dsh-layout-quick.md",
         (false, true, false) if config.layout_only => "dsh-layout.md",
         (true, _, true) => "exchange-quick.md",
@@ -230,6 +257,38 @@ fn cold_resume_only(work: &Path, events: usize) -> Result<String> {
          after {}.\n\n{section}",
         load_average()
     ))
+}
+
+/// The single-session durable 256 B latency of dshdb (`Sync`) and the raw `pwrite` +
+/// `fdatasync` floor, taking turns append by append, over the configured repetitions.
+fn sync_latency_only(config: &Config, work: &Path) -> Result<String> {
+    let systems = [System::Raw, System::Dshdb];
+    let mut runs: Vec<Vec<Latency>> = vec![Vec::new(); systems.len()];
+    for rep in 0..config.reps {
+        eprintln!("rep {rep}: interactive 256 B");
+        for (k, run) in interactive(config, work, &systems, 256)?
+            .into_iter()
+            .enumerate()
+        {
+            eprintln!("  {}: p50 {:.0} µs", systems[k].name(), run.p50);
+            runs[k].push(run);
+        }
+    }
+    let mut out = format!(
+        "## dshdb compare --only sync-latency\n\nLoad average {}.\n\n| system | p50 (µs) | \
+         p99 (µs) |\n|---|---:|---:|\n",
+        load_average()
+    );
+    for (system, runs) in systems.iter().zip(&runs) {
+        let latency = median_latency(runs);
+        out.push_str(&format!(
+            "| {} | {:.0} | {:.0} |\n",
+            system.name(),
+            latency.p50,
+            latency.p99
+        ));
+    }
+    Ok(out)
 }
 
 /// Sessions and events per session of the reopen-after-crash run.

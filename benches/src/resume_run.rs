@@ -111,6 +111,11 @@ pub fn child(args: &[String]) -> Result<()> {
             crash_writer(system, Path::new(dir), sessions.parse()?, events.parse()?)?;
         }
         [kind, system, dir] if kind == "reopen" => reopen(system, Path::new(dir))?,
+        [kind, dir] if kind == "reopen-report" => {
+            // What the dshdb reopen found (a writable open, as `reopen` makes it).
+            let store = Store::open(dir, Options::default())?;
+            eprintln!("{:?}", store.recovery_report());
+        }
         other => bail!("unknown child command {other:?}"),
     }
     println!(

@@ -145,6 +145,20 @@ pub const MAX_PREALLOCATED_EVENTS: usize = 1 << 20;
 /// for an unsealed segment per call (about 1 MB at the DSH mix's ~225 bytes an event).
 pub const EVENTS_PER_READ: u64 = 4096;
 
+// ---- checkpoints while the store runs (format-spec F-06-27) --------------------------------
+
+/// Log bytes committed since the last seq-index checkpoint after which a running writer
+/// writes a new one covering the open segment's prefix, in bytes: 4 MiB. A reopen after a
+/// crash then replays at most about this much of the log (plus what arrived while the
+/// checkpoint was written).
+pub const DEFAULT_CHECKPOINT_EVERY_LOG_BYTES: u64 = 4 * MIB as u64;
+/// The interval grows with the checkpoint: at least this many log bytes per checkpoint
+/// byte, so that checkpoints of a store with very many sessions cost at most 1/8 of the
+/// log's write volume.
+pub const CHECKPOINT_LOG_BYTES_PER_CHECKPOINT_BYTE: u64 = 8;
+/// How often the checkpoint thread looks at the log's tail, in milliseconds.
+pub const CHECKPOINT_POLL_MILLIS: u64 = 20;
+
 // ---- derived files: projection cache and spill (format-spec/07) ----------------------------
 
 /// Largest projection-cache checkpoint file read, in bytes: 1 GiB; a larger file is

@@ -640,6 +640,20 @@ impl Log {
         (context.segment, context.salt, context.base_offset)
     }
 
+    /// Whether every byte of `segment` before `end` is known durable: a sync this log ran
+    /// (or, with other processes, the shared durable position) covered it.
+    pub fn is_durable(&self, segment: u64, end: u64) -> bool {
+        if let Some(multi) = &self.shared.multi {
+            let durable = multi.tail.durable();
+            if (segment, end) <= (durable.segment, durable.offset) {
+                return true;
+            }
+        }
+        let state = self.shared.state.lock();
+        let context = &state.active.context;
+        context.segment == segment && context.durable_offset >= end
+    }
+
     /// Many-process mode: what this process knows of the others (F-08-5).
     pub fn shared_tail(&self) -> Option<&TailIndex> {
         self.shared.multi.as_ref().map(|multi| &multi.tail)

@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, EventIndex, Extent, Seed};
 use crate::storage::coding::{checked_count_u32, u32_at, u32_to_usize, Reader, Writer};
-use crate::storage::frame::NO_SEED_PARENT;
+use crate::storage::frame::{decode_frame, Kind, FRAME_HEADER_BYTES, NO_SEED_PARENT};
 use crate::storage::io::Storage;
 use crate::storage::manifest::{Manifest, RunEntry};
 use std::collections::HashSet;
@@ -18,10 +18,18 @@ pub const CHECKPOINT_FILE: &str = "index/checkpoint";
 /// The checkpoint being written (never read).
 pub const CHECKPOINT_TEMP_FILE: &str = "index/checkpoint.tmp";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"DSHDBIDX";
-/// The checkpoint format version this build writes and reads (F-06-21): sparse extents
-/// and the list of deleted sessions. Versions 1 and 2 (one frame size per event) are
-/// ignored like any other version (F-06-22): the first open rebuilds the index.
+/// The checkpoint format version of a checkpoint that covers sealed segments only (F-06-21):
+/// sparse extents and the list of deleted sessions. Versions 1 and 2 (one frame size per
+/// event) are ignored like any other version (F-06-22): the first open rebuilds the index.
 pub const CHECKPOINT_VERSION: u32 = 3;
+/// The version of a checkpoint that also covers a prefix of the first unsealed segment
+/// (F-06-27): version 3 with the open prefix after the segment list. A writer writes it
+/// only when it covers such a prefix, so that readers of version 3 keep using the others.
+pub const OPEN_PREFIX_CHECKPOINT_VERSION: u32 = 4;
+/// Bytes of a commit frame: a header and a 24-byte payload (F-02-13).
+pub const COMMIT_FRAME_LENGTH: usize = FRAME_HEADER_BYTES + 24;
+/// [`COMMIT_FRAME_LENGTH`] as a file offset.
+pub const COMMIT_FRAME_BYTES: u64 = COMMIT_FRAME_LENGTH as u64;
 /// Bytes of one encoded extent (F-06-21).
 const EXTENT_BYTES: usize = 8 + 8 + 8 + 4;
 pub use crate::limits::MAX_INDEX_CHECKPOINT_BYTES as MAX_CHECKPOINT_BYTES;
@@ -34,28 +42,65 @@ pub struct CoveredSegment {
     pub end: u64,
 }
 
+/// The prefix `0 .. end` of the first unsealed segment a checkpoint covers (F-06-27): `end`
+/// is the end of a durable commit frame whose stored checksum is `commit_checksum`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenPrefix {
+    pub id: u64,
+    pub salt: u64,
+    pub end: u64,
+    pub commit_checksum: u32,
+}
+
 /// A decoded checkpoint.
 #[derive(Debug)]
 pub struct Checkpoint {
     /// (id, salt) of the covered runs, a prefix of the manifest's.
     pub runs: Vec<(u64, u64)>,
+    /// Covered sealed segments, a prefix of the manifest's.
     pub segments: Vec<CoveredSegment>,
+    /// The covered prefix of the segment after them (version 4 only).
+    pub open: Option<OpenPrefix>,
     pub catalog: Catalog,
 }
 
 /// Encodes the catalog's sessions that were defined in covered files, each with the prefix
 /// of its extents that lies in covered files (runs and segments hold a log prefix, so a
 /// session's covered extents are a prefix of its extents).
+/// With `open`, the prefix of the next segment is covered too (version 4, F-06-27); the
+/// caller guarantees the catalog holds exactly the batches below its end there.
 pub fn encode_checkpoint(
     catalog: &Catalog,
     runs: &[RunEntry],
     segments: &[CoveredSegment],
+    open: Option<OpenPrefix>,
+) -> Result<Vec<u8>> {
+    let open_segment = open.map(|prefix| (prefix.id, prefix.end));
+    let body = encode_catalog(catalog, runs, segments, open_segment)?;
+    assemble_checkpoint(runs, segments, open, &body)
+}
+
+/// The part of a checkpoint after its file list: types, deletions and sessions as of the
+/// covered files (`open_segment`: the id and covered end of the open segment). Split from
+/// [`assemble_checkpoint`] so that a writer can encode it under the catalog's lock and learn
+/// the open prefix's commit checksum afterwards.
+pub fn encode_catalog(
+    catalog: &Catalog,
+    runs: &[RunEntry],
+    segments: &[CoveredSegment],
+    open_segment: Option<(u64, u64)>,
 ) -> Result<Vec<u8>> {
     let covered: HashSet<u64> = runs
         .iter()
         .map(|run| run.id)
         .chain(segments.iter().map(|segment| segment.id))
+        .chain(open_segment.iter().map(|(id, _)| *id))
         .collect();
+    // An extent of the open segment counts only if it ends inside the covered prefix.
+    let is_covered = |extent: &Extent| {
+        covered.contains(&extent.file)
+            && open_segment.is_none_or(|(id, end)| extent.file != id || extent.end() <= end)
+    };
     let mut sessions: Vec<_> = catalog
         .sessions
         .values()
@@ -69,20 +114,6 @@ pub fn encode_checkpoint(
         .collect();
     let mut out = Vec::new();
     let mut writer = Writer::new(&mut out);
-    writer.bytes(CHECKPOINT_MAGIC);
-    writer.u32(CHECKPOINT_VERSION);
-    writer.u32(0);
-    writer.u32(count_u32(runs.len())?);
-    for run in runs {
-        writer.u64(run.id);
-        writer.u64(run.salt);
-    }
-    writer.u32(count_u32(segments.len())?);
-    for segment in segments {
-        writer.u64(segment.id);
-        writer.u64(segment.salt);
-        writer.u64(segment.end);
-    }
     let mut types: Vec<(&u32, &String)> = catalog.type_names.iter().collect();
     types.sort();
     writer.u32(count_u32(types.len())?);
@@ -106,7 +137,7 @@ pub fn encode_checkpoint(
         let extents = entry.events.extents();
         let covered_count = extents
             .iter()
-            .take_while(|extent| covered.contains(&extent.file))
+            .take_while(|extent| is_covered(extent))
             .count();
         let covered_extents = &extents[..covered_count];
         let events: u64 = covered_extents
@@ -122,6 +153,45 @@ pub fn encode_checkpoint(
             writer.u32(extent.count);
         }
     }
+    Ok(out)
+}
+
+/// The whole checkpoint file: magic, version (4 with an open prefix, else 3), the covered
+/// files, `catalog_bytes` from [`encode_catalog`] and the checksum.
+pub fn assemble_checkpoint(
+    runs: &[RunEntry],
+    segments: &[CoveredSegment],
+    open: Option<OpenPrefix>,
+    catalog_bytes: &[u8],
+) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(catalog_bytes.len() + 64);
+    let mut writer = Writer::new(&mut out);
+    writer.bytes(CHECKPOINT_MAGIC);
+    writer.u32(if open.is_some() {
+        OPEN_PREFIX_CHECKPOINT_VERSION
+    } else {
+        CHECKPOINT_VERSION
+    });
+    writer.u32(0);
+    writer.u32(count_u32(runs.len())?);
+    for run in runs {
+        writer.u64(run.id);
+        writer.u64(run.salt);
+    }
+    writer.u32(count_u32(segments.len())?);
+    for segment in segments {
+        writer.u64(segment.id);
+        writer.u64(segment.salt);
+        writer.u64(segment.end);
+    }
+    if let Some(prefix) = open {
+        writer.u64(prefix.id);
+        writer.u64(prefix.salt);
+        writer.u64(prefix.end);
+        writer.u32(prefix.commit_checksum);
+        writer.u32(0);
+    }
+    writer.bytes(catalog_bytes);
     let sum = crc32fast::hash(&out);
     Writer::new(&mut out).u32(sum);
     Ok(out)
@@ -138,8 +208,12 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
     }
     let mut reader = Reader::at(body, CHECKPOINT_MAGIC.len());
     let version = reader.u32("checkpoint version")?;
-    if version != CHECKPOINT_VERSION || reader.u32("checkpoint reserved")? != 0 {
-        return Err(format!("version {version} is not {CHECKPOINT_VERSION}"));
+    let known = version == CHECKPOINT_VERSION || version == OPEN_PREFIX_CHECKPOINT_VERSION;
+    if !known || reader.u32("checkpoint reserved")? != 0 {
+        return Err(format!(
+            "version {version} is neither {CHECKPOINT_VERSION} nor \
+             {OPEN_PREFIX_CHECKPOINT_VERSION}"
+        ));
     }
     let run_count = count(&mut reader, 16, "run count")?;
     let runs = (0..run_count)
@@ -155,6 +229,11 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
             })
         })
         .collect::<std::result::Result<Vec<_>, String>>()?;
+    let open = if version == OPEN_PREFIX_CHECKPOINT_VERSION {
+        Some(decode_open_prefix(&mut reader)?)
+    } else {
+        None
+    };
     let mut catalog = Catalog::default();
     for _ in 0..count(&mut reader, 8, "type count")? {
         let number = reader.u32("type number")?;
@@ -179,8 +258,26 @@ pub fn decode_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String
     Ok(Checkpoint {
         runs,
         segments,
+        open,
         catalog,
     })
+}
+
+/// The open prefix of a version-4 checkpoint (F-06-27).
+fn decode_open_prefix(reader: &mut Reader<'_>) -> std::result::Result<OpenPrefix, String> {
+    let prefix = OpenPrefix {
+        id: reader.u64("open segment id")?,
+        salt: reader.u64("open segment salt")?,
+        end: reader.u64("open segment end")?,
+        commit_checksum: reader.u32("open segment commit checksum")?,
+    };
+    if reader.u32("open segment reserved")? != 0 {
+        return Err("open segment reserved field is not zero".to_string());
+    }
+    if prefix.end < crate::storage::segment::SEGMENT_HEADER_BYTES + COMMIT_FRAME_BYTES {
+        return Err("open segment end before its first commit".to_string());
+    }
+    Ok(prefix)
 }
 
 /// Restores one session; returns its number.
@@ -250,11 +347,55 @@ pub fn load_checkpoint(
             .iter()
             .zip(&manifest.segments)
             .all(|(covered, segment)| (covered.id, covered.salt) == (segment.id, segment.salt));
-    let all_runs = checkpoint.segments.is_empty() || checkpoint.runs.len() == manifest.runs.len();
-    if !runs_match || !segments_match || !all_runs {
+    let covers_segments = !checkpoint.segments.is_empty() || checkpoint.open.is_some();
+    let all_runs = !covers_segments || checkpoint.runs.len() == manifest.runs.len();
+    let open_matches = checkpoint.open.is_none_or(|prefix| {
+        manifest
+            .segments
+            .get(checkpoint.segments.len())
+            .is_some_and(|segment| (segment.id, segment.salt) == (prefix.id, prefix.salt))
+    });
+    if !runs_match || !segments_match || !all_runs || !open_matches {
         return Err("does not match the manifest".to_string());
     }
+    // The open prefix's frame check (F-06-28) is recovery's: what a failed one means
+    // depends on what the log holds.
     Ok(checkpoint)
+}
+
+/// F-06-28: the open prefix is trusted only if the segment still holds, ending at the
+/// recorded end, the commit frame the checkpoint saw (valid under the segment's salt, with
+/// the recorded checksum). One read of 28 bytes.
+pub fn check_open_prefix(
+    storage: &dyn Storage,
+    prefix: &OpenPrefix,
+) -> std::result::Result<(), String> {
+    let file = storage
+        .open_read(&crate::storage::segment::segment_path(prefix.id))
+        .map_err(|error| format!("open segment {}: cannot open: {error}", prefix.id))?;
+    let mut frame = [0u8; COMMIT_FRAME_LENGTH];
+    let start = prefix.end - COMMIT_FRAME_BYTES;
+    file.read_exact_at(&mut frame, start).map_err(|error| {
+        format!(
+            "open segment {}: no commit frame ends at offset {}: {error}",
+            prefix.id, prefix.end
+        )
+    })?;
+    let stale = || {
+        format!(
+            "open segment {}: the commit frame ending at offset {} is not the one recorded",
+            prefix.id, prefix.end
+        )
+    };
+    let decoded = decode_frame(&frame, prefix.salt).map_err(|_| stale())?;
+    let stored_checksum = u32_at(&frame, 0, "frame checksum").map_err(|_| stale())?;
+    if decoded.kind != Kind::Commit as u8
+        || decoded.total_bytes != frame.len()
+        || stored_checksum != prefix.commit_checksum
+    {
+        return Err(stale());
+    }
+    Ok(())
 }
 
 /// Writes a checkpoint atomically (F-06-20).
@@ -350,7 +491,7 @@ mod tests {
             salt: 55,
             file_bytes: 1000,
         }];
-        let bytes = encode_checkpoint(&catalog, &runs, &[]).expect("encode");
+        let bytes = encode_checkpoint(&catalog, &runs, &[], None).expect("encode");
         let loaded = decode_checkpoint(&bytes).expect("valid");
         assert_eq!(loaded.runs, vec![(5, 55)]);
         let session = &loaded.catalog.sessions[&0];
@@ -371,6 +512,7 @@ mod tests {
                 salt: 99,
                 end: 500,
             }],
+            None,
         )
         .expect("encode");
         let loaded = decode_checkpoint(&all).expect("valid");
@@ -383,7 +525,7 @@ mod tests {
 
     #[test]
     fn every_flip_makes_the_checkpoint_unusable() {
-        let bytes = encode_checkpoint(&sample_catalog(), &[], &[]).expect("encode");
+        let bytes = encode_checkpoint(&sample_catalog(), &[], &[], None).expect("encode");
         for index in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[index] ^= 0x04;

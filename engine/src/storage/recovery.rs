@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, Extent, Position, Seed};
 use crate::storage::coding::checked_u32;
 use crate::storage::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
-use crate::storage::index::{load_checkpoint, Checkpoint, CoveredSegment};
+use crate::storage::index::{
+    check_open_prefix, load_checkpoint, Checkpoint, CoveredSegment, OpenPrefix,
+};
 use crate::storage::io::{Storage, StorageFile};
 use crate::storage::manifest::{Manifest, RunEntry, SegmentEntry};
 use crate::storage::run::{
@@ -52,6 +54,9 @@ pub struct RecoveryReport {
     pub runs_replayed: usize,
     /// Whether a seq-index checkpoint was loaded.
     pub checkpoint_used: bool,
+    /// The (segment, end) of the unsealed segment's prefix the checkpoint covered
+    /// (F-06-27): its batches from `end` on were replayed.
+    pub checkpoint_open_prefix: Option<(u64, u64)>,
     /// Why a checkpoint was not used (F-06-22), when the store has one or has runs.
     pub checkpoint_ignored: Option<String>,
     /// A writable open found the last segment the checkpoint covers unsealed where the
@@ -231,13 +236,22 @@ pub fn recover(
             None
         }
     };
+    if let Some(prefix) = checkpoint.as_ref().and_then(|checkpoint| checkpoint.open) {
+        if let Err(reason) = check_open_prefix(storage, &prefix) {
+            return recover_past_stale_prefix(storage, manifest, prefix, reason, access);
+        }
+    }
     if let Some(checkpoint) = checkpoint
         .as_ref()
         .filter(|_| access.checks_covered_files())
     {
         check_covered_files(storage, manifest, checkpoint)?;
-        if let Some(unclean) = unclean_last_seal(storage, checkpoint)? {
-            return recover_past_unclean_seal(storage, manifest, unclean, access);
+        // With an open prefix, its verified commit frame proves every earlier segment was
+        // sealed and durable before it was written (F-05-2): there is no seal to check.
+        if checkpoint.open.is_none() {
+            if let Some(unclean) = unclean_last_seal(storage, checkpoint)? {
+                return recover_past_unclean_seal(storage, manifest, unclean, access);
+            }
         }
     }
     let mut recovered = replay(storage, manifest, checkpoint, report, access)?;
@@ -261,10 +275,50 @@ fn mark_stale_checkpoint(storage: &dyn Storage, manifest: &Manifest, recovered: 
         .segments
         .iter()
         .any(|covered| continued_end(tail, covered.id).is_some());
-    recovered.report.checkpoint_distrusted |= stale;
+    // Continuing the open segment is what its prefix expects, unless below the prefix.
+    let prefix_lost = checkpoint.open.is_some_and(|prefix| {
+        continued_end(tail, prefix.id).is_some_and(|committed| committed < prefix.end)
+    });
+    recovered.report.checkpoint_distrusted |= stale || prefix_lost;
 }
 
-/// F-05-12: every file the checkpoint covers exists, each covered segment's header and
+/// F-06-28: the open prefix's commit frame is not where the checkpoint recorded it. The
+/// open recovers without the checkpoint (F-06-22). The checkpoint was written once that
+/// frame was durable, so a writable open that finds the segment's batches ending before
+/// it has lost acknowledged batches and refuses (`Corrupt`), changing nothing; otherwise
+/// the checkpoint is distrusted (removed before anything is written).
+fn recover_past_stale_prefix(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    prefix: OpenPrefix,
+    reason: String,
+    access: Access,
+) -> Result<Recovered> {
+    let mut recovered = replay(storage, manifest, None, RecoveryReport::default(), access)?;
+    if access.checks_covered_files() {
+        let committed_end = recovered
+            .tail
+            .as_ref()
+            .and_then(|tail| continued_end(tail, prefix.id));
+        if let Some(committed_end) = committed_end.filter(|end| *end < prefix.end) {
+            return Err(corrupt(
+                prefix.id,
+                committed_end,
+                &format!(
+                    "committed batches end here, but the checkpoint recorded them durable up \
+                     to offset {}: {reason}",
+                    prefix.end
+                ),
+            ));
+        }
+        recovered.report.checkpoint_distrusted = true;
+    }
+    recovered.report.checkpoint_ignored = Some(reason);
+    Ok(recovered)
+}
+
+/// F-05-12: every file the checkpoint covers exists, each covered segment's header (the
+/// open prefix's segment too, F-06-28) and
 /// each covered run's header and footer are sound. (The records of older covered segments
 /// and the blocks of runs are checked by every read of them and by `verify`.)
 fn check_covered_files(
@@ -272,14 +326,19 @@ fn check_covered_files(
     manifest: &Manifest,
     checkpoint: &Checkpoint,
 ) -> Result<()> {
-    for segment in &checkpoint.segments {
-        let file = open_named(storage, &segment_path(segment.id))?;
+    let open = checkpoint.open.map(|prefix| (prefix.id, prefix.salt));
+    let sealed = checkpoint
+        .segments
+        .iter()
+        .map(|segment| (segment.id, segment.salt));
+    for (id, salt) in sealed.chain(open) {
+        let file = open_named(storage, &segment_path(id))?;
         let mut header = vec![0; crate::storage::segment::HEADER_LENGTH];
         let read = file
             .read_up_to(&mut header, 0)
             .map_err(|error| Error::io("segment read", error))?;
         header.truncate(read);
-        check_header(&header, segment.id, segment.salt)?;
+        check_header(&header, id, salt)?;
     }
     for run in &manifest.runs[..checkpoint.runs.len()] {
         let file = open_named(storage, &run_path(run.id))?;
@@ -405,17 +464,19 @@ fn replay(
     mut report: RecoveryReport,
     access: Access,
 ) -> Result<Recovered> {
-    let (mut catalog, covered_runs, covered_segments) = match checkpoint {
+    let (mut catalog, covered_runs, covered_segments, open) = match checkpoint {
         Some(checkpoint) => {
             report.checkpoint_used = true;
             (
                 checkpoint.catalog,
                 checkpoint.runs.len(),
                 checkpoint.segments,
+                checkpoint.open,
             )
         }
-        None => (Catalog::default(), 0, Vec::new()),
+        None => (Catalog::default(), 0, Vec::new(), None),
     };
+    report.checkpoint_open_prefix = open.map(|prefix| (prefix.id, prefix.end));
     for run in &manifest.runs[covered_runs..] {
         report.events += replay_run(storage, run, &mut catalog)?;
         report.runs_replayed += 1;
@@ -426,28 +487,38 @@ fn replay(
     for index in covered_segments.len()..segments.len() {
         let entry = segments[index];
         report.segments_scanned += 1;
-        let (committed_end, wipe_end) =
-            match replay_segment(storage, segments, index, &mut catalog, &mut report, access)? {
-                SegmentEnd::Sealed { end } => {
-                    tail = Some(LogTail {
-                        segment: entry.id,
-                        salt: entry.salt,
-                        offset: end,
-                        sealed: true,
-                        wipe_end: end,
-                        seal_earlier: Vec::new(),
-                    });
-                    continue;
-                }
-                SegmentEnd::Open {
-                    committed_end,
-                    wipe_end,
-                    torn_tail,
-                } => {
-                    report.torn_tail = torn_tail;
-                    (committed_end, wipe_end)
-                }
-            };
+        // The open prefix's segment follows the covered sealed ones (F-06-21): resumed there.
+        let resume = open
+            .filter(|prefix| prefix.id == entry.id)
+            .map(|prefix| prefix.end);
+        let replayed = replay_segment(
+            storage,
+            (segments, index, resume),
+            &mut catalog,
+            &mut report,
+            access,
+        )?;
+        let (committed_end, wipe_end) = match replayed {
+            SegmentEnd::Sealed { end } => {
+                tail = Some(LogTail {
+                    segment: entry.id,
+                    salt: entry.salt,
+                    offset: end,
+                    sealed: true,
+                    wipe_end: end,
+                    seal_earlier: Vec::new(),
+                });
+                continue;
+            }
+            SegmentEnd::Open {
+                committed_end,
+                wipe_end,
+                torn_tail,
+            } => {
+                report.torn_tail = torn_tail;
+                (committed_end, wipe_end)
+            }
+        };
         tail = Some(LogTail {
             segment: entry.id,
             salt: entry.salt,
@@ -502,17 +573,24 @@ fn replay(
 /// continues from its committed end (F-05-13): a writer may have been writing it meanwhile.
 fn replay_segment(
     storage: &dyn Storage,
-    segments: &[SegmentEntry],
-    index: usize,
+    (segments, index, resume): (&[SegmentEntry], usize, Option<u64>),
     catalog: &mut Catalog,
     report: &mut RecoveryReport,
     access: Access,
 ) -> Result<SegmentEnd> {
     let entry = segments[index];
-    let mut bytes = read_segment(storage, entry.id)?;
+    let read = || match resume {
+        Some(from) => read_segment_from(storage, entry.id, from),
+        None => read_segment(storage, entry.id),
+    };
+    let mut bytes = read()?;
     check_header(&bytes, entry.id, entry.salt)?;
+    // From an open prefix (F-06-27) the records that defined its sessions and types in
+    // this segment lie before it: "held in this segment" (F-05-4) is not checked, as in a
+    // catch-up (F-08-11).
     let mut progress = SegmentProgress {
-        committed_end: SEGMENT_HEADER_BYTES,
+        committed_end: resume.unwrap_or(SEGMENT_HEADER_BYTES),
+        mid_segment: resume.is_some(),
         ..SegmentProgress::default()
     };
     let mut reads = 1;
@@ -563,7 +641,7 @@ fn replay_segment(
         let committed_end = replay.progress.committed_end;
         progress = replay.progress;
         if access.beside_a_writer() && reads < MAX_SEGMENT_READS {
-            let fresh = read_segment(storage, entry.id)?;
+            let fresh = read()?;
             fn after(segment: &[u8], offset: u64) -> Option<&[u8]> {
                 usize::try_from(offset)
                     .ok()
@@ -578,6 +656,34 @@ fn replay_segment(
         }
         return Err(corrupt(entry.id, stop_offset, &reason));
     }
+}
+
+/// A segment's bytes as [`read_segment`] reads them, but with only the header and the bytes
+/// from `from` on read: the prefix a checkpoint covers (F-06-27) is left zero, unread. The
+/// zeroed buffer costs no reading (the allocator maps zero pages).
+fn read_segment_from(storage: &dyn Storage, id: u64, from: u64) -> Result<Vec<u8>> {
+    use crate::storage::coding::{checked_usize, widen};
+    let file = open_named(storage, &segment_path(id))?;
+    let io = |error| Error::io("segment read", error);
+    // Past the last data region the file reads as zeros (the preallocated rest): those
+    // bytes are left out, which no scan can tell from reading them (every rule reads
+    // zeros there as "nothing written", F-03-4), and they cost no reading.
+    let length = checked_usize(file.data_end(from).map_err(io)?, "segment length")?;
+    let header_end = checked_usize(SEGMENT_HEADER_BYTES, "segment header")?.min(length);
+    let from = checked_usize(from, "open prefix end")?.clamp(header_end, length);
+    let mut bytes = vec![0u8; length];
+    let header_read = file.read_up_to(&mut bytes[..header_end], 0).map_err(io)?;
+    if header_read < header_end {
+        // Too short for a header: check_header says so.
+        bytes.truncate(header_read);
+        return Ok(bytes);
+    }
+    let read = file
+        .read_up_to(&mut bytes[from..], widen(from))
+        .map_err(io)?;
+    // A file that shrank meanwhile (a writer trimming it, F-05-13) ends where it ends.
+    bytes.truncate(from + read);
+    Ok(bytes)
 }
 
 /// The log tail when the last segment is covered by the checkpoint (it was sealed).

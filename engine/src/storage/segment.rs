@@ -258,6 +258,18 @@ fn stop_reason(error: &FrameError, remaining: usize) -> Option<String> {
 /// Bytes the evidence search skips at once when they are all zero (no frame can start
 /// where its kind byte would be zero).
 const ZERO_SKIP_BYTES: usize = 64;
+/// The larger stretch tried first (a reopen scans tens of MiB of preallocated zeros).
+const ZERO_SKIP_PAGE_BYTES: usize = 4096;
+
+/// Whether every byte is zero, a word at a time (the compiler vectorizes the fold).
+fn is_all_zero(bytes: &[u8]) -> bool {
+    let (words, rest) = bytes.as_chunks::<8>();
+    words
+        .iter()
+        .fold(0u64, |any, word| any | u64::from_ne_bytes(*word))
+        == 0
+        && rest.iter().all(|byte| *byte == 0)
+}
 
 /// Whether any valid commit or seal frame after `damage` proves that the bytes at `damage`
 /// had been made durable before it was written (F-05-3). Such a frame's `durable_offset`
@@ -274,7 +286,12 @@ pub fn durable_evidence_after(bytes: &[u8], salt: u64, damage: u64) -> bool {
     let mut offset = start;
     while offset + FRAME_HEADER_BYTES <= bytes.len() {
         // A candidate needs a non-zero kind byte at `offset + 8`: skip zero stretches (the
-        // preallocated tail) a chunk at a time instead of byte by byte.
+        // preallocated tail) a page, then a chunk, at a time instead of byte by byte.
+        let page = &bytes[offset + 8..(offset + 8 + ZERO_SKIP_PAGE_BYTES).min(bytes.len())];
+        if page.len() == ZERO_SKIP_PAGE_BYTES && is_all_zero(page) {
+            offset += ZERO_SKIP_PAGE_BYTES;
+            continue;
+        }
         let kinds = &bytes[offset + 8..(offset + 8 + ZERO_SKIP_BYTES).min(bytes.len())];
         if kinds.len() == ZERO_SKIP_BYTES && kinds.iter().fold(0u8, |any, byte| any | byte) == 0 {
             offset += ZERO_SKIP_BYTES;
@@ -314,7 +331,13 @@ pub fn nonzero_end(bytes: &[u8], from: u64) -> u64 {
     let from = usize::try_from(from)
         .unwrap_or(bytes.len())
         .min(bytes.len());
-    bytes[from..]
+    // Whole zero pages from the end first: the preallocated rest of a segment is long.
+    let mut end = bytes.len();
+    while end - from >= ZERO_SKIP_PAGE_BYTES && is_all_zero(&bytes[end - ZERO_SKIP_PAGE_BYTES..end])
+    {
+        end -= ZERO_SKIP_PAGE_BYTES;
+    }
+    bytes[from..end]
         .iter()
         .rposition(|byte| *byte != 0)
         .map(|index| (from + index + 1) as u64)

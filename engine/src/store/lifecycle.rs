@@ -272,6 +272,8 @@ impl Store {
     }
 
     fn delete_leased(&self, log: &crate::storage::commit::Log, id: &str) -> Result<()> {
+        // Until the catalog records the deletion, a checkpoint would resurrect the session.
+        let _in_flight = self.in_flight();
         let (number, header_json, seed, length) = {
             let mut catalog = self.inner.catalog.write();
             // Holds off writers and a second delete while the tombstone is on its way.

@@ -418,7 +418,7 @@ impl Store {
             return Ok(());
         };
         let manifest = log.manifest();
-        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &[])?;
+        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &[], None)?;
         write_checkpoint(self.inner.storage.as_ref(), &bytes)
     }
 
@@ -440,7 +440,7 @@ impl Store {
                 end,
             });
         }
-        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &covered)?;
+        let bytes = encode_checkpoint(&self.inner.catalog.read(), &manifest.runs, &covered, None)?;
         write_checkpoint(self.inner.storage.as_ref(), &bytes)
     }
 }

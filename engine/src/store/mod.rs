@@ -16,6 +16,7 @@
     )
 )]
 
+mod checkpointer;
 mod create;
 mod lifecycle;
 mod line;
@@ -60,6 +61,9 @@ use std::time::Duration;
 
 /// The writer lock file.
 pub const LOCK_FILE: &str = "LOCK";
+/// Name of the thread that checkpoints the seq index while the store runs (F-06-27).
+pub const CHECKPOINT_THREAD: &str = "checkpointer";
+pub use crate::limits::DEFAULT_CHECKPOINT_EVERY_LOG_BYTES;
 /// Space a writable store keeps for a full disk (F-01-9, [`DISK_FULL_RESERVE_BYTES`]).
 ///
 /// [`DISK_FULL_RESERVE_BYTES`]: crate::limits::DISK_FULL_RESERVE_BYTES
@@ -102,6 +106,11 @@ pub struct Options {
     /// commits. Off (the default), a writable open takes the store exclusively (F-01-2).
     /// Ignored by read-only opens, which read a snapshot.
     pub shared: bool,
+    /// Write a seq-index checkpoint on a background thread whenever this many bytes of
+    /// log were committed since the last (F-06-27; more for a large catalog), so that a
+    /// reopen after a crash replays only the log after it. `None`: checkpoints only after
+    /// maintenance and at a clean close, and when [`Store::checkpoint`] is called.
+    pub checkpoint_every_bytes: Option<u64>,
 }
 
 impl Default for Options {
@@ -117,6 +126,7 @@ impl Default for Options {
             use_checkpoint: true,
             maintenance_interval: None,
             shared: false,
+            checkpoint_every_bytes: Some(DEFAULT_CHECKPOINT_EVERY_LOG_BYTES),
         }
     }
 }
@@ -258,6 +268,8 @@ struct Inner {
     damage: Mutex<Option<Error>>,
     /// Many-process mode (format-spec/08): what this process shares with the others.
     processes: Option<processes::Processes>,
+    /// Checkpoints while the store runs (F-06-27).
+    checkpoints: Arc<checkpointer::Checkpoints>,
 }
 
 /// An open store. Cheap to clone; all clones share one store.
@@ -293,6 +305,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         *self.maintenance.stop.lock() = true;
         self.maintenance.wake.notify_all();
+        self.checkpoints.stop_without_waiting();
         if !*self.closed.lock() {
             if let Some(log) = &self.log {
                 // Best effort: a drop cannot report; `close()` is the way to see errors.
@@ -516,6 +529,7 @@ impl Store {
         let _ = opened.inner_cell.set(Arc::downgrade(&store.inner));
         create::keep_reserve(store.inner.storage.as_ref());
         store.drop_stages(leftover_stages)?;
+        store.start_checkpoints()?;
         Ok(store)
     }
 
@@ -577,6 +591,7 @@ impl Store {
                 // so the store opens again once threads can be started.
                 store.start_maintenance_thread(interval)?;
             }
+            store.start_checkpoints()?;
         }
         Ok(store)
     }
@@ -619,6 +634,7 @@ impl Store {
                 maintenance: Arc::new(MaintenanceSignal::default()),
                 damage: Mutex::new(None),
                 processes,
+                checkpoints: Arc::default(),
             }),
         }
     }
@@ -716,6 +732,7 @@ impl Store {
         // Before taking `closed`: a maintenance pass that is starting takes it too (through
         // `log()`), and joining the thread while holding it would deadlock.
         self.stop_maintenance_thread();
+        self.stop_checkpoint_thread();
         let mut closed = self.inner.closed.lock();
         if *closed {
             return Ok(());

@@ -171,6 +171,9 @@ impl Store {
     ) -> Result<PendingReceipt> {
         let inner = &self.inner;
         let log = self.log()?;
+        // From before the batch is queued until its positions are in the catalog: no
+        // checkpoint is cut in between (F-06-27).
+        let _in_flight = self.in_flight();
         // With other processes: this process's turn at the tail, caught up, from before the
         // type numbers are taken until the batch is queued (F-08-6 step 4).
         let _turn = log.pin_tail()?;

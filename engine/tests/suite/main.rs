@@ -25,6 +25,7 @@ mod hostile_input;
 mod hostile_open;
 mod kill;
 mod kill_processes;
+mod open_prefix;
 mod processes;
 mod projection_cache;
 mod readers;

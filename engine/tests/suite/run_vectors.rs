@@ -306,7 +306,7 @@ fn the_checkpoint_vector_round_trips_and_a_store_on_the_run_reads_its_events() {
         .collect();
     let segments: Vec<CoveredSegment> = checkpoint.segments.clone();
     assert_eq!(
-        encode_checkpoint(&checkpoint.catalog, &runs, &segments).expect("encode"),
+        encode_checkpoint(&checkpoint.catalog, &runs, &segments, checkpoint.open).expect("encode"),
         bytes
     );
     let run_bytes = read_bin("run-two-sessions");

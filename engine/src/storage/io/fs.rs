@@ -37,6 +37,31 @@ struct FsFile {
     file: File,
 }
 
+/// Data regions [`StorageFile::data_end`] steps over before it gives up and answers the
+/// file's length (a segment has one: its written bytes, then the preallocated hole).
+const MAX_DATA_REGIONS: usize = 64;
+
+/// `lseek(SEEK_DATA | SEEK_HOLE)`: `None` when there is no such offset (`ENXIO`), and also
+/// where the file system does not support it (`EINVAL`): then the caller reads it all.
+fn seek(file: &File, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+    let Ok(signed) = libc::off_t::try_from(offset) else {
+        return Ok(None);
+    };
+    // SAFETY: plain syscall on a file descriptor we own; no memory is passed. The file's
+    // cursor it moves is used by nothing (every read and write is positioned).
+    let result = unsafe { libc::lseek(file.as_raw_fd(), signed, whence) };
+    if result >= 0 {
+        return Ok(u64::try_from(result).ok());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::ENXIO) => Ok(None),
+        Some(libc::EINVAL) if whence == libc::SEEK_DATA => Ok(Some(offset)),
+        Some(libc::EINVAL) => Ok(None),
+        _ => Err(error),
+    }
+}
+
 impl StorageFile for FsFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.file.read_at(buf, offset)
@@ -56,6 +81,27 @@ impl StorageFile for FsFile {
 
     fn set_len(&self, length: u64) -> io::Result<()> {
         self.file.set_len(length)
+    }
+
+    fn data_end(&self, from: u64) -> io::Result<u64> {
+        let length = self.file.metadata()?.len();
+        let mut position = from;
+        let mut end = from.min(length);
+        // Each round steps over one data region and the hole after it.
+        for _ in 0..MAX_DATA_REGIONS {
+            let Some(data) = seek(&self.file, position, libc::SEEK_DATA)? else {
+                // No data at or after `position`: the rest reads as zeros.
+                return Ok(end);
+            };
+            let hole = seek(&self.file, data, libc::SEEK_HOLE)?.unwrap_or(length);
+            end = hole.min(length);
+            if hole >= length {
+                return Ok(end);
+            }
+            position = hole;
+        }
+        // Too fragmented to be worth it: read all of it.
+        Ok(length)
     }
 
     fn map_read(&self) -> io::Result<Option<super::MappedFile>> {

@@ -33,6 +33,15 @@ pub trait StorageFile: Send + Sync {
     /// for lack of space. Fails with "no space" when the disk is full.
     fn allocate(&self, length: u64) -> io::Result<()>;
 
+    /// An offset at or after `from` past which every byte of the file reads as zero: the
+    /// end of its last data region where the file system reports holes (a preallocated
+    /// segment's unwritten rest is one), else the file's length. Lets a reader skip tens of
+    /// MiB of zeros without reading them; the answer never changes what a read returns.
+    fn data_end(&self, from: u64) -> io::Result<u64> {
+        let _ = from;
+        self.len()
+    }
+
     /// Maps the file read-only, where the storage can (real files); `Ok(None)` means "read
     /// it with `read_at`". Only for files that are never written again (run files).
     fn map_read(&self) -> io::Result<Option<MappedFile>> {
