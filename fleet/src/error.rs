@@ -58,6 +58,9 @@ pub enum FleetError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Engine(#[from] dshdb::Error),
+    /// The engine could not export the local copy as DSH JSONL.
+    #[error("export: {0}")]
+    Export(#[from] dshdb::exchange::ExchangeError),
 }
 
 pub type FleetResult<T> = Result<T, FleetError>;

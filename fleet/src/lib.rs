@@ -13,6 +13,7 @@ pub mod fake;
 pub mod nats;
 pub mod node;
 pub mod s3;
+pub mod sealer;
 pub mod serve;
 pub mod shard;
 pub mod tier;

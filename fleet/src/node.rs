@@ -570,6 +570,11 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         }
     }
 
+    /// `Ok` if this node serves `session`'s shard now, else `Moved` naming the owner.
+    pub async fn check_owner(&self, session: &str) -> FleetResult<()> {
+        self.owned(session).await.map(|_| ())
+    }
+
     fn slot(&self, session: &str) -> Arc<tokio::sync::Mutex<SessionSlot>> {
         self.sessions
             .lock()

@@ -8,6 +8,12 @@
 //!   `{"ok":true,"first_seq":F,"end_seq":E}` (sent only after the local fsync and the
 //!   JetStream ack)
 //! - `{"op":"read","session":S}` → `{"ok":true,"events":[{"seq","type","data"}]}`
+//! - `{"op":"export","session":S}` → `{"ok":true,"export":TEXT}`: the session as DSH
+//!   `session.jsonl` (the engine's export of the checked local copy)
+//! - `{"op":"seal","session":S}` → `{"ok":true,"queued":true}`: queued for the background
+//!   sealer, which retries with backoff until the seal completes (or the shard moves)
+//! - `{"op":"status"}` → `{"ok":true,"node","stopped","owned_shards":[..],"metrics":{..},
+//!   "seal_queue":{"pending","completed","failed_attempts","dropped_moved","last_error"}}`
 //!
 //! A failure is `{"ok":false,"error":TEXT}`, plus `"moved":true,"owner":ID` when another
 //! node owns the session's shard.
@@ -16,6 +22,7 @@ use crate::backend::SystemClock;
 use crate::error::{FleetError, FleetResult};
 use crate::nats::{Nats, NatsConfig};
 use crate::s3::{S3Config, S3};
+use crate::sealer::SealQueue;
 use crate::tier::{EngineTier, LocalTier};
 use crate::{IncomingEvent, Node, NodeConfig};
 use serde_json::{json, Value};
@@ -43,6 +50,16 @@ pub struct ServeConfig {
 }
 
 type ProcessNode = Node<Nats, Nats, S3>;
+
+/// Pause between rounds of the background sealer.
+pub const SEAL_ROUND_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What a node process serves requests with.
+struct Served {
+    node: ProcessNode,
+    tier: Arc<EngineTier>,
+    seals: SealQueue,
+}
 
 fn error_reply(error: &FleetError) -> Value {
     match error {
@@ -81,9 +98,53 @@ fn incoming_events(request: &Value) -> FleetResult<Vec<IncomingEvent>> {
         .collect()
 }
 
-async fn handle(node: &ProcessNode, request: &Value) -> FleetResult<Value> {
+fn metrics_json(metrics: &crate::node::NodeMetrics) -> Value {
+    let read =
+        |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    json!({
+        "appends_acked": read(&metrics.appends_acked),
+        "events_acked": read(&metrics.events_acked),
+        "publish_retries": read(&metrics.publish_retries),
+        "dedup_hits": read(&metrics.dedup_hits),
+        "fenced_writes": read(&metrics.fenced_writes),
+        "shards_lost": read(&metrics.shards_lost),
+        "takeovers": read(&metrics.takeovers),
+        "rebuilds": read(&metrics.rebuilds),
+        "rebuilt_events": read(&metrics.rebuilt_events),
+        "seals": read(&metrics.seals),
+        "sealed_events": read(&metrics.sealed_events),
+        "purged_messages": read(&metrics.purged_messages),
+        "not_acknowledged": read(&metrics.not_acknowledged),
+    })
+}
+
+fn status(served: &Served) -> Value {
+    let seals = served.seals.status();
+    let owned: Vec<u32> = served.node.owned_shards().keys().copied().collect();
+    json!({
+        "ok": true,
+        "node": served.node.id(),
+        "stopped": served.node.is_stopped(),
+        "owned_shards": owned,
+        "metrics": metrics_json(&served.node.metrics),
+        "seal_queue": {
+            "pending": seals.pending,
+            "completed": seals.completed,
+            "failed_attempts": seals.failed_attempts,
+            "dropped_moved": seals.dropped_moved,
+            "last_error": seals.last_error,
+        },
+    })
+}
+
+async fn handle(served: &Served, request: &Value) -> FleetResult<Value> {
+    let op = text_field(request, "op")?;
+    if op == "status" {
+        return Ok(status(served));
+    }
+    let node = &served.node;
     let session = text_field(request, "session")?;
-    match text_field(request, "op")? {
+    match op {
         "create" => {
             node.create_session(session, text_field(request, "header")?)
                 .await?;
@@ -103,13 +164,35 @@ async fn handle(node: &ProcessNode, request: &Value) -> FleetResult<Value> {
                 .collect();
             Ok(json!({"ok": true, "events": events}))
         }
+        "export" => {
+            // The header read checks the local copy against the replicated history first
+            // (rebuilding it when needed), so the export is of the checked copy.
+            node.header(session).await?;
+            let bytes = dshdb::exchange::export_dsh_jsonl(served.tier.store(), session)?;
+            let text = String::from_utf8(bytes).map_err(|error| FleetError::Corrupt {
+                what: "export",
+                reason: format!("{session}: not UTF-8: {error}"),
+            })?;
+            Ok(json!({"ok": true, "export": text}))
+        }
+        "seal" => {
+            // Only the owner seals; a request elsewhere is answered with the owner.
+            node.check_owner(session).await?;
+            served
+                .seals
+                .request(session)
+                .map_err(|error| FleetError::InvalidInput {
+                    reason: error.to_string(),
+                })?;
+            Ok(json!({"ok": true, "queued": true}))
+        }
         other => Err(FleetError::InvalidInput {
             reason: format!("unknown op {other:?}"),
         }),
     }
 }
 
-async fn serve_connection(node: Arc<ProcessNode>, stream: TcpStream) {
+async fn serve_connection(served: Arc<Served>, stream: TcpStream) {
     let (reader, mut writer) = stream.into_split();
     let mut lines = BufReader::new(reader).lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -117,7 +200,7 @@ async fn serve_connection(node: Arc<ProcessNode>, stream: TcpStream) {
             json!({"ok": false, "error": "request line too long"})
         } else {
             match serde_json::from_str::<Value>(&line) {
-                Ok(request) => handle(&node, &request)
+                Ok(request) => handle(&served, &request)
                     .await
                     .unwrap_or_else(|error| error_reply(&error)),
                 Err(error) => json!({"ok": false, "error": format!("not JSON: {error}")}),
@@ -131,8 +214,18 @@ async fn serve_connection(node: Arc<ProcessNode>, stream: TcpStream) {
     }
 }
 
+/// Seals what is queued and due, until the node stops.
+async fn seal_loop(served: Arc<Served>) {
+    let now_ms = || crate::backend::Clock::now_ms(&SystemClock);
+    while !served.node.is_stopped() {
+        served.seals.run_round(&served.node, now_ms).await;
+        tokio::time::sleep(SEAL_ROUND_INTERVAL).await;
+    }
+}
+
 /// Lease refresh and takeovers, until the node stops (its id taken by another process).
-async fn tick_loop(node: Arc<ProcessNode>, interval: Duration) {
+async fn tick_loop(served: Arc<Served>, interval: Duration) {
+    let node = &served.node;
     loop {
         if let Err(error) = node.tick().await {
             eprintln!("fleet-node {}: tick: {error}", node.id());
@@ -164,19 +257,25 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
     let nats = Nats::connect(&config.nats).await?;
     let s3 = S3::new(&config.s3)?;
     let store = dshdb::Store::open(&config.store_dir, dshdb::Options::default())?;
-    let local: Arc<dyn LocalTier> = Arc::new(EngineTier::new(store));
+    let tier = Arc::new(EngineTier::new(store));
+    let local: Arc<dyn LocalTier> = tier.clone();
     let generation = crate::backend::Clock::now_ms(&SystemClock);
     let mut node_config = NodeConfig::new(&config.node_id, &config.listen, generation);
     node_config.shard_count = config.shard_count;
-    let node = Arc::new(Node::new(
+    let node = Node::new(
         node_config,
         nats.clone(),
         nats,
         s3,
         local,
         Arc::new(SystemClock),
-    ));
+    );
     start_node(&node, config.nats.node_ttl).await?;
+    let served = Arc::new(Served {
+        node,
+        tier,
+        seals: SealQueue::default(),
+    });
     let listener =
         TcpListener::bind(&config.listen)
             .await
@@ -186,7 +285,8 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
     // Nodes started together register before any takes shards, so that the first round
     // already spreads them by rendezvous (a later node only takes dead nodes' shards).
     tokio::time::sleep(config.tick_interval).await;
-    tokio::spawn(tick_loop(node.clone(), config.tick_interval));
+    tokio::spawn(tick_loop(served.clone(), config.tick_interval));
+    tokio::spawn(seal_loop(served.clone()));
     eprintln!(
         "fleet-node {} listening on {}",
         config.node_id, config.listen
@@ -198,7 +298,7 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
             .map_err(|error| FleetError::InvalidInput {
                 reason: format!("accept: {error}"),
             })?;
-        tokio::spawn(serve_connection(node.clone(), stream));
+        tokio::spawn(serve_connection(served.clone(), stream));
     }
 }
 

@@ -1,0 +1,85 @@
+//! The retrying sealer on the fakes: seals queued while the cold store is unreachable fail,
+//! stay queued with a backoff and change nothing; once it is back, the next due round seals
+//! them (the queue's own unit tests cover a `Moved` refusal).
+
+#![allow(clippy::unwrap_used)]
+
+use dshdb_fleet::backend::{Bucket, Clock};
+use dshdb_fleet::fake::{FakeCold, FakeKv, FakeTail, Link, LinkControl, VirtualClock};
+use dshdb_fleet::sealer::{SealQueue, SEAL_RETRY_FIRST_BACKOFF};
+use dshdb_fleet::shard::session_key;
+use dshdb_fleet::tier::{LocalTier, MemoryTier};
+use dshdb_fleet::wire::{from_json, SessionManifest};
+use dshdb_fleet::{IncomingEvent, Node, NodeConfig};
+use std::sync::Arc;
+
+const SHARDS: u32 = 4;
+const NODE_TTL_MS: u64 = 10_000;
+
+#[test]
+fn seals_retry_until_the_cold_store_is_back() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let clock = VirtualClock::new(1_000_000);
+    let tail = FakeTail::new(clock.clone());
+    let kv = FakeKv::new(clock.clone(), NODE_TTL_MS);
+    let cold = FakeCold::default();
+    let nats_link = LinkControl::default();
+    let s3_link = LinkControl::default();
+    let mut config = NodeConfig::new("n1", "n1", 1);
+    config.shard_count = SHARDS;
+    let local: Arc<dyn LocalTier> = Arc::new(MemoryTier::default());
+    let node = Node::new(
+        config,
+        tail.client(nats_link.clone()),
+        kv.client(nats_link),
+        cold.client(s3_link.clone()),
+        local,
+        clock.clone(),
+    );
+    let sessions = ["a", "b", "c"];
+    runtime.block_on(async {
+        node.start().await.unwrap();
+        node.tick().await.unwrap();
+        for session in sessions {
+            let header = format!(r#"{{"version":0,"id":"{session}"}}"#);
+            node.create_session(session, &header).await.unwrap();
+            node.append(session, &[IncomingEvent::new("message", "{}")])
+                .await
+                .unwrap();
+        }
+    });
+    let queue = SealQueue::default();
+    for session in sessions {
+        queue.request(session).unwrap();
+    }
+    let now = || clock.now_ms();
+
+    s3_link.set(Link::Down);
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 0);
+    let status = queue.status();
+    assert_eq!(status.pending, 3);
+    assert_eq!(status.failed_attempts, 3);
+    assert!(status.last_error.is_some());
+    assert!(cold.keys().is_empty());
+    // Backing off: nothing is due until the first backoff has passed.
+    assert!(queue.due(now()).is_empty());
+
+    s3_link.set(Link::Up);
+    clock.advance(u64::try_from(SEAL_RETRY_FIRST_BACKOFF.as_millis()).unwrap());
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 3);
+    let status = queue.status();
+    assert_eq!(status.pending, 0);
+    assert_eq!(status.completed, 3);
+    for session in sessions {
+        let manifest: SessionManifest = from_json(
+            &kv.peek(Bucket::Sessions, &session_key(session)).unwrap(),
+            "manifest",
+        )
+        .unwrap();
+        assert_eq!(manifest.sealed_end, 1, "{session}");
+        assert_eq!(manifest.runs.len(), 1, "{session}");
+    }
+}
