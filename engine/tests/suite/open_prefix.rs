@@ -15,12 +15,11 @@ use crate::common;
 use common::*;
 use dshdb::storage::commit::Durability;
 use dshdb::storage::index::{
-    decode_checkpoint, encode_checkpoint, CoveredSegment, OpenPrefix, CHECKPOINT_FILE,
-    OPEN_PREFIX_CHECKPOINT_VERSION,
+    decode_checkpoint, OpenPrefix, CHECKPOINT_FILE, OPEN_PREFIX_CHECKPOINT_VERSION,
 };
 use dshdb::storage::io::sim::{CrashImage, SimStorage};
 use dshdb::storage::io::Storage;
-use dshdb::storage::manifest::RunEntry;
+
 use dshdb::store::{NewEvent, Options, Store};
 use dshdb::Error;
 use std::collections::BTreeMap;
@@ -292,18 +291,7 @@ fn forge_checkpoint(disk: &SimStorage, forge: impl FnOnce(&mut OpenPrefix)) {
     let checkpoint = decode_checkpoint(&file.read_all().expect("read")).expect("decode");
     let mut prefix = checkpoint.open.expect("an open prefix");
     forge(&mut prefix);
-    let runs: Vec<RunEntry> = checkpoint
-        .runs
-        .iter()
-        .map(|(id, salt)| RunEntry {
-            id: *id,
-            salt: *salt,
-            file_bytes: 0,
-        })
-        .collect();
-    let segments: Vec<CoveredSegment> = checkpoint.segments.clone();
-    let bytes =
-        encode_checkpoint(&checkpoint.catalog, &runs, &segments, Some(prefix)).expect("encode");
+    let bytes = reencode_checkpoint(&checkpoint, Some(prefix));
     disk.remove(CHECKPOINT_FILE).expect("remove");
     let file = disk.open(CHECKPOINT_FILE, true).expect("create");
     file.write_at(&bytes, 0).expect("write");

@@ -6,9 +6,7 @@
 //! The ignored test `regenerate_run_vectors` rewrote the files with the engine's encoders.
 
 use dshdb::storage::frame::Record;
-use dshdb::storage::index::{
-    decode_checkpoint, encode_checkpoint, CoveredSegment, CHECKPOINT_FILE,
-};
+use dshdb::storage::index::{decode_checkpoint, CHECKPOINT_FILE};
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::storage::io::Storage;
 use dshdb::storage::manifest::{Manifest, RunEntry, SegmentEntry};
@@ -295,18 +293,8 @@ fn the_checkpoint_vector_round_trips_and_a_store_on_the_run_reads_its_events() {
     let bytes = read_bin("checkpoint");
     assert_eq!(describe_checkpoint(&bytes), read_json("checkpoint"));
     let checkpoint = decode_checkpoint(&bytes).expect("checkpoint");
-    let runs: Vec<RunEntry> = checkpoint
-        .runs
-        .iter()
-        .map(|(id, salt)| RunEntry {
-            id: *id,
-            salt: *salt,
-            file_bytes: 0,
-        })
-        .collect();
-    let segments: Vec<CoveredSegment> = checkpoint.segments.clone();
     assert_eq!(
-        encode_checkpoint(&checkpoint.catalog, &runs, &segments, checkpoint.open).expect("encode"),
+        crate::common::reencode_checkpoint(&checkpoint, checkpoint.open),
         bytes
     );
     let run_bytes = read_bin("run-two-sessions");

@@ -14,6 +14,25 @@ use std::sync::Arc;
 /// Small segments so that tests roll segments often.
 pub const TEST_SEGMENT_BYTES: u64 = 4096;
 
+/// A decoded checkpoint encoded again, with `open` as its open-segment prefix: the runs
+/// carry no file sizes (the checkpoint does not record them).
+pub fn reencode_checkpoint(
+    checkpoint: &dshdb::storage::index::Checkpoint,
+    open: Option<dshdb::storage::index::OpenPrefix>,
+) -> Vec<u8> {
+    let runs: Vec<dshdb::storage::manifest::RunEntry> = checkpoint
+        .runs
+        .iter()
+        .map(|(id, salt)| dshdb::storage::manifest::RunEntry {
+            id: *id,
+            salt: *salt,
+            file_bytes: 0,
+        })
+        .collect();
+    dshdb::storage::index::encode_checkpoint(&checkpoint.catalog, &runs, &checkpoint.segments, open)
+        .expect("encode")
+}
+
 pub fn sim_options(durability: Durability) -> Options {
     Options {
         durability,
