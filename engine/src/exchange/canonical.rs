@@ -21,7 +21,7 @@
 
 use super::scan::Record;
 use crate::session::event::SessionEvent;
-use crate::session::json::single_line_error;
+use crate::session::json::{object_keys, single_line_error};
 use crate::storage::frame::{
     EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS,
 };
@@ -274,11 +274,9 @@ fn check_event(line: usize, event: &Parsed<'_>) -> Result<(), CanonicalError> {
         return Err(malformed(format!("unknown event flags {:#x}", event.flags)));
     }
     let envelope_ok = if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
-        serde_json::from_str::<Map<String, Value>>(&event.envelope).is_ok()
+        object_keys(&event.envelope).is_ok()
     } else {
-        event.envelope.is_empty()
-            || serde_json::from_str::<Map<String, Value>>(&format!("{{{}}}", event.envelope))
-                .is_ok()
+        event.envelope.is_empty() || object_keys(&format!("{{{}}}", event.envelope)).is_ok()
     };
     if !envelope_ok {
         return Err(malformed(

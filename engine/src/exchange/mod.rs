@@ -38,7 +38,7 @@ pub mod sqlite;
 pub mod streaming;
 mod zstd_codec;
 
-use crate::session::json::{object_members, string_text};
+use crate::session::json::{object_keys, object_members, string_text};
 use crate::session::{restore_session, SessionError, SessionEvent};
 use crate::storage::frame::{
     EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
@@ -46,7 +46,6 @@ use crate::storage::frame::{
 };
 use crate::store::{now_millis, Event, NewEvent, Store};
 use scan::{pack_row, Record, Scanned};
-use serde_json::Value;
 
 pub use bounded::{
     ImportLimits, IMPORT_LINE_ENVELOPE_BYTES, MAX_IMPORT_LINE_BYTES, MAX_IMPORT_PLAINTEXT_BYTES,
@@ -341,17 +340,15 @@ fn canonical_envelope(event: &SessionEvent, line: &str) -> Option<String> {
         return Some(String::new());
     }
     let members = members.strip_prefix(',')?;
-    let parsed =
-        serde_json::from_str::<serde_json::Map<String, Value>>(&format!("{{{members}}}")).ok()?;
-    let repeats_event_field = ["type", "seq", "time", "data"]
+    let keys = object_keys(&format!("{{{members}}}")).ok()?;
+    let repeats_event_field = keys
         .iter()
-        .any(|key| parsed.contains_key(*key));
+        .any(|key| matches!(key.as_str(), "type" | "seq" | "time" | "data"));
     (!repeats_event_field).then(|| members.to_owned())
 }
 
 /// How an event line is stored: split into fields when that re-renders exactly, else verbatim.
 pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
-    let data = event.data.get().to_owned();
     let envelope = std::str::from_utf8(raw)
         .ok()
         .and_then(|line| canonical_envelope(event, line).or_else(|| envelope_members(line)));
@@ -360,21 +357,17 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
             seq: event.seq,
             time: event.time,
             event_type: event.event_type.clone(),
-            data: data.clone(),
+            data: event.data.get().to_owned(),
             envelope,
             flags: 0,
         };
         let envelope_ok = candidate.envelope.is_empty()
-            || serde_json::from_str::<serde_json::Map<String, Value>>(&format!(
-                "{{{}}}",
-                candidate.envelope
-            ))
-            .is_ok();
+            || object_keys(&format!("{{{}}}", candidate.envelope)).is_ok();
         if envelope_ok && candidate.to_json_line().as_bytes() == raw {
             return OwnedEvent {
                 event_type: candidate.event_type,
                 time: candidate.time,
-                data,
+                data: candidate.data,
                 envelope: candidate.envelope,
                 flags: 0,
             };
@@ -383,7 +376,7 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
     OwnedEvent {
         event_type: event.event_type.clone(),
         time: event.time,
-        data,
+        data: event.data.get().to_owned(),
         envelope: verbatim_envelope(raw),
         flags: EVENT_FLAG_VERBATIM_LINE,
     }
@@ -392,9 +385,7 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
 /// The original line as a verbatim envelope: the text itself, or a hex wrapper (module doc).
 fn verbatim_envelope(raw: &[u8]) -> String {
     if let Ok(text) = std::str::from_utf8(raw) {
-        if !text.starts_with(HEX_PREFIX)
-            && serde_json::from_str::<serde_json::Map<String, Value>>(text).is_ok()
-        {
+        if !text.starts_with(HEX_PREFIX) && object_keys(text).is_ok() {
             return text.to_owned();
         }
     }

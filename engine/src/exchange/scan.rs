@@ -330,31 +330,33 @@ impl RowShape<'_> {
             && self.name.is_none_or(is_string)
     }
 
-    /// A member's `data` text, in DSH key order.
-    pub(crate) fn member_data(&self, payload: &str) -> String {
-        let chunk = match self.tag {
+    /// What every member's `data` text starts with, in DSH key order: the data object up to
+    /// the chunk's payload key (`"text":` or `"argumentsDelta":`); the payload and
+    /// [`MEMBER_DATA_SUFFIX`] follow.
+    fn member_prefix(&self) -> String {
+        let (id, name) = (self.id.unwrap_or("null"), self.name.unwrap_or(""));
+        let mut prefix = String::with_capacity(96 + self.shared_bytes());
+        prefix.push_str("{\"turn\":");
+        prefix.push_str(self.turn);
+        prefix.push_str(",\"step\":");
+        prefix.push_str(self.step);
+        prefix.push_str(",\"chunk\":{\"type\":\"");
+        prefix.push_str(self.tag.chunk_type());
+        prefix.push_str("\",\"index\":");
+        prefix.push_str(self.index);
+        match self.tag {
             RowTag::ToolCall => {
-                let name = self
-                    .name
-                    .map(|name| format!(",\"name\":{name}"))
-                    .unwrap_or_default();
-                format!(
-                    "{{\"type\":\"{}\",\"index\":{},\"id\":{}{name},\"argumentsDelta\":{payload}}}",
-                    self.tag.chunk_type(),
-                    self.index,
-                    self.id.unwrap_or("null")
-                )
+                prefix.push_str(",\"id\":");
+                prefix.push_str(id);
+                if self.name.is_some() {
+                    prefix.push_str(",\"name\":");
+                    prefix.push_str(name);
+                }
+                prefix.push_str(",\"argumentsDelta\":");
             }
-            _ => format!(
-                "{{\"type\":\"{}\",\"index\":{},\"text\":{payload}}}",
-                self.tag.chunk_type(),
-                self.index
-            ),
-        };
-        format!(
-            "{{\"turn\":{},\"step\":{},\"chunk\":{chunk}}}",
-            self.turn, self.step
-        )
+            _ => prefix.push_str(",\"text\":"),
+        }
+        prefix
     }
 
     /// The packed row line (no newline) in DSH's key order, written into one buffer sized
@@ -467,6 +469,7 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
     if gaps.len() + 1 != payloads.len() {
         return Err(());
     }
+    let prefix = shape.member_prefix();
     let mut members = Vec::with_capacity(payloads.len());
     let mut member_data = Vec::with_capacity(payloads.len());
     let mut time = time0;
@@ -481,7 +484,7 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
             .and_then(safe)
             .and_then(|seq| u64::try_from(seq).ok())
             .ok_or(())?;
-        let data_text = shape.member_data(payload.get());
+        let data_text = member_data_of(&prefix, payload.get());
         members.push(SessionEvent::new(ROW_MEMBER_TYPE, seq, time, &data_text).map_err(|_| ())?);
         member_data.push(data_text);
     }
@@ -569,8 +572,16 @@ fn with_row_shape<T>(
 }
 
 fn member_prefix(shape: &RowShape<'_>) -> Option<String> {
-    let template = shape.member_data("");
-    template.strip_suffix(MEMBER_DATA_SUFFIX).map(str::to_owned)
+    Some(shape.member_prefix())
+}
+
+/// A member's `data` text: the row's prefix, the payload, and the closing braces.
+fn member_data_of(prefix: &str, payload: &str) -> String {
+    let mut data = String::with_capacity(prefix.len() + payload.len() + MEMBER_DATA_SUFFIX.len());
+    data.push_str(prefix);
+    data.push_str(payload);
+    data.push_str(MEMBER_DATA_SUFFIX);
+    data
 }
 
 /// How every member's `data` text ends (`member_data`): the chunk object, then the data

@@ -161,6 +161,93 @@ pub fn member<'text>(text: &'text str, key: &str) -> Option<&'text RawValue> {
         .map(|(_, value)| value)
 }
 
+/// The keys of a JSON object text, in order, accepting exactly what reading it as a
+/// `serde_json::Map<String, Value>` accepts (every string, key or value, is checked as a
+/// string is, so a lone surrogate escape is refused the same way) without building any
+/// value: an event's envelope can cite thousands of seqs, and each number as a `Value`
+/// (arbitrary precision) costs an allocation. Duplicate keys are listed as often as they
+/// stand.
+pub fn object_keys(text: &str) -> Result<Vec<String>, serde_json::Error> {
+    serde_json::from_str::<ObjectKeys>(text).map(|keys| keys.0)
+}
+
+struct ObjectKeys(Vec<String>);
+
+impl<'de> Deserialize<'de> for ObjectKeys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeysVisitor;
+        impl<'de> Visitor<'de> for KeysVisitor {
+            type Value = ObjectKeys;
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a map")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ObjectKeys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<CheckedJson>()?;
+                    keys.push(key);
+                }
+                Ok(ObjectKeys(keys))
+            }
+        }
+        deserializer.deserialize_map(KeysVisitor)
+    }
+}
+
+/// Any JSON value, read with `Value`'s acceptance and dropped as it is read.
+struct CheckedJson;
+
+impl<'de> Deserialize<'de> for CheckedJson {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(CheckedJsonVisitor)
+    }
+}
+
+struct CheckedJsonVisitor;
+
+impl<'de> Visitor<'de> for CheckedJsonVisitor {
+    type Value = CheckedJson;
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("any valid JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<CheckedJson, E> {
+        Ok(CheckedJson)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<CheckedJson, E> {
+        Ok(CheckedJson)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<CheckedJson, E> {
+        Ok(CheckedJson)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<CheckedJson, E> {
+        Ok(CheckedJson)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<CheckedJson, E> {
+        Ok(CheckedJson)
+    }
+    fn visit_unit<E>(self) -> Result<CheckedJson, E> {
+        Ok(CheckedJson)
+    }
+    fn visit_none<E>(self) -> Result<CheckedJson, E> {
+        Ok(CheckedJson)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<CheckedJson, D::Error> {
+        CheckedJson::deserialize(deserializer)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<CheckedJson, A::Error> {
+        while seq.next_element::<CheckedJson>()?.is_some() {}
+        Ok(CheckedJson)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CheckedJson, A::Error> {
+        // Keys are strings; as map keys they reach `visit_str`. With arbitrary precision a
+        // number arrives here too, as a one-member map holding its text.
+        while map.next_key::<CheckedJson>()?.is_some() {
+            map.next_value::<CheckedJson>()?;
+        }
+        Ok(CheckedJson)
+    }
+}
+
 struct ObjectMembers(Vec<(String, Box<RawValue>)>);
 
 impl<'de> Deserialize<'de> for ObjectMembers {
@@ -356,5 +443,52 @@ mod tests {
         // Several lines: serde's own line number is meaningful and stays.
         let error = serde_json::from_str::<serde_json::Value>("[\n x]").expect_err("not JSON");
         assert_eq!(single_line_error(&error), error.to_string());
+    }
+
+    /// `object_keys` accepts and refuses exactly what reading a `Map<String, Value>` does,
+    /// with the same error text, and lists the keys in order.
+    #[test]
+    fn object_keys_accepts_what_a_value_map_accepts() {
+        let deep =
+            |levels: usize| format!("{{\"a\":{}1{}}}", "[".repeat(levels), "]".repeat(levels));
+        let cases = [
+            r#"{"a":1,"b":[1e400,-0,"x"],"a":{"c":null}}"#.to_owned(),
+            r#"{"sourceEventSeqs":[1,2,3],"surfaceOp":"append"}"#.to_owned(),
+            r#"{"lone":"\ud800"}"#.to_owned(),
+            r#"{"\udc00":1}"#.to_owned(),
+            r#"{"pair":"\ud83d\ude00","nested":{"k":["\ud800"]}}"#.to_owned(),
+            r#"{"a":"tab	in string"}"#.to_owned(),
+            r#"{"n":123456789012345678901234567890}"#.to_owned(),
+            r#"[1,2]"#.to_owned(),
+            r#"{"a":1,}"#.to_owned(),
+            r#"{}"#.to_owned(),
+            deep(120),
+            deep(127),
+            deep(200),
+        ];
+        let mut refused = 0;
+        for text in &cases {
+            let expected = serde_json::from_str::<serde_json::Map<String, Value>>(text);
+            refused += usize::from(expected.is_err());
+            let keys = object_keys(text);
+            match (&expected, &keys) {
+                (Ok(map), Ok(keys)) => {
+                    let mut unique: Vec<&String> = Vec::new();
+                    for key in keys {
+                        if !unique.contains(&key) {
+                            unique.push(key);
+                        }
+                    }
+                    assert_eq!(unique, map.keys().collect::<Vec<_>>(), "{text}");
+                }
+                (Err(expected), Err(error)) => {
+                    assert_eq!(error.to_string(), expected.to_string(), "{text}")
+                }
+                _ => panic!("{text}: Map<String, Value> gives {expected:?}, object_keys {keys:?}"),
+            }
+        }
+        // Lone surrogates (a value, a key, a nested value), the control character, the
+        // array, the trailing comma and the nesting past serde_json's recursion limit.
+        assert_eq!(refused, 8);
     }
 }

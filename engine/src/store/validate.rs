@@ -4,6 +4,7 @@ use super::{
     NewEvent, MAX_EVENT_DATA_BYTES, MAX_EVENT_DATA_DEPTH, MAX_HEADER_BYTES, MAX_TYPE_BYTES,
 };
 use crate::error::{Error, Result};
+use crate::session::json::object_keys;
 use crate::session::{MAX_SAFE_INTEGER, OPTIONAL_ENVELOPE_KEYS};
 use crate::storage::catalog::header_id;
 use crate::storage::frame::{EVENT_FLAG_VERBATIM_LINE, KNOWN_EVENT_FLAGS};
@@ -114,21 +115,18 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
         )));
     }
     if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
-        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(event.envelope)
-            .map_err(|error| {
-                Error::invalid(format!("verbatim line is not a JSON object: {error}"))
-            })?;
+        object_keys(event.envelope).map_err(|error| {
+            Error::invalid(format!("verbatim line is not a JSON object: {error}"))
+        })?;
         return Ok(());
     }
     if event.envelope.is_empty() {
         return Ok(());
     }
-    let members: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&format!("{{{}}}", event.envelope)).map_err(|error| {
-            Error::invalid(format!("event envelope is not JSON members: {error}"))
-        })?;
-    if let Some(key) = members
-        .keys()
+    let keys = object_keys(&format!("{{{}}}", event.envelope))
+        .map_err(|error| Error::invalid(format!("event envelope is not JSON members: {error}")))?;
+    if let Some(key) = keys
+        .iter()
         .find(|key| !OPTIONAL_ENVELOPE_KEYS.contains(&key.as_str()))
     {
         return Err(Error::invalid(format!(
