@@ -1,7 +1,11 @@
 //! Many processes on one store (format-spec/08-many-processes.md), measured:
 //!
-//! `cargo run --release -p dshdb-benches --bin processes [-- DIR]` prints
+//! `cargo run --release -p dshdb-benches --bin processes [-- [--only NAME] [DIR]]` prints
+//! (NAME: refresh, catch-up, follow or aggregate)
 //! - `refresh()` with nothing new (ns per call);
+//! - `refresh()` catching up on a few new batches of another process, once early in the
+//!   write-ahead segment and once after tens of MB were written to it: the cost follows
+//!   the new bytes, not the segment (F-08-11);
 //! - follow latency from a commit in one process to its delivery in another (p50, p99;
 //!   delivery waits for the event to be durable, so an `fdatasync` is inside it);
 //! - aggregate pipelined `Sync` appends: 8 processes × 8 sessions against 1 process × 64
@@ -23,6 +27,12 @@ const AGGREGATE_RUN: Duration = Duration::from_secs(5);
 const FOLLOW_EVENTS: u64 = 2_000;
 /// `refresh()` calls timed.
 const REFRESH_CALLS: u32 = 1_000_000;
+/// Catch-ups timed per segment fill, each after one new batch of another process.
+const CATCH_UP_ROUNDS: u32 = 200;
+/// Events in each new batch a catch-up applies.
+const CATCH_UP_BATCH_EVENTS: usize = 16;
+/// Bytes written into the segment before the second round of catch-ups.
+const CATCH_UP_FILL_BYTES: usize = 48 << 20;
 
 fn shared_options() -> Options {
     Options {
@@ -43,27 +53,47 @@ fn main() -> Result<()> {
     if args.first().map(String::as_str) == Some("--worker") {
         return worker(&args[1..]);
     }
-    let base = match args.first() {
+    let (only, rest): (Option<&str>, &[String]) = match args.as_slice() {
+        [flag, name, rest @ ..] if flag == "--only" => (Some(name.as_str()), rest),
+        rest => (None, rest),
+    };
+    let base = match rest.first() {
         Some(dir) => PathBuf::from(dir),
         None => std::env::temp_dir().join(format!("dshdb-processes-{}", std::process::id())),
     };
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;
-    let outcome = run_all(&base);
+    let outcome = run_all(&base, only);
     let _ = std::fs::remove_dir_all(&base);
     outcome
 }
 
-fn run_all(base: &Path) -> Result<()> {
-    refresh_nothing_new(&base.join("refresh"))?;
-    follow_latency(&base.join("follow"))?;
-    let alone = aggregate(&base.join("one"), 1, 64, false)?;
-    let many = aggregate(&base.join("many"), 8, 8, true)?;
-    println!(
-        "aggregate pipelined Sync appends: 1 process x 64 sessions (exclusive open) \
-         {alone:.0} events/s; 8 processes x 8 sessions (shared) {many:.0} events/s ({:.2}x)",
-        many / alone
-    );
+/// The measurements, by the name `--only` takes.
+const MEASUREMENTS: [&str; 4] = ["refresh", "catch-up", "follow", "aggregate"];
+
+fn run_all(base: &Path, only: Option<&str>) -> Result<()> {
+    if let Some(name) = only.filter(|name| !MEASUREMENTS.contains(name)) {
+        bail!("--only takes one of {MEASUREMENTS:?}, not {name:?}");
+    }
+    let runs = |name: &str| only.is_none_or(|only| only == name);
+    if runs("refresh") {
+        refresh_nothing_new(&base.join("refresh"))?;
+    }
+    if runs("catch-up") {
+        refresh_new_commits(&base.join("catch-up"))?;
+    }
+    if runs("follow") {
+        follow_latency(&base.join("follow"))?;
+    }
+    if runs("aggregate") {
+        let alone = aggregate(&base.join("one"), 1, 64, false)?;
+        let many = aggregate(&base.join("many"), 8, 8, true)?;
+        println!(
+            "aggregate pipelined Sync appends: 1 process x 64 sessions (exclusive open) \
+             {alone:.0} events/s; 8 processes x 8 sessions (shared) {many:.0} events/s ({:.2}x)",
+            many / alone
+        );
+    }
     Ok(())
 }
 
@@ -80,6 +110,58 @@ fn refresh_nothing_new(dir: &Path) -> Result<()> {
     println!("refresh() with nothing new: {per_call} ns per call");
     drop(writer);
     store.close()?;
+    Ok(())
+}
+
+/// Times `refresh()` in one store while another (another process as far as the store can
+/// tell: its own `SHARED` lock owner) appends a batch before each call.
+fn refresh_new_commits(dir: &Path) -> Result<()> {
+    let options = Options {
+        checkpoint_every_bytes: None,
+        ..shared_options()
+    };
+    let writer_store = Store::open(dir, options.clone())?;
+    let reader_store = Store::open(dir, options)?;
+    let mut writer = writer_store.create_session_with_id("catch-up")?;
+    let data = format!("\"{}\"", "x".repeat(240));
+    let batch: Vec<NewEvent<'_>> = (0..CATCH_UP_BATCH_EVENTS)
+        .map(|_| NewEvent::new("assistant/chunk", &data))
+        .collect();
+    time_catch_ups(&reader_store, &mut writer, &batch, "log nearly empty")?;
+    let big = format!("\"{}\"", "y".repeat(60_000));
+    let fill: Vec<NewEvent<'_>> = (0..16)
+        .map(|_| NewEvent::new("tool/result", &big))
+        .collect();
+    for _ in 0..CATCH_UP_FILL_BYTES / (16 * 60_000) {
+        writer.submit_batch(&fill)?.wait()?;
+    }
+    let label = format!("after {} MB more", CATCH_UP_FILL_BYTES >> 20);
+    time_catch_ups(&reader_store, &mut writer, &batch, &label)?;
+    drop(writer);
+    reader_store.close()?;
+    writer_store.close()?;
+    Ok(())
+}
+
+fn time_catch_ups(
+    reader_store: &Store,
+    writer: &mut dshdb::store::SessionWriter,
+    batch: &[NewEvent<'_>],
+    label: &str,
+) -> Result<()> {
+    reader_store.refresh()?;
+    let mut spent = Duration::ZERO;
+    for _ in 0..CATCH_UP_ROUNDS {
+        writer.submit_batch(batch)?.wait()?;
+        let started = Instant::now();
+        reader_store.refresh()?;
+        spent += started.elapsed();
+    }
+    println!(
+        "refresh() catching up on one {CATCH_UP_BATCH_EVENTS}-event batch ({label}): \
+         {:.1} us per call",
+        spent.as_secs_f64() * 1e6 / f64::from(CATCH_UP_ROUNDS)
+    );
     Ok(())
 }
 

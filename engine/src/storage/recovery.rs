@@ -16,7 +16,8 @@ use crate::storage::run::{
 };
 use crate::storage::segment::{
     check_header, durable_evidence_after, has_valid_frame, nonzero_end, read_segment, scan_frames,
-    scan_frames_from, segment_path, SegmentScan, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES,
+    scan_frames_from, scan_frames_in, segment_path, SegmentScan, SEAL_FRAME_BYTES,
+    SEGMENT_HEADER_BYTES,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -128,8 +129,8 @@ pub struct AppliedRange {
 }
 
 /// Applies the committed batches of a published range of a segment to `catalog`
-/// (F-08-11): `bytes` are the segment's bytes from offset 0 to a published end (or, with
-/// `to_seal`, to its end), and the range starts at `from`, a batch start. Published bytes
+/// (F-08-11): `bytes` are the segment's bytes from offset `from` (a batch start) to a
+/// published end (or, with `to_seal`, to its end): the new bytes only. Published bytes
 /// are whole batches (F-08-5), so a range that stops inside a batch, or at an invalid
 /// frame, is damage (`Error::Corrupt`), never a torn tail. With `to_seal` the range is a
 /// rolled segment's rest and must end with its seal.
@@ -149,7 +150,7 @@ pub fn apply_published(
         },
     };
     let mut report = RecoveryReport::default();
-    let scan = scan_frames_from(bytes, from, segment, salt, |offset, record| {
+    let scan = scan_frames_in(bytes, from, from, segment, salt, |offset, record| {
         replay.accept(catalog, &mut report, segment, offset, record)
     })?;
     if let Some(stop) = scan.stop {

@@ -190,11 +190,31 @@ pub fn scan_frames_from<'a>(
     from: u64,
     segment: u64,
     salt: u64,
+    on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
+) -> Result<SegmentScan> {
+    scan_frames_in(bytes, 0, from, segment, salt, on_record)
+}
+
+/// [`scan_frames_from`] over part of a segment: `bytes` are the segment's bytes from file
+/// offset `base` on (`base` ≤ `from`), so a process catching up on a few new batches reads
+/// those, not the segment from its start (F-08-11). Offsets passed to `on_record` and
+/// returned are file offsets.
+pub fn scan_frames_in<'a>(
+    bytes: &'a [u8],
+    base: u64,
+    from: u64,
+    segment: u64,
+    salt: u64,
     mut on_record: impl FnMut(u64, Record<'a>) -> Result<()>,
 ) -> Result<SegmentScan> {
-    let mut offset = checked_usize(from, "segment scan offset")?;
+    let start = from.checked_sub(base).ok_or_else(|| Error::Corrupt {
+        segment,
+        offset: from,
+        reason: format!("a scan from {from} over bytes that start at {base}"),
+    })?;
+    let mut offset = checked_usize(start, "segment scan offset")?;
     loop {
-        let position = offset as u64;
+        let position = base + offset as u64;
         let frame = match decode_frame(&bytes[offset.min(bytes.len())..], salt) {
             Ok(frame) => frame,
             Err(error) => {
@@ -238,7 +258,7 @@ pub fn scan_frames_from<'a>(
         on_record(position, record)?;
         if sealed {
             return Ok(SegmentScan {
-                valid_end: offset as u64,
+                valid_end: base + offset as u64,
                 sealed: true,
                 stop: None,
             });
@@ -347,6 +367,54 @@ pub fn nonzero_end(bytes: &[u8], from: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scan over the tail of a segment (a catch-up's new bytes) sees the records, offsets
+    /// and ends a scan of the whole segment sees from there; a start before the bytes is
+    /// refused, not read as other bytes.
+    #[test]
+    fn a_scan_of_the_new_bytes_only_matches_a_scan_of_the_whole_segment() {
+        const SALT: u64 = 0x5a17;
+        let mut bytes = vec![0u8; usize::try_from(SEGMENT_HEADER_BYTES).expect("small")];
+        for session in 1..=4u32 {
+            Record::Tombstone { session }
+                .encode(&mut bytes, SALT)
+                .expect("encode");
+        }
+        let used = u64::try_from(bytes.len()).expect("small");
+        Record::Seal {
+            used_bytes: used,
+            durable_offset: used,
+        }
+        .encode(&mut bytes, SALT)
+        .expect("encode");
+        let mut whole = Vec::new();
+        let whole_scan =
+            scan_frames_from(&bytes, SEGMENT_HEADER_BYTES, 7, SALT, |offset, record| {
+                whole.push((offset, format!("{record:?}")));
+                Ok(())
+            })
+            .expect("scan");
+        for (index, (from, _)) in whole.clone().into_iter().enumerate() {
+            let tail = &bytes[usize::try_from(from).expect("small")..];
+            let mut seen = Vec::new();
+            let scan = scan_frames_in(tail, from, from, 7, SALT, |offset, record| {
+                seen.push((offset, format!("{record:?}")));
+                Ok(())
+            })
+            .expect("scan");
+            assert_eq!(seen, whole[index..], "from {from}");
+            assert_eq!((scan.valid_end, scan.sealed), (whole_scan.valid_end, true));
+        }
+        let refused = scan_frames_in(&bytes[80..], 80, 64, 7, SALT, |_, _| Ok(()));
+        assert!(matches!(
+            refused,
+            Err(Error::Corrupt {
+                segment: 7,
+                offset: 64,
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn damage_at_or_past_the_end_has_no_evidence_after_it() {

@@ -348,8 +348,10 @@ fn apply_segment_range(
     if end <= start {
         return Ok(());
     }
-    let mut bytes = vec![0; crate::storage::coding::checked_usize(end, "segment range")?];
-    file.read_exact_at(&mut bytes, 0)
+    // The new bytes only (F-08-11): a catch-up costs what others wrote since, not the
+    // segment so far.
+    let mut bytes = vec![0; crate::storage::coding::checked_usize(end - start, "segment range")?];
+    file.read_exact_at(&mut bytes, start)
         .map_err(io_error("segment read"))?;
     inner.files.lock().entry(entry.id).or_insert(file);
     let mut catalog = inner.catalog.write();
