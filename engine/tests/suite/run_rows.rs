@@ -137,13 +137,15 @@ fn read_planned(store: &Store, id: &str, from: u64, to: u64) -> Result<Vec<Plann
     Ok(read)
 }
 
-/// Row entries in the runs the manifest names: (entries, events they stand for).
+/// Row entries in the runs the manifest names: (entries, events they stand for). Checks
+/// that exactly the runs holding row entries are version 2 (F-06-33).
 fn row_entries(disk: &SimStorage) -> (u64, u64) {
     let manifest = Manifest::read(disk).expect("manifest").expect("present");
     let (mut entries, mut members) = (0, 0);
     for entry in &manifest.runs {
         let file = disk.open_read(&run_path(entry.id)).expect("run");
         let reader = RunReader::open(file, entry).expect("run opens");
+        let before = entries;
         for (index, block) in reader.index.blocks.iter().enumerate() {
             if block.session == DEFINITIONS_SESSION {
                 continue;
@@ -158,6 +160,13 @@ fn row_entries(disk: &SimStorage) -> (u64, u64) {
             })
             .expect("walk");
         }
+        assert_eq!(
+            reader.index.holds_rows(),
+            entries > before,
+            "run {} is version {}",
+            entry.id,
+            reader.index.version
+        );
     }
     (entries, members)
 }

@@ -327,6 +327,9 @@ fn the_run_vector_decodes_to_its_json_and_any_header_or_footer_flip_is_refused()
     .expect("run");
     let rebuilt = RunIndex::decode(&built.bytes[..64], &built.bytes, 0, &entry);
     assert!(matches!(rebuilt, Ok(ref index) if index.blocks.len() == 3));
+    // It holds no row entry, so it stays version 1: readable by the builds before them
+    // (F-06-33).
+    assert!(matches!(rebuilt, Ok(ref index) if index.version == 1 && !index.holds_rows()));
 }
 
 #[test]

@@ -308,7 +308,8 @@ pub fn rebuild_run(
 ) -> Result<BuiltRun> {
     let source = &reader.index;
     let mut writer = BlockWriter {
-        out: encode_run_header(run_id, run_salt, source.source_segment),
+        // Blocks copied as stored may hold row entries: the source's version stays.
+        out: encode_run_header(run_id, run_salt, source.source_segment, source.version),
         blocks: Vec::new(),
         raw_offset: 0,
         compressor: new_compressor()?,
@@ -408,7 +409,7 @@ fn assemble(
     run_salt: u64,
 ) -> Result<BuiltRun> {
     let mut writer = BlockWriter {
-        out: encode_run_header(run_id, run_salt, source_segment),
+        out: encode_run_header(run_id, run_salt, source_segment, version_for(sessions)),
         blocks: Vec::new(),
         raw_offset: 0,
         compressor: new_compressor()?,
@@ -551,12 +552,24 @@ impl BlockWriter {
     }
 }
 
-/// The 64-byte run header.
-pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64) -> Vec<u8> {
+/// The version a new run of these entries gets (F-06-33): 2 when it holds a row entry, 1
+/// otherwise, so that a store without chunk rows stays readable by earlier builds.
+fn version_for(sessions: &[SessionEntries]) -> u32 {
+    let holds_rows = sessions
+        .iter()
+        .any(|session| session.entries.iter().any(|entry| entry.3 > 1));
+    match holds_rows {
+        true => RUN_VERSION,
+        false => RUN_VERSION_WITHOUT_ROWS,
+    }
+}
+
+/// The 64-byte run header of a run file of format `version`.
+pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64, version: u32) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LENGTH);
     Writer::new(&mut out)
         .bytes(RUN_MAGIC)
-        .u32(RUN_VERSION)
+        .u32(version)
         .u32(HEADER_BYTES_FIELD)
         .u64(run_id)
         .u64(salt)
