@@ -34,7 +34,12 @@
 //!   slices the message text out (same F-02-11 reasoning: the scan does not re-validate);
 //! - a plain stored event (not verbatim, not a row) is taken from its stored fields, with
 //!   the envelope rules (`seq`/`time` safe integers, envelope members) checked on the stored
-//!   values instead of on a rendered line.
+//!   values instead of on a rendered line;
+//! - a row entry of a run (format-spec F-06-30, lent whole by [`Store::visit_entries`]) of
+//!   log-only events is admitted from its members' seqs, times and flags (and, for a DSH
+//!   row, its shared prefix and each payload being one string), without building their
+//!   `data`: exactly what admitting its members one by one would check
+//!   (`StreamLoad::row_entry`); any other entry is taken member by member.
 //!
 //! Whenever the log needs what only the full load does — a removed legacy type to refuse,
 //! any check that fails (whose DSH error text must be reported) — it stops and
