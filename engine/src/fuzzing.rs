@@ -4,10 +4,13 @@
 
 use crate::session::{fold_surface, parse_event_line_at, SurfaceFold};
 use crate::storage::commit::Durability;
-use crate::storage::frame::{decode_frame, Record};
+use crate::storage::frame::{decode_frame, EventRecord, Record};
 use crate::storage::io::sim::{CrashImage, SimStorage};
 use crate::storage::io::Storage;
 use crate::storage::manifest::{Manifest, SegmentEntry, MANIFEST_FILE};
+use crate::storage::run::{
+    lay_out_entries, walk_block, BlockEntry, BlockItem, RunIndex, SessionEvents, RUN_VERSION,
+};
 use crate::storage::segment::{
     encode_header, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES, WAL_DIR,
 };
@@ -564,6 +567,112 @@ fn accepted_prefix<'input>(
         .and_then(|dropped| usize::try_from(dropped.offset).ok())
         .unwrap_or(input.len());
     &input[..end.min(input.len())]
+}
+
+/// An event as a run entry walk yields it: (session, seq, time, type, flags, data,
+/// envelope).
+type WalkedEvent = (u32, u64, i64, u32, u8, Vec<u8>, Vec<u8>);
+
+/// The events of a decompressed event block of a version-2 run, or `None` when it is not a
+/// valid one. Each row entry must yield exactly its `member_count` members.
+fn walked_events(raw: &[u8]) -> Option<Vec<WalkedEvent>> {
+    let index = RunIndex {
+        id: 1,
+        version: RUN_VERSION,
+        salt: FUZZ_SALT,
+        source_segment: 0,
+        blocks: Vec::new(),
+    };
+    let block = BlockEntry {
+        session: 0,
+        event_count: 0,
+        first_seq: 0,
+        raw_offset: 0,
+        raw_bytes: u32::try_from(raw.len()).ok()?,
+        stored_checksum: 0,
+        file_offset: 0,
+        stored_bytes: 0,
+    };
+    let mut events = Vec::new();
+    let mut data = Vec::new();
+    let walked = walk_block(raw, &block, &index, |_, _, item| {
+        match item {
+            BlockItem::Row(row) => {
+                let before = events.len();
+                for member in row.members() {
+                    let event = row.member_event(&member, &mut data);
+                    events.push(walked_event(&event));
+                }
+                assert_eq!(
+                    u32::try_from(events.len() - before).ok(),
+                    Some(row.member_count),
+                    "a decoded row entry yields another number of members"
+                );
+            }
+            BlockItem::Record(Record::Event(event)) => events.push(walked_event(&event)),
+            BlockItem::Record(_) => {}
+        }
+        Ok(())
+    });
+    walked.ok().map(|()| events)
+}
+
+fn walked_event(event: &EventRecord<'_>) -> WalkedEvent {
+    (
+        event.session,
+        event.seq,
+        event.time,
+        event.type_number,
+        event.flags,
+        event.data.to_vec(),
+        event.envelope.to_vec(),
+    )
+}
+
+/// Run entries (format-spec F-06-30 … F-06-32): any bytes walked as a decompressed event
+/// block of a version-2 run decode or fail cleanly, never panic; every row entry yields its
+/// members; and the events of a valid block that are consecutive seqs of one session, laid
+/// out as run entries again (the writer's row grouping), walk back to the same events.
+pub fn check_run_entries(bytes: &[u8]) {
+    let Some(events) = walked_events(bytes) else {
+        return;
+    };
+    let Some(first) = events.first() else {
+        return;
+    };
+    let consecutive = events.iter().enumerate().all(|(position, event)| {
+        let seq = u64::try_from(position)
+            .ok()
+            .and_then(|position| first.1.checked_add(position));
+        event.0 == first.0 && Some(event.1) == seq
+    });
+    if !consecutive {
+        return;
+    }
+    let records: Vec<EventRecord<'_>> = events
+        .iter()
+        .map(
+            |(session, seq, time, type_number, flags, data, envelope)| EventRecord {
+                session: *session,
+                seq: *seq,
+                time: *time,
+                type_number: *type_number,
+                flags: *flags,
+                data,
+                envelope,
+            },
+        )
+        .collect();
+    let session = SessionEvents {
+        session: first.0,
+        first_seq: first.1,
+        events: records,
+    };
+    let Ok(laid_out) = lay_out_entries(&session, FUZZ_SALT) else {
+        return;
+    };
+    let again = walked_events(&laid_out.raw).expect("the writer's entries walk");
+    assert_eq!(again, events, "events laid out again read back differently");
 }
 
 #[cfg(test)]

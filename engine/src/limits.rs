@@ -109,6 +109,12 @@ pub const MAX_RUNS: usize = 1 << 20;
 /// on the DSH mix with `run_sweep` (BENCHMARKS.md): at level 12, 512 KiB blocks store 31.1
 /// B/event against 31.3 for 256 KiB; 1 MiB gains only 0.2 more.
 pub const RUN_BLOCK_RAW_BYTES: usize = 512 * 1024;
+/// Fewest events one row entry of a run holds (F-06-31): one event alone stays an event
+/// frame, which is smaller than an entry.
+pub const MIN_ROW_ENTRY_MEMBERS: u32 = 2;
+/// Most encoded bytes of one row entry's payload a writer puts in it (F-06-31): a row entry
+/// fits an event block (F-06-3), so a point read inside it still decompresses one block.
+pub const MAX_ROW_ENTRY_BYTES: usize = RUN_BLOCK_RAW_BYTES - FRAME_HEADER_BYTES;
 /// Most blocks one run may have (bounds what a damaged count can make us allocate).
 pub const MAX_RUN_BLOCKS: usize = 1 << 24;
 /// Largest span one extent of write-ahead frames grows to, in bytes: a point read of an

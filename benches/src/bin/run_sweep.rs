@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use dshdb::storage::frame::{Record, EVENT_FIXED_BYTES, FRAME_HEADER_BYTES};
 use dshdb::storage::manifest::RunEntry;
 use dshdb::storage::run::{
-    decode_block, walk_block, RunIndex, DEFINITIONS_SESSION, FOOTER_ENTRY_BYTES,
+    decode_block, walk_block, BlockItem, RunIndex, DEFINITIONS_SESSION, FOOTER_ENTRY_BYTES,
 };
 use std::path::PathBuf;
 use std::time::Instant;
@@ -66,10 +66,15 @@ fn load_streams(store: &std::path::Path) -> Result<(Vec<Stream>, u64, u64)> {
                 ));
             }
             let (_, stream) = current.as_mut().context("stream")?;
-            walk_block(&raw, block, entry.id, |_, frame_bytes, record| {
-                if matches!(record, Record::Event(_)) {
+            walk_block(&raw, block, &index, |_, frame_bytes, item| {
+                let holds = match item {
+                    BlockItem::Record(Record::Event(_)) => 1,
+                    BlockItem::Row(row) => u64::from(row.member_count),
+                    BlockItem::Record(_) => 0,
+                };
+                if holds > 0 {
                     stream.frames.push(frame_bytes as usize);
-                    events += 1;
+                    events += holds;
                 }
                 Ok(())
             })?;

@@ -34,7 +34,12 @@
 //!   slices the message text out (same F-02-11 reasoning: the scan does not re-validate);
 //! - a plain stored event (not verbatim, not a row) is taken from its stored fields, with
 //!   the envelope rules (`seq`/`time` safe integers, envelope members) checked on the stored
-//!   values instead of on a rendered line.
+//!   values instead of on a rendered line;
+//! - a row entry of a run (format-spec F-06-30, lent whole by [`Store::visit_entries`]) of
+//!   log-only events is admitted from its members' seqs, times and flags (and, for a DSH
+//!   row, its shared prefix and each payload being one string), without building their
+//!   `data`: exactly what admitting its members one by one would check
+//!   (`StreamLoad::row_entry`); any other entry is taken member by member.
 //!
 //! Whenever the log needs what only the full load does — a removed legacy type to refuse,
 //! any check that fails (whose DSH error text must be reported) — it stops and
@@ -43,7 +48,8 @@
 
 use super::skeleton::{self, Skeleton};
 use crate::exchange::scan::{
-    decode_record, row_gap, row_member_payload, row_member_prefix, Record, RowTag, ROW_MEMBER_TYPE,
+    decode_record, is_row_payload_token, row_gap, row_member_payload, row_member_prefix, Record,
+    RowTag, MEMBER_DATA_SUFFIX, ROW_MEMBER_TYPE,
 };
 use crate::exchange::{event_line, row_line, Result};
 use crate::session::event::{ASSISTANT_MESSAGE, END_SEED_TYPE, TOOL_RESULT, USER_MESSAGE};
@@ -58,7 +64,7 @@ use crate::session::{
 use crate::storage::frame::{
     EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE,
 };
-use crate::store::{Event, EventView, Store};
+use crate::store::{EntryView, Event, EventView, RowView, Store};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -148,10 +154,26 @@ fn stream(store: &Store, id: &str, form: Form) -> Result<Streamed<Kept>> {
     let mut from = 0;
     while from < length {
         let to = length.min(from.saturating_add(READ_CHUNK_EVENTS));
-        store.visit_events(id, from, to, |event| {
-            if stopped.is_none() {
-                stopped = load.viewed(event, &mut row).err();
+        store.visit_entries(id, from, to, |entry| {
+            if stopped.is_some() {
+                return Ok(());
             }
+            stopped = match entry {
+                EntryView::Event(event) => load.viewed(event, &mut row).err(),
+                EntryView::Row(view) => match load.row_entry(view, &row) {
+                    Some(step) => step.err(),
+                    None => {
+                        let mut first_stop = None;
+                        view.visit_events(|event| {
+                            if first_stop.is_none() {
+                                first_stop = load.viewed(event, &mut row).err();
+                            }
+                            Ok::<(), crate::Error>(())
+                        })?;
+                        first_stop
+                    }
+                },
+            };
             Ok(())
         })?;
         if let Some(fallback) = stopped {
@@ -299,6 +321,88 @@ impl<'a> StreamLoad<'a> {
         }
         current.previous_time = event.time;
         Some(self.log_only(event.seq, event.time, false))
+    }
+
+    /// A whole stored row entry (format-spec F-06-30) of log-only events, admitted from its
+    /// members' seqs, times and flags without building their `data`, exactly as
+    /// [`Self::viewed`] would admit them one by one: plain log-only events (no row flag),
+    /// or the members of a DSH chunk row whose shared text is the row's prefix
+    /// ([`row_member_prefix`]) and `}}` and whose payloads are one string each
+    /// ([`Self::row_member`]'s checks on the payload alone). `None`, before anything is
+    /// admitted: not such an entry; the caller takes its members one by one.
+    fn row_entry(&mut self, view: &RowView<'_>, collected: &[Event]) -> Option<Step> {
+        if !collected.is_empty() || !is_log_only_type(view.event_type) {
+            return None;
+        }
+        let last_seq = view
+            .first_seq()
+            .checked_add(u64::from(view.member_count()).saturating_sub(1))?;
+        let safe = last_seq <= MAX_SAFE_INTEGER
+            && view
+                .members()
+                .all(|member| member.time.unsigned_abs() <= MAX_SAFE_INTEGER);
+        if !safe {
+            return None;
+        }
+        let special = EVENT_FLAG_VERBATIM_LINE | EVENT_FLAG_ROW_START | EVENT_FLAG_ROW_MEMBER;
+        if (view.first_flags() | view.member_flags()) & special == 0 {
+            self.row_in_place = None;
+            let mut members = view.members();
+            return Some(
+                members.try_for_each(|member| self.log_only(member.seq, member.time, false)),
+            );
+        }
+        self.dsh_row_entry(view)
+    }
+
+    /// [`Self::row_entry`] for the members of a DSH chunk row: the entry starts the row
+    /// (`ROW_START`) or continues the row being admitted in place.
+    fn dsh_row_entry(&mut self, view: &RowView<'_>) -> Option<Step> {
+        let verbatim = EVENT_FLAG_VERBATIM_LINE | EVENT_FLAG_ROW_VERBATIM;
+        let members_continue = view.member_flags() & EVENT_FLAG_ROW_MEMBER != 0
+            && view.member_flags() & (EVENT_FLAG_ROW_START | verbatim) == 0;
+        let starts = view.first_flags() & EVENT_FLAG_ROW_START != 0;
+        let first_continues = view.first_flags() == view.member_flags();
+        if view.event_type != ROW_MEMBER_TYPE
+            || view.suffix != MEMBER_DATA_SUFFIX
+            || !members_continue
+            || view.first_flags() & verbatim != 0
+            || !(starts || first_continues)
+        {
+            return None;
+        }
+        let mut members = view.members();
+        if starts {
+            let first = members.next()?;
+            let payload = std::str::from_utf8(first.payload).ok()?;
+            let first_data = format!("{}{payload}{}", view.prefix, view.suffix);
+            let prefix = row_member_prefix(&first_data)?;
+            if prefix != view.prefix || !is_row_payload_token(first.payload) {
+                return None;
+            }
+            self.row_in_place = Some(RowInPlace {
+                prefix,
+                previous_time: first.time,
+            });
+            if let Err(stop) = self.log_only(first.seq, first.time, false) {
+                return Some(Err(stop));
+            }
+        } else if self.row_in_place.as_ref()?.prefix != view.prefix {
+            return None;
+        }
+        for member in members {
+            let current = self.row_in_place.as_mut()?;
+            let packs = is_row_payload_token(member.payload)
+                && row_gap(current.previous_time, member.time).is_some();
+            if !packs {
+                return Some(Err(fallback(member.seq, "row")));
+            }
+            current.previous_time = member.time;
+            if let Err(stop) = self.log_only(member.seq, member.time, false) {
+                return Some(Err(stop));
+            }
+        }
+        Some(Ok(()))
     }
 
     /// Takes the next stored event, grouping packed rows as the export does.

@@ -586,12 +586,17 @@ fn member_data_of(prefix: &str, payload: &str) -> String {
 
 /// How every member's `data` text ends (`member_data`): the chunk object, then the data
 /// object.
-const MEMBER_DATA_SUFFIX: &str = "}}";
+pub(crate) const MEMBER_DATA_SUFFIX: &str = "}}";
 
 /// Whether `text` is exactly one JSON string token (so a member whose chunk carries more
 /// than its payload never packs).
 fn is_one_string_token(text: &str) -> bool {
-    let bytes = text.as_bytes();
+    is_row_payload_token(text.as_bytes())
+}
+
+/// Whether `bytes` are exactly one JSON string token: what a row member's payload must be
+/// ([`row_member_payload`]), for a reader that holds the payload alone.
+pub(crate) fn is_row_payload_token(bytes: &[u8]) -> bool {
     if bytes.len() < 2 || bytes[0] != b'"' {
         return false;
     }

@@ -244,6 +244,50 @@ fn too_large(field: &'static str, value: usize, limit: u64, unit: &'static str) 
     }
 }
 
+/// Most bytes of one LEB128 varint of a `u64` (7 bits per byte).
+pub const MAX_VARINT_BYTES: usize = 10;
+
+/// Appends `value` as an unsigned LEB128 varint: 7 bits per byte, least significant first,
+/// bit 7 set on every byte but the last (format-spec F-06-31).
+pub fn push_varint(out: &mut Vec<u8>, mut value: u64) {
+    // The low byte of `value` holds its next 7 bits (and, for the last byte, all of them).
+    while value >= 0x80 {
+        out.push(value.to_le_bytes()[0] | 0x80);
+        value >>= 7;
+    }
+    out.push(value.to_le_bytes()[0]);
+}
+
+/// The canonical LEB128 varint at the start of `bytes` and its length, or `None` when it is
+/// cut short, longer than [`MAX_VARINT_BYTES`], overflows a `u64` or is not minimal (a last
+/// byte of zero after the first): so every value has exactly one encoding.
+pub fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (position, byte) in bytes.iter().take(MAX_VARINT_BYTES).enumerate() {
+        let bits = u64::from(byte & 0x7f);
+        let shift = 7 * position;
+        if position == MAX_VARINT_BYTES - 1 && *byte > 1 {
+            return None;
+        }
+        value |= bits << shift;
+        if byte & 0x80 == 0 {
+            return (position == 0 || *byte != 0).then_some((value, position + 1));
+        }
+    }
+    None
+}
+
+/// `value` zigzag-mapped to an unsigned number (0, -1, 1, -2 … as 0, 1, 2, 3 …), so that
+/// small negative numbers get short varints.
+pub fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)).cast_unsigned()
+}
+
+/// The inverse of [`zigzag`].
+pub fn unzigzag(value: u64) -> i64 {
+    (value >> 1).cast_signed() ^ (value & 1).cast_signed().wrapping_neg()
+}
+
 /// Hex digits in a segment or run file name: the id as 16 lower-case hex digits.
 const FILE_ID_HEX_DIGITS: usize = 16;
 

@@ -190,6 +190,8 @@ pub fn decode_run_frame(bytes: &[u8]) -> Result<Frame<'_>, FrameError> {
 pub struct FramePeek {
     /// Header plus payload, in bytes.
     pub total_bytes: usize,
+    /// The record kind byte.
+    pub kind: u8,
     /// The session an event frame names; `None` for other kinds.
     pub event_session: Option<u32>,
 }
@@ -206,6 +208,7 @@ pub fn peek_frame(bytes: &[u8]) -> Result<FramePeek, FrameError> {
         .flatten();
     Ok(FramePeek {
         total_bytes: frame.total_bytes,
+        kind: frame.kind,
         event_session,
     })
 }

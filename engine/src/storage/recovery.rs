@@ -12,7 +12,7 @@ use crate::storage::index::{
 use crate::storage::io::{Storage, StorageFile};
 use crate::storage::manifest::{Manifest, RunEntry, SegmentEntry};
 use crate::storage::run::{
-    run_corrupt, run_path, walk_block, RunIndex, RunReader, DEFINITIONS_SESSION,
+    run_corrupt, run_path, walk_block, BlockItem, RunIndex, RunReader, DEFINITIONS_SESSION,
 };
 use crate::storage::segment::{
     check_header, durable_evidence_after, has_valid_frame, nonzero_end, read_segment, scan_frames,
@@ -709,8 +709,25 @@ fn replay_run(storage: &dyn Storage, entry: &RunEntry, catalog: &mut Catalog) ->
     for (index, block) in reader.index.blocks.iter().enumerate() {
         let raw = reader.block(index, None)?;
         let mut next_seq = block.first_seq;
-        walk_block(&raw, block, run, |offset, _frame_bytes, record| {
+        walk_block(&raw, block, &reader.index, |offset, _frame_bytes, item| {
             let bad = |reason: &str| run_corrupt(run, offset, reason);
+            let record = match item {
+                BlockItem::Row(row)
+                    if row.session == block.session && block.session != DEFINITIONS_SESSION =>
+                {
+                    if row.first_seq != next_seq
+                        || !catalog.type_names.contains_key(&row.type_number)
+                    {
+                        return Err(bad("row entry seq or type does not match its block"));
+                    }
+                    next_seq = next_seq
+                        .checked_add(u64::from(row.member_count))
+                        .ok_or_else(|| bad("row entry seqs overflow"))?;
+                    return Ok(());
+                }
+                BlockItem::Row(_) => return Err(bad("row entry does not belong in this block")),
+                BlockItem::Record(record) => record,
+            };
             match record {
                 Record::SessionHeader {
                     session,

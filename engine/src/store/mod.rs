@@ -31,6 +31,7 @@ mod writer;
 pub use crate::session::END_SEED_TYPE;
 pub use maintenance::{MaintenanceReport, MAINTENANCE_THREAD};
 pub use processes::{Subscription, FOLLOW_POLL};
+pub use read::{EntryView, RowMember, RowMembers, RowView};
 pub use staging::{is_stage_id, STAGE_PREFIX};
 pub use stats::Stats;
 pub use validate::check_data_depth;

@@ -4,9 +4,11 @@
 use super::{io_error, line::push_json_line, Event, EventView, Store};
 use crate::error::{Error, Result};
 use crate::storage::catalog::{collect_slices, Extent, ExtentSlice, Position};
-use crate::storage::coding::{checked_u32, checked_usize};
+use crate::storage::coding::{checked_u32, checked_usize, widen};
 use crate::storage::frame::{decode_frame, decode_run_frame, peek_frame, EventRecord, Record};
 use crate::storage::io::StorageFile;
+use crate::storage::run::rows::{peek_row_entry, RowEntry, ROW_ENTRY_KIND};
+pub use crate::storage::run::rows::{RowMember, RowMembers};
 use crate::storage::run::{run_path, BlockCache, RunReader, ScanBuffer};
 use crate::storage::segment::segment_path;
 use std::collections::HashMap;
@@ -46,6 +48,168 @@ impl WalkBlocks {
             return reader.block(block, Some(cache));
         }
         reader.block_into(block, &mut self.scan)
+    }
+}
+
+/// What [`Store::visit_entries`] lends: one event, or a whole row entry.
+#[derive(Debug, Clone, Copy)]
+pub enum EntryView<'v, 'a> {
+    Event(&'v EventView<'a>),
+    Row(&'v RowView<'a>),
+}
+
+/// A stored row entry (format-spec F-06-30) lent whole by [`Store::visit_entries`]: the
+/// events of seqs `first_seq() ..` of one type whose `data` are `prefix ‖ payload ‖
+/// suffix` and whose envelopes are empty. Its prefix, suffix and payloads were checked to
+/// be UTF-8 (F-02-16), as a member read one by one would be.
+#[derive(Debug, Clone, Copy)]
+pub struct RowView<'a> {
+    pub event_type: &'a str,
+    pub prefix: &'a str,
+    pub suffix: &'a str,
+    entry: RowEntry<'a>,
+    position: Position,
+}
+
+impl<'a> RowView<'a> {
+    fn new(entry: RowEntry<'a>, event_type: &'a str, position: &Position) -> Result<Self> {
+        let prefix = event_text(entry.prefix, position)?;
+        let suffix = event_text(entry.suffix, position)?;
+        for member in entry.members() {
+            event_text(member.payload, position)?;
+        }
+        Ok(RowView {
+            event_type,
+            prefix,
+            suffix,
+            entry,
+            position: *position,
+        })
+    }
+
+    pub fn first_seq(&self) -> u64 {
+        self.entry.first_seq
+    }
+
+    pub fn member_count(&self) -> u32 {
+        self.entry.member_count
+    }
+
+    /// Event flags of the first member.
+    pub fn first_flags(&self) -> u8 {
+        self.entry.first_flags
+    }
+
+    /// Event flags of every later member.
+    pub fn member_flags(&self) -> u8 {
+        self.entry.member_flags
+    }
+
+    /// The members in seq order (each payload UTF-8, checked at construction).
+    pub fn members(&self) -> RowMembers<'_, 'a> {
+        self.entry.members()
+    }
+
+    /// Calls `visit` with each member as the event it stands for, in seq order (its `data`
+    /// rebuilt in one reused buffer), until `visit` fails.
+    pub fn visit_events<E>(
+        &self,
+        mut visit: impl FnMut(&EventView<'_>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E>
+    where
+        E: From<Error>,
+    {
+        let mut data = Vec::new();
+        for member in self.entry.members() {
+            let event = self.entry.member_event(&member, &mut data);
+            visit(&EventView {
+                seq: event.seq,
+                time: event.time,
+                event_type: self.event_type,
+                data: event_text(event.data, &self.position)?,
+                envelope: "",
+                flags: event.flags,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// How the frames an extent's bytes hold are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrameForm {
+    /// A write-ahead segment: checksummed frames under the segment's salt.
+    Segment,
+    /// A version-1 run block: frames with a zero checksum field, event frames only.
+    Run,
+    /// A version-2 run block: also row entries (F-06-30).
+    RunWithRows,
+}
+
+/// What a walk does with a row entry that lies wholly in its range: lends it whole
+/// ([`Store::visit_entries`]) instead of its members one by one.
+type WholeRows<'w> = Option<&'w mut dyn FnMut(&RowEntry<'_>, &str, &Position) -> Result<()>>;
+
+/// One row entry met by a walk: which of its members the walk visits.
+struct RowWalk {
+    session: u32,
+    /// Index in the extent's events of the entry's first member, if it is the session's.
+    first_index: u64,
+    /// Indexes in the extent's events the walk visits.
+    wanted: std::ops::Range<u64>,
+    /// Seq of the extent's first event.
+    first_seq: u64,
+}
+
+impl RowWalk {
+    /// Visits the wanted members of the row entry `frame` (decoded only when one is wanted)
+    /// and returns how many of the extent's events it holds (0 for another session's).
+    fn visit(
+        &self,
+        frame: &[u8],
+        position: &Position,
+        types: &HashMap<u32, String>,
+        member_data: &mut Vec<u8>,
+        visit: &mut impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+        whole_rows: &mut WholeRows<'_>,
+    ) -> Result<u64> {
+        let damaged = |reason: &str| Error::CorruptRun {
+            run: position.segment,
+            offset: position.offset,
+            reason: reason.to_string(),
+        };
+        let decoded = decode_run_frame(frame).map_err(|error| damaged(&format!("{error:?}")))?;
+        let (session, count) = peek_row_entry(decoded.payload).map_err(|error| damaged(error.0))?;
+        if session != self.session {
+            return Ok(0);
+        }
+        let count = u64::from(count);
+        if self.first_index + count <= self.wanted.start {
+            return Ok(count);
+        }
+        let row = RowEntry::decode(decoded.payload).map_err(|error| damaged(error.0))?;
+        if row.first_seq != self.first_seq + self.first_index {
+            return Err(damaged("indexed row entry has another seq"));
+        }
+        let event_type = types
+            .get(&row.type_number)
+            .ok_or_else(|| damaged("unknown type number"))?;
+        let inside =
+            self.first_index >= self.wanted.start && self.first_index + count <= self.wanted.end;
+        if let (true, Some(whole)) = (inside, whole_rows.as_mut()) {
+            whole(&row, event_type, position)?;
+            return Ok(count);
+        }
+        for (member_index, member) in (self.first_index..).zip(row.members()) {
+            if member_index >= self.wanted.end {
+                break;
+            }
+            if member_index >= self.wanted.start {
+                let event = row.member_event(&member, member_data);
+                visit(&event, event_type, position)?;
+            }
+        }
+        Ok(count)
     }
 }
 
@@ -114,7 +278,47 @@ impl Store {
         to: u64,
         visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
     ) -> Result<()> {
-        let walked = self.walk_events(id, from, to, visit);
+        let walked = self.walk_events(id, from, to, visit, None);
+        if let Err(error) = &walked {
+            self.note_damage(error);
+        }
+        walked
+    }
+
+    /// [`Store::visit_events`], except that a row entry of a run (format-spec F-06-30) that
+    /// lies wholly in `from..to` is lent whole as [`EntryView::Row`] instead of member by
+    /// member: a reader that needs only its members' seqs, times and flags (cold resume of
+    /// log-only chunk events) then never builds their `data`.
+    pub fn visit_entries(
+        &self,
+        id: &str,
+        from: u64,
+        to: u64,
+        mut visit: impl FnMut(EntryView<'_, '_>) -> Result<()>,
+    ) -> Result<()> {
+        let walked = {
+            let visit_cell = std::cell::RefCell::new(&mut visit);
+            let mut whole = |row: &RowEntry<'_>, event_type: &str, position: &Position| {
+                let view = RowView::new(*row, event_type, position)?;
+                (visit_cell.borrow_mut())(EntryView::Row(&view))
+            };
+            self.walk_events(
+                id,
+                from,
+                to,
+                |event, event_type, position| {
+                    (visit_cell.borrow_mut())(EntryView::Event(&EventView {
+                        seq: event.seq,
+                        time: event.time,
+                        event_type,
+                        data: event_text(event.data, position)?,
+                        envelope: event_text(event.envelope, position)?,
+                        flags: event.flags,
+                    }))
+                },
+                Some(&mut whole),
+            )
+        };
         if let Err(error) = &walked {
             self.note_damage(error);
         }
@@ -127,6 +331,7 @@ impl Store {
         from: u64,
         to: u64,
         mut visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+        mut whole_rows: WholeRows<'_>,
     ) -> Result<()> {
         let _positions_stay_valid = self.inner.read_gate.read();
         let (slices, types) = {
@@ -141,7 +346,7 @@ impl Store {
         };
         let mut blocks = WalkBlocks::default();
         for slice in &slices {
-            self.walk_slice(slice, &types, &mut blocks, &mut visit)?;
+            self.walk_slice(slice, &types, &mut blocks, &mut visit, &mut whole_rows)?;
         }
         Ok(())
     }
@@ -156,9 +361,11 @@ impl Store {
         types: &HashMap<u32, String>,
         blocks: &mut WalkBlocks,
         visit: &mut impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+        whole_rows: &mut WholeRows<'_>,
     ) -> Result<()> {
         let extent = slice.extent;
-        let (bytes, base, in_run) = self.extent_bytes(&extent, blocks)?;
+        let (bytes, base, form) = self.extent_bytes(&extent, blocks)?;
+        let in_run = form != FrameForm::Segment;
         let corrupt = |offset: u64, reason: &str| Error::Corrupt {
             segment: extent.file,
             offset,
@@ -169,25 +376,50 @@ impl Store {
             .get(..span_end)
             .ok_or_else(|| corrupt(extent.offset, "extent past its bytes"))?;
         let mut at = checked_usize(extent.offset - base, "extent offset")?;
-        let mut seen = 0u32;
+        let mut seen = 0u64;
         let mut last_type: Option<(u32, &str)> = None;
-        let wanted = slice.skip.saturating_add(slice.take);
+        let skip = u64::from(slice.skip);
+        let wanted = skip.saturating_add(u64::from(slice.take));
+        let mut member_data = Vec::new();
         while seen < wanted {
-            let offset = base + at as u64;
+            let offset = base + widen(at);
             let frame = span
                 .get(at..)
                 .filter(|rest| !rest.is_empty())
                 .ok_or_else(|| corrupt(offset, "extent holds fewer events than indexed"))?;
             let peek = peek_frame(frame).map_err(|error| corrupt(offset, &format!("{error:?}")))?;
+            if form == FrameForm::RunWithRows && peek.kind == ROW_ENTRY_KIND {
+                let position = Position {
+                    segment: extent.file,
+                    offset,
+                    frame_bytes: checked_u32(peek.total_bytes, "frame length")?,
+                };
+                let walk = RowWalk {
+                    session: slice.session,
+                    first_index: seen,
+                    wanted: skip..wanted,
+                    first_seq: slice.first_seq,
+                };
+                seen += walk.visit(
+                    &frame[..peek.total_bytes],
+                    &position,
+                    types,
+                    &mut member_data,
+                    visit,
+                    whole_rows,
+                )?;
+                at += peek.total_bytes;
+                continue;
+            }
             let ours = peek.event_session == Some(slice.session);
-            if ours && seen >= slice.skip {
+            if ours && seen >= skip {
                 let position = Position {
                     segment: extent.file,
                     offset,
                     frame_bytes: checked_u32(peek.total_bytes, "frame length")?,
                 };
                 let event = self.decode_record(frame, &position, in_run)?;
-                if event.seq != slice.first_seq + u64::from(seen) {
+                if event.seq != slice.first_seq + seen {
                     return Err(corrupt(offset, "indexed event has another seq"));
                 }
                 // Neighbouring events mostly share a type (chunk runs): one lookup for them.
@@ -200,7 +432,7 @@ impl Store {
                 last_type = Some((event.type_number, event_type));
                 visit(&event, event_type, &position)?;
             }
-            seen += u32::from(ours);
+            seen += u64::from(ours);
             at += peek.total_bytes;
         }
         Ok(())
@@ -208,12 +440,12 @@ impl Store {
 
     /// The bytes holding an extent: in a run, the decompressed block itself (no copy), in a
     /// segment one read of the extent's span. Returns the bytes, the offset they start at
-    /// and whether they come from a run.
+    /// and the form of their frames.
     fn extent_bytes(
         &self,
         extent: &Extent,
         blocks: &mut WalkBlocks,
-    ) -> Result<(Arc<Vec<u8>>, u64, bool)> {
+    ) -> Result<(Arc<Vec<u8>>, u64, FrameForm)> {
         if let Some(reader) = self.run_reader(extent.file)? {
             let past_run = || Error::CorruptRun {
                 run: extent.file,
@@ -226,10 +458,14 @@ impl Store {
                 return Err(past_run());
             }
             let bytes = blocks.block(&reader, block_index, &self.inner.cache)?;
-            return Ok((bytes, block.raw_offset, true));
+            let form = match reader.index.holds_rows() {
+                true => FrameForm::RunWithRows,
+                false => FrameForm::Run,
+            };
+            return Ok((bytes, block.raw_offset, form));
         }
         let bytes = self.read_segment_span(extent.file, extent.offset, extent.end())?;
-        Ok((Arc::new(bytes), extent.offset, false))
+        Ok((Arc::new(bytes), extent.offset, FrameForm::Segment))
     }
 
     /// One event by seq.

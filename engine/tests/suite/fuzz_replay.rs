@@ -11,12 +11,16 @@ use crate::common::{open_sim, sim_options};
 use dshdb::derive::projection::synthetic::{turn_events, OwnedEvent};
 use dshdb::exchange::export_dsh_jsonl;
 use dshdb::fuzzing::{
-    check_damaged_seal, check_dsh_import, check_frame_decode, check_model, check_segment_recovery,
-    check_surface_fold, FUZZ_SALT, MODEL_SEED_SCRIPT,
+    check_damaged_seal, check_dsh_import, check_frame_decode, check_model, check_run_entries,
+    check_segment_recovery, check_surface_fold, FUZZ_SALT, MODEL_SEED_SCRIPT,
 };
 use dshdb::storage::commit::Durability;
 use dshdb::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
 use dshdb::storage::io::sim::SimStorage;
+use dshdb::storage::io::Storage;
+use dshdb::storage::manifest::{Manifest, RunEntry};
+use dshdb::storage::run::{decode_block, run_path, RunIndex};
+use dshdb::store::NewEvent;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -58,8 +62,9 @@ fn mutate(seed: &[u8], state: &mut u64) -> Vec<u8> {
 const MAX_COMMITTED_FIXTURE_BYTES: usize = 8 * 1024;
 
 /// The fuzz targets, as named in `fuzz/Cargo.toml`.
-const TARGETS: [&str; 6] = [
+const TARGETS: [&str; 7] = [
     "frame_decode",
+    "run_entries",
     "segment_recovery",
     "damaged_seal",
     "surface_fold",
@@ -141,6 +146,74 @@ fn encoded_records() -> Vec<u8> {
     out
 }
 
+/// The decompressed event block of the row-entry run vector (format-spec/vectors/run-rows).
+fn rows_vector_event_block() -> Vec<u8> {
+    let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../format-spec/vectors");
+    let bytes = std::fs::read(vectors.join("run-rows.bin")).expect("run vector");
+    decompressed_event_blocks(&bytes, 2, 0x0123_4567_89ab_cdef)
+}
+
+/// The event blocks, decompressed and concatenated, of a run the engine seals from a session
+/// of DSH chunk events appended one at a time (packed into row entries), between others.
+fn engine_chunks_block() -> Vec<u8> {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Buffered)).expect("open");
+    let header = r#"{"version":0,"id":"fuzz-seed","createdAt":1790000000000}"#;
+    let mut writer = store.create_session(header).expect("create");
+    let mut time = 1_790_000_000_000;
+    for turn in 1..=2 {
+        let start = format!(r#"{{"turn":{turn}}}"#);
+        writer
+            .append(NewEvent {
+                time: Some(time),
+                ..NewEvent::new("turn/start", &start)
+            })
+            .expect("append");
+        for step in 0..2 {
+            for part in 0..4 {
+                time += 3 - part;
+                let data = format!(
+                    r#"{{"turn":{turn},"step":{step},"chunk":{{"type":"text-delta","index":0,"text":"part {part}\n"}}}}"#
+                );
+                writer
+                    .append(NewEvent {
+                        time: Some(time),
+                        ..NewEvent::new("assistant/chunk", &data)
+                    })
+                    .expect("append");
+            }
+        }
+    }
+    drop(writer);
+    store.close().expect("close");
+    let store = open_sim(&disk, sim_options(Durability::Buffered)).expect("reopen");
+    store.maintain().expect("maintain");
+    store.close().expect("close");
+    let manifest = Manifest::read(&disk).expect("manifest").expect("present");
+    let run = manifest.runs.first().expect("a run");
+    let bytes = disk
+        .open_read(&run_path(run.id))
+        .and_then(|file| file.read_all())
+        .expect("run bytes");
+    decompressed_event_blocks(&bytes, run.id, run.salt)
+}
+
+/// The event blocks of a run file, decompressed, back to back.
+fn decompressed_event_blocks(bytes: &[u8], id: u64, salt: u64) -> Vec<u8> {
+    let entry = RunEntry {
+        id,
+        salt,
+        file_bytes: bytes.len() as u64,
+    };
+    let index = RunIndex::decode(&bytes[..64], bytes, 0, &entry).expect("run index");
+    let mut raw = Vec::new();
+    for block in index.blocks.iter().skip(1) {
+        let stored = &bytes[block.file_offset as usize..][..block.stored_bytes as usize];
+        raw.extend(decode_block(stored, block, id).expect("block"));
+    }
+    raw
+}
+
 /// A native session of two synthetic turns, exported by the engine as a DSH log.
 fn engine_dsh_log() -> Vec<u8> {
     let store = open_sim(&SimStorage::new(), sim_options(Durability::Buffered)).expect("open");
@@ -189,6 +262,13 @@ fn encoder_seeds(target: &str) -> Seeds {
             let mut salted = FUZZ_SALT.to_le_bytes().to_vec();
             salted.extend(encoded_records());
             seeds.insert("engine-records.bin".into(), salted);
+        }
+        "run_entries" => {
+            seeds.insert(
+                "vector-run-rows-block.bin".into(),
+                rows_vector_event_block(),
+            );
+            seeds.insert("engine-chunks-block.bin".into(), engine_chunks_block());
         }
         "segment_recovery" => {
             seeds.insert("engine-records.bin".into(), encoded_records());
@@ -288,6 +368,11 @@ fn replay(target: &str, check: fn(&[u8])) -> u64 {
 #[test]
 fn frame_decode_corpus() {
     replay("frame_decode", check_frame_decode);
+}
+
+#[test]
+fn run_entries_corpus() {
+    replay("run_entries", check_run_entries);
 }
 
 #[test]

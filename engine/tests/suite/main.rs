@@ -31,6 +31,7 @@ mod projection_cache;
 mod readers;
 mod recovery_table;
 mod retention;
+mod run_rows;
 mod run_vectors;
 mod runs;
 mod session_fixtures;

@@ -1,19 +1,24 @@
 //! Run files (format-spec/06-runs-and-index.md): a sealed segment's records regrouped per
 //! session into zstd-compressed blocks, with a checksummed footer index
 //! `(session, seq range) → block`. Pure encoding and decoding plus block reads; the sealing
-//! protocol (file sync, manifest, removal) lives in `db.rs`.
+//! protocol (file sync, manifest, removal) lives in `store::maintenance`. Row entries
+//! (several events as one entry, version 2) are encoded in [`rows`].
+
+pub mod rows;
 
 use crate::error::{Error, Result};
 use crate::storage::catalog::Extent;
 use crate::storage::coding::{
-    checked_count_u32, checked_u32, id_file_name, parse_id_file_name, u32_at, u32_to_usize, u64_at,
-    Reader, ShortInput, Writer,
+    checked_count_u32, checked_u32, checked_usize, id_file_name, parse_id_file_name, u32_at,
+    u32_to_usize, u64_at, widen, Reader, ShortInput, Writer,
 };
 use crate::storage::frame::{decode_run_frame, Record, FRAME_HEADER_BYTES};
+use crate::storage::frame::{EventRecord, Frame};
 use crate::storage::io::StorageFile;
 use crate::storage::manifest::RunEntry;
 use crate::storage::segment::scan_frames;
 use parking_lot::Mutex;
+use rows::{encode_row_entry, row_groups, RowEntry, ROW_ENTRY_KIND};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -27,8 +32,12 @@ pub const RUN_HEADER_BYTES: u64 = HEADER_BYTES_FIELD as u64;
 const HEADER_LENGTH: usize = HEADER_BYTES_FIELD as usize;
 const RUN_MAGIC: &[u8; 8] = b"DSHDBRUN";
 const RUN_TRAILER_MAGIC: &[u8; 8] = b"DSHDBRNF";
-/// The run file format version this build reads and writes (F-06-2).
-pub const RUN_VERSION: u32 = 1;
+/// The run file format version this build writes (F-06-2): version 2 may hold row entries
+/// (F-06-30).
+pub const RUN_VERSION: u32 = 2;
+/// The first run file version, which holds event frames only; this build reads it as it
+/// reads version 2 (F-06-33).
+pub const RUN_VERSION_WITHOUT_ROWS: u32 = 1;
 pub use crate::limits::RUN_BLOCK_RAW_BYTES;
 /// Bytes of one footer entry.
 pub const FOOTER_ENTRY_BYTES: usize = 48;
@@ -126,13 +135,19 @@ pub struct BuiltRun {
 /// seed); its later events are dropped. Sessions not named are kept whole.
 pub type Retained = HashMap<u32, u64>;
 
-/// Events of one session gathered from the source segment, re-framed with the run's salt.
-struct SessionFrames {
-    session: u32,
-    first_seq: u64,
-    raw: Vec<u8>,
-    /// (seq, offset in `raw`, frame bytes) of every event.
-    frames: Vec<(u64, usize, u32)>,
+/// Events of one session gathered from the source segment, in seq order.
+pub(crate) struct SessionEvents<'a> {
+    pub session: u32,
+    pub first_seq: u64,
+    pub events: Vec<EventRecord<'a>>,
+}
+
+/// A session's events laid out as a run's entries: event frames and row entries.
+pub(crate) struct SessionEntries {
+    pub session: u32,
+    pub raw: Vec<u8>,
+    /// (first seq, offset in `raw`, entry bytes, events) of every entry.
+    pub entries: Vec<(u64, usize, usize, u32)>,
 }
 
 fn corrupt(segment: u64, offset: u64, reason: &str) -> Error {
@@ -164,7 +179,7 @@ pub fn build_run(
     retained: &Retained,
 ) -> Result<BuiltRun> {
     let mut definitions = Vec::new();
-    let mut sessions: Vec<SessionFrames> = Vec::new();
+    let mut sessions: Vec<SessionEvents> = Vec::new();
     let mut slot_of: HashMap<u32, usize> = HashMap::new();
     let mut uncommitted = 0usize;
     let mut dropped_events = 0u64;
@@ -192,16 +207,15 @@ pub fn build_run(
             }
             Record::Event(event) => {
                 let slot = *slot_of.entry(event.session).or_insert_with(|| {
-                    sessions.push(SessionFrames {
+                    sessions.push(SessionEvents {
                         session: event.session,
                         first_seq: event.seq,
-                        raw: Vec::new(),
-                        frames: Vec::new(),
+                        events: Vec::new(),
                     });
                     sessions.len() - 1
                 });
-                let frames = &mut sessions[slot];
-                let expected = frames.first_seq + frames.frames.len() as u64;
+                let gathered = &mut sessions[slot];
+                let expected = gathered.first_seq + widen(gathered.events.len());
                 if event.seq != expected {
                     return Err(corrupt(
                         segment,
@@ -209,12 +223,7 @@ pub fn build_run(
                         "event seq not contiguous in segment",
                     ));
                 }
-                let start = frames.raw.len();
-                event.encode(&mut frames.raw, run_salt)?;
-                clear_checksum(&mut frames.raw[start..]);
-                let length = u32::try_from(frames.raw.len() - start)
-                    .map_err(|_| corrupt(segment, offset, "frame larger than 4 GiB"))?;
-                frames.frames.push((event.seq, start, length));
+                gathered.events.push(*event);
                 uncommitted += 1;
             }
             Record::Commit { .. } => uncommitted = 0,
@@ -232,10 +241,50 @@ pub fn build_run(
             "records after the last commit",
         ));
     }
-    let mut built = assemble(&definitions, &sessions, segment, run_id, run_salt)?;
+    let entries = sessions
+        .iter()
+        .map(|session| lay_out_entries(session, run_salt))
+        .collect::<Result<Vec<_>>>()?;
+    let mut built = assemble(&definitions, &entries, segment, run_id, run_salt)?;
     built.dropped_events = dropped_events;
     built.dropped_bytes = dropped_bytes;
     Ok(built)
+}
+
+/// Lays out a session's events as run entries (F-06-31): each stretch [`row_groups`]
+/// finds as one row entry, every other event as its event frame; checksum fields zero.
+pub(crate) fn lay_out_entries(
+    session: &SessionEvents<'_>,
+    run_salt: u64,
+) -> Result<SessionEntries> {
+    let events = &session.events;
+    let mut laid_out = SessionEntries {
+        session: session.session,
+        raw: Vec::new(),
+        entries: Vec::new(),
+    };
+    let mut next = 0usize;
+    let end = std::iter::once(events.len()..events.len());
+    for group in row_groups(events).into_iter().chain(end) {
+        for event in &events[next..group.start] {
+            let start = laid_out.raw.len();
+            event.encode(&mut laid_out.raw, run_salt)?;
+            clear_checksum(&mut laid_out.raw[start..]);
+            let bytes = laid_out.raw.len() - start;
+            laid_out.entries.push((event.seq, start, bytes, 1));
+        }
+        if !group.is_empty() {
+            let start = laid_out.raw.len();
+            encode_row_entry(&events[group.clone()], &mut laid_out.raw)?;
+            let count = checked_count_u32(group.len(), "row entry", "events")?;
+            let bytes = laid_out.raw.len() - start;
+            laid_out
+                .entries
+                .push((events[group.start].seq, start, bytes, count));
+        }
+        next = group.end;
+    }
+    Ok(laid_out)
 }
 
 /// Whether a run holds events that `retained` drops (F-06-26).
@@ -259,7 +308,8 @@ pub fn rebuild_run(
 ) -> Result<BuiltRun> {
     let source = &reader.index;
     let mut writer = BlockWriter {
-        out: encode_run_header(run_id, run_salt, source.source_segment),
+        // Blocks copied as stored may hold row entries: the source's version stays.
+        out: encode_run_header(run_id, run_salt, source.source_segment, source.version),
         blocks: Vec::new(),
         raw_offset: 0,
         compressor: new_compressor()?,
@@ -284,10 +334,10 @@ pub fn rebuild_run(
             writer.push_stored(block, &reader.stored_block(index)?);
         } else {
             let raw = reader.block(index, None)?;
-            let cut = frames_end(&raw, count, block, source.id)?;
-            writer.push(block.session, count, block.first_seq, &raw[..cut])?;
+            let kept_raw = block_prefix(&raw, count, block, source)?;
+            writer.push(block.session, count, block.first_seq, &kept_raw)?;
             dropped_events += u64::from(block.event_count - count);
-            dropped_bytes += (raw.len() - cut) as u64;
+            dropped_bytes += widen(raw.len().saturating_sub(kept_raw.len()));
         }
         if !definitions {
             let bytes = writer.raw_offset - raw_offset;
@@ -307,17 +357,40 @@ pub fn rebuild_run(
     Ok(built)
 }
 
-/// Where the first `count` frames of a decompressed block end.
-fn frames_end(raw: &[u8], count: u32, block: &BlockEntry, run: u64) -> Result<usize> {
-    let mut end = 0usize;
-    for _ in 0..count {
-        let frame = raw.get(end..).unwrap_or_default();
-        let at = block.raw_offset + end as u64;
-        let frame =
-            decode_run_frame(frame).map_err(|error| run_corrupt(run, at, &format!("{error:?}")))?;
-        end += frame.total_bytes;
-    }
-    Ok(end)
+/// The entries of a decompressed event block that hold its first `count` events. A row
+/// entry the cut falls inside is kept as its first members' event frames (F-06-26: a
+/// retained prefix may end inside a row).
+fn block_prefix(raw: &[u8], count: u32, block: &BlockEntry, index: &RunIndex) -> Result<Vec<u8>> {
+    let mut kept = Vec::new();
+    let mut events = 0u32;
+    let mut data = Vec::new();
+    walk_block(raw, block, index, |offset, frame_bytes, item| {
+        if events >= count {
+            return Ok(());
+        }
+        let start = checked_usize(offset - block.raw_offset, "run entry offset")?;
+        let frame = &raw[start..start + u32_to_usize(frame_bytes)];
+        match item {
+            BlockItem::Row(row) if count - events < row.member_count => {
+                for member in row.members().take(u32_to_usize(count - events)) {
+                    let at = kept.len();
+                    row.member_event(&member, &mut data).encode(&mut kept, 0)?;
+                    clear_checksum(&mut kept[at..]);
+                }
+                events = count;
+            }
+            BlockItem::Row(row) => {
+                kept.extend_from_slice(frame);
+                events += row.member_count;
+            }
+            BlockItem::Record(_) => {
+                kept.extend_from_slice(frame);
+                events += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(kept)
 }
 
 /// Frames in a run carry no checksum of their own (F-06-13): the block's stored checksum
@@ -330,13 +403,13 @@ fn clear_checksum(frame: &mut [u8]) {
 /// Lays out header, blocks, footer and trailer.
 fn assemble(
     definitions: &[u8],
-    sessions: &[SessionFrames],
+    sessions: &[SessionEntries],
     source_segment: u64,
     run_id: u64,
     run_salt: u64,
 ) -> Result<BuiltRun> {
     let mut writer = BlockWriter {
-        out: encode_run_header(run_id, run_salt, source_segment),
+        out: encode_run_header(run_id, run_salt, source_segment, version_for(sessions)),
         blocks: Vec::new(),
         raw_offset: 0,
         compressor: new_compressor()?,
@@ -346,21 +419,30 @@ fn assemble(
     writer.push(DEFINITIONS_SESSION, 0, 0, definitions)?;
     for session in sessions {
         let mut start = 0;
-        while start < session.frames.len() {
-            let block_raw_start = session.frames[start].1;
+        while start < session.entries.len() {
+            let block_raw_start = session.entries[start].1;
             let mut end = start + 1;
-            while end < session.frames.len()
-                && session.frames[end].1 + session.frames[end].2 as usize - block_raw_start
+            while end < session.entries.len()
+                && session.entries[end].1 + session.entries[end].2 - block_raw_start
                     <= RUN_BLOCK_RAW_BYTES
             {
                 end += 1;
             }
-            let last = session.frames[end - 1];
-            let raw = &session.raw[block_raw_start..last.1 + last.2 as usize];
-            let count = checked_count_u32(end - start, "run block", "events")?;
+            let last = session.entries[end - 1];
+            let raw = &session.raw[block_raw_start..last.1 + last.2];
+            let events_in_block: u64 = session.entries[start..end]
+                .iter()
+                .map(|entry| u64::from(entry.3))
+                .sum();
+            let count = u32::try_from(events_in_block).map_err(|_| Error::TooLarge {
+                what: "run block",
+                size: events_in_block,
+                limit: u64::from(u32::MAX),
+                unit: "events",
+            })?;
             moved.push((
                 session.session,
-                session.frames[start].0,
+                session.entries[start].0,
                 Extent {
                     file: run_id,
                     offset: writer.raw_offset,
@@ -368,7 +450,7 @@ fn assemble(
                     count,
                 },
             ));
-            writer.push(session.session, count, session.frames[start].0, raw)?;
+            writer.push(session.session, count, session.entries[start].0, raw)?;
             events += u64::from(count);
             start = end;
         }
@@ -470,12 +552,24 @@ impl BlockWriter {
     }
 }
 
-/// The 64-byte run header.
-pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64) -> Vec<u8> {
+/// The version a new run of these entries gets (F-06-33): 2 when it holds a row entry, 1
+/// otherwise, so that a store without chunk rows stays readable by earlier builds.
+fn version_for(sessions: &[SessionEntries]) -> u32 {
+    let holds_rows = sessions
+        .iter()
+        .any(|session| session.entries.iter().any(|entry| entry.3 > 1));
+    match holds_rows {
+        true => RUN_VERSION,
+        false => RUN_VERSION_WITHOUT_ROWS,
+    }
+}
+
+/// The 64-byte run header of a run file of format `version`.
+pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64, version: u32) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LENGTH);
     Writer::new(&mut out)
         .bytes(RUN_MAGIC)
-        .u32(RUN_VERSION)
+        .u32(version)
         .u32(HEADER_BYTES_FIELD)
         .u64(run_id)
         .u64(salt)
@@ -490,6 +584,8 @@ pub fn encode_run_header(run_id: u64, salt: u64, source_segment: u64) -> Vec<u8>
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunIndex {
     pub id: u64,
+    /// The file's format version: [`RUN_VERSION_WITHOUT_ROWS`] or [`RUN_VERSION`].
+    pub version: u32,
     pub salt: u64,
     pub source_segment: u64,
     pub blocks: Vec<BlockEntry>,
@@ -517,7 +613,7 @@ impl RunIndex {
         }
         let mut reader = Reader::at(header, RUN_MAGIC.len());
         let version = reader.u32("run version").map_err(short)?;
-        if version != RUN_VERSION {
+        if version != RUN_VERSION && version != RUN_VERSION_WITHOUT_ROWS {
             return Err(Error::UnsupportedVersion {
                 file,
                 found: version,
@@ -568,6 +664,7 @@ impl RunIndex {
         check_block_layout(&blocks, footer_offset).map_err(corrupt)?;
         Ok(RunIndex {
             id: entry.id,
+            version,
             salt: entry.salt,
             source_segment,
             blocks,
@@ -603,6 +700,11 @@ impl RunIndex {
         let mut tail = vec![0; tail_length];
         file.read_exact_at(&mut tail, footer_offset).map_err(io)?;
         RunIndex::decode(&header, &tail, footer_offset, entry)
+    }
+
+    /// Whether the run's event blocks may hold row entries (version 2, F-06-33).
+    pub fn holds_rows(&self) -> bool {
+        self.version >= RUN_VERSION
     }
 
     /// The block holding raw offset `offset`.
@@ -675,26 +777,53 @@ pub fn decode_block_into(
     Ok(())
 }
 
-/// Walks the frames of a decompressed block, calling `on_record` with each record's raw
-/// offset in the run and its frame size. Every frame must be valid (F-06-6, F-06-13).
+/// One entry of a decompressed block: a record's frame, or (version 2) a row entry that
+/// stands for several events (F-06-30).
+#[derive(Debug, Clone)]
+pub enum BlockItem<'a> {
+    Record(Record<'a>),
+    Row(RowEntry<'a>),
+}
+
+/// Decodes one entry's frame of a run: a row entry where `index`'s version allows them
+/// (F-06-30, F-06-33), else a record of a known kind (a run has no unknown kinds).
+pub fn decode_block_item<'a>(
+    frame: &Frame<'a>,
+    index: &RunIndex,
+) -> std::result::Result<BlockItem<'a>, String> {
+    if frame.kind == ROW_ENTRY_KIND && index.holds_rows() {
+        return RowEntry::decode(frame.payload)
+            .map(BlockItem::Row)
+            .map_err(|error| error.0.to_string());
+    }
+    match Record::decode(frame) {
+        Ok(Some(record)) => Ok(BlockItem::Record(record)),
+        Ok(None) => Err("unknown record kind in a run".to_string()),
+        Err(error) => Err(format!("{error:?}")),
+    }
+}
+
+/// Walks the entries of a decompressed block, calling `on_item` with each entry's raw
+/// offset in the run, its frame size and what it holds. Every frame must be valid (F-06-6,
+/// F-06-13, F-06-32).
 pub fn walk_block<'a>(
     raw: &'a [u8],
     block: &BlockEntry,
-    run: u64,
-    mut on_record: impl FnMut(u64, u32, Record<'a>) -> Result<()>,
+    index: &RunIndex,
+    mut on_item: impl FnMut(u64, u32, BlockItem<'a>) -> Result<()>,
 ) -> Result<()> {
+    let run = index.id;
     let mut offset = 0usize;
     while offset < raw.len() {
-        let at = block.raw_offset + offset as u64;
+        let at = block.raw_offset + widen(offset);
         let frame = decode_run_frame(&raw[offset..])
             .map_err(|error| run_corrupt(run, at, &format!("{error:?}")))?;
-        let record = Record::decode(&frame)
-            .map_err(|error| run_corrupt(run, at, &format!("{error:?}")))?
-            .ok_or_else(|| run_corrupt(run, at, "unknown record kind in a run"))?;
+        let item =
+            decode_block_item(&frame, index).map_err(|reason| run_corrupt(run, at, &reason))?;
         let frame_bytes = u32::try_from(frame.total_bytes)
             .map_err(|_| run_corrupt(run, at, "frame larger than 4 GiB"))?;
         debug_assert!(frame.total_bytes >= FRAME_HEADER_BYTES);
-        on_record(at, frame_bytes, record)?;
+        on_item(at, frame_bytes, item)?;
         offset += frame.total_bytes;
     }
     Ok(())

@@ -1,0 +1,525 @@
+//! Row entries of version-2 runs (format-spec/06-runs-and-index.md, F-06-30 … F-06-33): a
+//! stretch of consecutive events of one session whose `data` differ only in their last JSON
+//! string (a DSH chunk row's members, or live chunk events that DSH would pack the same
+//! way) stored as one entry that covers their seq range. The shared text before and after
+//! that string is stored once, the time gaps and the strings' lengths as two varint
+//! columns, then the strings back to back: what differs between chunk events sits together
+//! and what repeats is not repeated, which is what both zstd and a reader want.
+//!
+//! The form is exact whatever the bytes: a member's `data` is `prefix ‖ payload ‖ suffix`,
+//! so the grouping rule ([`row_groups`]) decides only what is packed, never what is read.
+//! Pure: no I/O.
+
+use crate::error::{Error, Result};
+use crate::limits::{MAX_ROW_ENTRY_BYTES, MIN_ROW_ENTRY_MEMBERS};
+use crate::storage::coding::{
+    checked_count_u32, checked_u32, push_varint, read_varint, u32_to_usize, unzigzag, widen,
+    zigzag, Reader, ShortInput, Writer, MAX_VARINT_BYTES,
+};
+use crate::storage::frame::{encode_frame, EventRecord, EVENT_FLAG_ROW_START, KNOWN_EVENT_FLAGS};
+use std::ops::Range;
+
+/// Frame kind of a row entry; valid only in the event blocks of a version-2 run (F-06-30).
+pub const ROW_ENTRY_KIND: u8 = 7;
+/// Bytes of a row entry payload's fixed fields, before its prefix (F-06-30).
+pub const ROW_ENTRY_FIXED_BYTES: usize = 38;
+
+/// A decoded, checked row entry payload. Its members are read with [`RowEntry::members`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowEntry<'a> {
+    pub session: u32,
+    pub first_seq: u64,
+    pub member_count: u32,
+    pub type_number: u32,
+    /// Event flags of the first member.
+    pub first_flags: u8,
+    /// Event flags of every later member.
+    pub member_flags: u8,
+    pub first_time: i64,
+    /// The text every member's `data` starts with.
+    pub prefix: &'a [u8],
+    /// The text every member's `data` ends with.
+    pub suffix: &'a [u8],
+    /// `member_count − 1` zigzag varints: each member's time minus the previous one's.
+    gaps: &'a [u8],
+    /// `member_count` varints: each member's payload length in bytes.
+    lengths: &'a [u8],
+    /// The payloads back to back.
+    payloads: &'a [u8],
+}
+
+/// One member of a row entry: an event whose `data` is `prefix ‖ payload ‖ suffix` and
+/// whose envelope is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowMember<'a> {
+    pub seq: u64,
+    pub time: i64,
+    pub flags: u8,
+    pub payload: &'a [u8],
+}
+
+impl From<ShortInput> for RowEntryError {
+    fn from(short: ShortInput) -> Self {
+        RowEntryError(short.field)
+    }
+}
+
+/// Why a row entry payload does not match its layout (the run is then corrupt, F-06-6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowEntryError(pub &'static str);
+
+impl<'a> RowEntry<'a> {
+    /// Decodes and checks a row entry payload (F-06-30, F-06-32): every field present, at
+    /// least [`MIN_ROW_ENTRY_MEMBERS`] members, defined flags only, seqs and times that do
+    /// not overflow, canonical varints, and payload lengths that add up to exactly the
+    /// bytes left.
+    pub fn decode(payload: &'a [u8]) -> std::result::Result<Self, RowEntryError> {
+        let mut reader = Reader::new(payload);
+        let session = reader.u32("row session")?;
+        let first_seq = reader.u64("row first seq")?;
+        let member_count = reader.u32("row member count")?;
+        let type_number = reader.u32("row type number")?;
+        let first_flags = reader.u8("row first flags")?;
+        let member_flags = reader.u8("row member flags")?;
+        let first_time = reader.i64("row first time")?;
+        let prefix_bytes = u32_to_usize(reader.u32("row prefix bytes")?);
+        let suffix_bytes = u32_to_usize(reader.u32("row suffix bytes")?);
+        let prefix = reader.bytes(prefix_bytes, "row prefix")?;
+        let suffix = reader.bytes(suffix_bytes, "row suffix")?;
+        let columns = reader.rest();
+        if member_count < MIN_ROW_ENTRY_MEMBERS {
+            return Err(RowEntryError("row entry of fewer than two members"));
+        }
+        if (first_flags | member_flags) & !KNOWN_EVENT_FLAGS != 0 {
+            return Err(RowEntryError("undefined event flags in a row entry"));
+        }
+        if first_seq.checked_add(u64::from(member_count - 1)).is_none() {
+            return Err(RowEntryError("row entry seqs overflow"));
+        }
+        let mut at = 0usize;
+        let mut time = first_time;
+        for _ in 1..member_count {
+            let (gap, used) = next_varint(columns, at, "row time gap")?;
+            time = time
+                .checked_add(unzigzag(gap))
+                .ok_or(RowEntryError("row member time overflows"))?;
+            at += used;
+        }
+        let gaps_end = at;
+        let mut payload_total = 0u64;
+        for _ in 0..member_count {
+            let (length, used) = next_varint(columns, at, "row payload length")?;
+            payload_total = payload_total
+                .checked_add(length)
+                .ok_or(RowEntryError("row payload lengths overflow"))?;
+            at += used;
+        }
+        let payloads = &columns[at..];
+        if widen(payloads.len()) != payload_total {
+            return Err(RowEntryError(
+                "row payload lengths do not add up to the bytes left",
+            ));
+        }
+        Ok(RowEntry {
+            session,
+            first_seq,
+            member_count,
+            type_number,
+            first_flags,
+            member_flags,
+            first_time,
+            prefix,
+            suffix,
+            gaps: &columns[..gaps_end],
+            lengths: &columns[gaps_end..at],
+            payloads,
+        })
+    }
+
+    /// The members in seq order.
+    pub fn members(&self) -> RowMembers<'_, 'a> {
+        RowMembers {
+            entry: self,
+            index: 0,
+            time: self.first_time,
+            gap_at: 0,
+            length_at: 0,
+            payload_at: 0,
+        }
+    }
+
+    /// Member `member` as the event it stands for, its `data` rebuilt in `data`.
+    pub fn member_event<'b>(
+        &self,
+        member: &RowMember<'_>,
+        data: &'b mut Vec<u8>,
+    ) -> EventRecord<'b> {
+        data.clear();
+        data.extend_from_slice(self.prefix);
+        data.extend_from_slice(member.payload);
+        data.extend_from_slice(self.suffix);
+        EventRecord {
+            session: self.session,
+            seq: member.seq,
+            time: member.time,
+            type_number: self.type_number,
+            flags: member.flags,
+            data,
+            envelope: &[],
+        }
+    }
+}
+
+/// The session and member count of a row entry payload, read without decoding the rest:
+/// for a reader that steps over entries of other sessions or before its range.
+pub fn peek_row_entry(payload: &[u8]) -> std::result::Result<(u32, u32), RowEntryError> {
+    let mut reader = Reader::new(payload);
+    let session = reader.u32("row session")?;
+    let _first_seq = reader.u64("row first seq")?;
+    let member_count = reader.u32("row member count")?;
+    Ok((session, member_count))
+}
+
+/// The varint at `at` of `column`, or the reason it is not one.
+fn next_varint(
+    column: &[u8],
+    at: usize,
+    field: &'static str,
+) -> std::result::Result<(u64, usize), RowEntryError> {
+    column
+        .get(at..)
+        .and_then(read_varint)
+        .ok_or(RowEntryError(field))
+}
+
+/// Iterator over a decoded entry's members ([`RowEntry::members`]).
+pub struct RowMembers<'e, 'a> {
+    entry: &'e RowEntry<'a>,
+    index: u32,
+    time: i64,
+    gap_at: usize,
+    length_at: usize,
+    payload_at: usize,
+}
+
+impl<'a> Iterator for RowMembers<'_, 'a> {
+    type Item = RowMember<'a>;
+
+    /// The columns were checked by [`RowEntry::decode`], so no step fails; a `None` from a
+    /// failed step would end the walk early, which the caller's count check reports.
+    fn next(&mut self) -> Option<RowMember<'a>> {
+        let entry = self.entry;
+        if self.index >= entry.member_count {
+            return None;
+        }
+        if self.index > 0 {
+            let (gap, used) = read_varint(entry.gaps.get(self.gap_at..)?)?;
+            self.time = self.time.checked_add(unzigzag(gap))?;
+            self.gap_at += used;
+        }
+        let (length, used) = read_varint(entry.lengths.get(self.length_at..)?)?;
+        self.length_at += used;
+        let end = self.payload_at.checked_add(usize::try_from(length).ok()?)?;
+        let payload = entry.payloads.get(self.payload_at..end)?;
+        self.payload_at = end;
+        let member = RowMember {
+            seq: entry.first_seq + u64::from(self.index),
+            time: self.time,
+            flags: match self.index {
+                0 => entry.first_flags,
+                _ => entry.member_flags,
+            },
+            payload,
+        };
+        self.index += 1;
+        Some(member)
+    }
+}
+
+/// Where the payload of `data` lies: its last JSON string token (quotes included), found
+/// by one forward scan that steps over escapes. `None` when `data` holds no whole string
+/// token. Any split would read back exactly; this one makes the prefix and suffix of DSH's
+/// chunk events (`{"turn":…,"step":…,"chunk":{…,"text":` and `}}`) shared by a row.
+fn payload_span(data: &[u8]) -> Option<Range<usize>> {
+    let mut last = None;
+    let mut at = 0usize;
+    while at < data.len() {
+        if data[at] != b'"' {
+            at += 1;
+            continue;
+        }
+        let start = at;
+        at += 1;
+        loop {
+            match data.get(at)? {
+                b'\\' => at += 2,
+                b'"' => break,
+                _ => at += 1,
+            }
+        }
+        at += 1;
+        last = Some(start..at);
+    }
+    last
+}
+
+/// The first member of a row entry being gathered: what later members must share.
+struct Leader<'e> {
+    type_number: u32,
+    prefix: &'e [u8],
+    suffix: &'e [u8],
+}
+
+impl<'e> Leader<'e> {
+    /// The shared shape `event` gives a row entry it starts, or `None` when it cannot be a
+    /// member (an envelope, no string in its data).
+    fn of(event: &EventRecord<'e>) -> Option<Self> {
+        if !event.envelope.is_empty() {
+            return None;
+        }
+        let span = payload_span(event.data)?;
+        Some(Leader {
+            type_number: event.type_number,
+            prefix: &event.data[..span.start],
+            suffix: &event.data[span.end..],
+        })
+    }
+
+    /// The payload of `event` when it has this leader's shape.
+    fn payload<'d>(&self, event: &EventRecord<'d>) -> Option<&'d [u8]> {
+        if !event.envelope.is_empty() || event.type_number != self.type_number {
+            return None;
+        }
+        let data = event.data;
+        let fits = data.len() >= self.prefix.len() + self.suffix.len()
+            && data.starts_with(self.prefix)
+            && data.ends_with(self.suffix);
+        fits.then(|| &data[self.prefix.len()..data.len() - self.suffix.len()])
+    }
+}
+
+/// Bytes a member adds to an entry at most: its payload and two varints.
+fn member_bytes(payload: &[u8]) -> usize {
+    payload.len() + 2 * MAX_VARINT_BYTES
+}
+
+/// Splits `events` (consecutive seqs of one session, in order) into the stretches a writer
+/// stores as one row entry each (F-06-31); events outside every stretch stay event frames.
+/// A stretch grows while the next event has an empty envelope, the first one's type, the
+/// text before and after its last string equal to the first one's, a time gap that fits a
+/// signed 64-bit number, and, after the second member, the second member's flags; it does
+/// not grow over an event that starts a DSH row (`ROW_START`), nor past
+/// [`MAX_ROW_ENTRY_BYTES`]. So each imported DSH row that fits is one entry, and live chunk
+/// events of one turn, step and chunk index (which DSH's `packChunks` would pack) are one
+/// entry, whatever batches they arrived in.
+pub fn row_groups(events: &[EventRecord<'_>]) -> Vec<Range<usize>> {
+    let mut groups = Vec::new();
+    let mut start = 0usize;
+    while start < events.len() {
+        let end = group_end(events, start);
+        if end - start >= u32_to_usize(MIN_ROW_ENTRY_MEMBERS) {
+            groups.push(start..end);
+        }
+        start = end;
+    }
+    groups
+}
+
+/// One past the last event of the stretch that starts at `start` (at least `start + 1`).
+fn group_end(events: &[EventRecord<'_>], start: usize) -> usize {
+    let Some(leader) = Leader::of(&events[start]) else {
+        return start + 1;
+    };
+    let mut bytes = ROW_ENTRY_FIXED_BYTES
+        + leader.prefix.len()
+        + leader.suffix.len()
+        + member_bytes(
+            &events[start].data
+                [leader.prefix.len()..events[start].data.len() - leader.suffix.len()],
+        );
+    let mut end = start + 1;
+    while let Some(event) = events.get(end) {
+        let previous = &events[end - 1];
+        let flags_fit = event.flags & EVENT_FLAG_ROW_START == 0
+            && (end == start + 1 || event.flags == events[start + 1].flags);
+        let Some(payload) = leader.payload(event) else {
+            break;
+        };
+        bytes += member_bytes(payload);
+        let continues = flags_fit
+            && event.time.checked_sub(previous.time).is_some()
+            && bytes <= MAX_ROW_ENTRY_BYTES;
+        if !continues {
+            break;
+        }
+        end += 1;
+    }
+    end
+}
+
+/// Appends `members` (a stretch [`row_groups`] returned) as one row entry frame (F-06-30),
+/// with a zero checksum field as every frame in a run (F-06-13).
+pub fn encode_row_entry(members: &[EventRecord<'_>], out: &mut Vec<u8>) -> Result<()> {
+    let not_a_row = || Error::InvalidInput {
+        reason: "events given as a row entry do not share one row shape".to_string(),
+    };
+    let (first, rest) = members.split_first().ok_or_else(not_a_row)?;
+    let leader = Leader::of(first).ok_or_else(not_a_row)?;
+    let member_flags = rest.first().map_or(0, |second| second.flags);
+    let mut gaps = Vec::with_capacity(members.len());
+    let mut lengths = Vec::with_capacity(members.len());
+    let mut payloads = Vec::new();
+    let mut previous_time = first.time;
+    for (position, member) in members.iter().enumerate() {
+        let payload = leader.payload(member).ok_or_else(not_a_row)?;
+        if position > 0 {
+            if member.flags != member_flags {
+                return Err(not_a_row());
+            }
+            let gap = member
+                .time
+                .checked_sub(previous_time)
+                .ok_or_else(not_a_row)?;
+            push_varint(&mut gaps, zigzag(gap));
+        }
+        previous_time = member.time;
+        push_varint(&mut lengths, widen(payload.len()));
+        payloads.extend_from_slice(payload);
+    }
+    let member_count = checked_count_u32(members.len(), "row entry", "events")?;
+    let mut fixed = Vec::with_capacity(ROW_ENTRY_FIXED_BYTES);
+    Writer::new(&mut fixed)
+        .u32(first.session)
+        .u64(first.seq)
+        .u32(member_count)
+        .u32(first.type_number)
+        .u8(first.flags)
+        .u8(member_flags)
+        .i64(first.time)
+        .u32(checked_u32(leader.prefix.len(), "row prefix")?)
+        .u32(checked_u32(leader.suffix.len(), "row suffix")?);
+    let start = out.len();
+    encode_frame(
+        out,
+        0,
+        ROW_ENTRY_KIND,
+        0,
+        &[
+            &fixed,
+            leader.prefix,
+            leader.suffix,
+            &gaps,
+            &lengths,
+            &payloads,
+        ],
+    )?;
+    out[start..start + 4].copy_from_slice(&[0; 4]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::frame::{decode_run_frame, EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER};
+
+    fn chunk(seq: u64, time: i64, flags: u8, text: &str) -> (u64, i64, u8, String) {
+        (
+            seq,
+            time,
+            flags,
+            format!(
+                r#"{{"turn":1,"step":0,"chunk":{{"type":"text-delta","index":0,"text":{}}}}}"#,
+                serde_json::to_string(text).expect("string")
+            ),
+        )
+    }
+
+    fn events(specs: &[(u64, i64, u8, String)]) -> Vec<EventRecord<'_>> {
+        specs
+            .iter()
+            .map(|(seq, time, flags, data)| EventRecord {
+                session: 4,
+                seq: *seq,
+                time: *time,
+                type_number: 2,
+                flags: *flags,
+                data: data.as_bytes(),
+                envelope: b"",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_entry_reads_back_every_member_exactly() {
+        let specs = [
+            chunk(
+                10,
+                1_000,
+                EVENT_FLAG_ROW_START | EVENT_FLAG_BATCH_START,
+                "He",
+            ),
+            chunk(11, 990, EVENT_FLAG_ROW_MEMBER, "llo \"q\" \\"),
+            chunk(12, i64::from(i32::MAX), EVENT_FLAG_ROW_MEMBER, ""),
+        ];
+        let members = events(&specs);
+        assert_eq!(row_groups(&members), vec![0..3]);
+        let mut out = Vec::new();
+        encode_row_entry(&members, &mut out).expect("encodes");
+        let frame = decode_run_frame(&out).expect("frame");
+        assert_eq!((frame.kind, frame.total_bytes), (ROW_ENTRY_KIND, out.len()));
+        let entry = RowEntry::decode(frame.payload).expect("decodes");
+        let mut buffer = Vec::new();
+        let read: Vec<_> = entry
+            .members()
+            .map(|member| format!("{:?}", entry.member_event(&member, &mut buffer)))
+            .collect();
+        let expected: Vec<_> = members.iter().map(|event| format!("{event:?}")).collect();
+        assert_eq!(read, expected);
+    }
+
+    #[test]
+    fn stretches_end_at_a_new_row_another_shape_or_other_flags() {
+        let specs = [
+            chunk(0, 5, 0, "a"),
+            chunk(1, 6, 0, "b"),
+            chunk(2, 7, EVENT_FLAG_ROW_START, "c"),
+            chunk(3, 7, EVENT_FLAG_ROW_MEMBER, "d"),
+            chunk(4, 7, 0, "e"),
+            (
+                5,
+                7,
+                0,
+                r#"{"turn":2,"step":0,"chunk":{"type":"text-delta","index":0,"text":"f"}}"#
+                    .to_string(),
+            ),
+            (
+                6,
+                7,
+                0,
+                r#"{"turn":2,"step":0,"chunk":{"type":"block-end","index":0}}"#.to_string(),
+            ),
+        ];
+        assert_eq!(row_groups(&events(&specs)), vec![0..2, 2..4]);
+    }
+
+    #[test]
+    fn damaged_payloads_are_refused() {
+        let specs = [chunk(0, 5, 0, "a"), chunk(1, 6, 0, "bc")];
+        let mut out = Vec::new();
+        encode_row_entry(&events(&specs), &mut out).expect("encodes");
+        let payload = out[12..].to_vec();
+        assert!(RowEntry::decode(&payload).is_ok());
+        for cut in 0..payload.len() {
+            assert!(RowEntry::decode(&payload[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut one_member = payload.clone();
+        one_member[12..16].copy_from_slice(&1u32.to_le_bytes());
+        assert!(RowEntry::decode(&one_member).is_err());
+        let mut bad_flags = payload.clone();
+        bad_flags[20] = 0x20;
+        assert!(RowEntry::decode(&bad_flags).is_err());
+        let mut longer = payload;
+        longer.push(b'x');
+        assert!(RowEntry::decode(&longer).is_err());
+    }
+}

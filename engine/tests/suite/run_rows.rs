@@ -1,0 +1,244 @@
+//! Row entries in runs (format-spec/06-runs-and-index.md F-06-30 … F-06-33): sealing packs
+//! DSH chunk rows, imported (`ROW_START` / `ROW_MEMBER`) or appended one event at a time,
+//! into row entries; every read returns exactly the events that were appended, from any
+//! seq; a power cut at every step of sealing them loses nothing. (A retained prefix that
+//! ends inside a row entry: `run_vectors::rewriting_the_rows_run_keeps_every_prefix_exactly`.)
+
+use crate::common;
+
+use common::*;
+use dshdb::storage::commit::Durability;
+use dshdb::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
+use dshdb::storage::io::sim::{CrashImage, SimStorage};
+use dshdb::storage::io::Storage;
+use dshdb::storage::manifest::Manifest;
+use dshdb::storage::run::{run_path, walk_block, BlockItem, RunReader, DEFINITIONS_SESSION};
+use dshdb::store::{NewEvent, Store};
+
+const SESSIONS: usize = 2;
+const TURNS: u64 = 6;
+
+/// One planned event: (type, time, flags, data).
+type Planned = (&'static str, i64, u8, String);
+
+fn session_id(session: usize) -> String {
+    format!("rows{session}")
+}
+
+fn chunk_data(turn: u64, step: u64, text: &str) -> String {
+    format!(
+        r#"{{"turn":{turn},"step":{step},"chunk":{{"type":"text-delta","index":0,"text":{}}}}}"#,
+        serde_json::to_string(text).expect("a string")
+    )
+}
+
+/// A session's events: per turn a `turn/start`, an imported row (flags as the importer sets
+/// them, one gap negative), a stretch of live chunks (flags 0) of the next step, a lone
+/// chunk, and a `turn/end`.
+fn planned(session: usize) -> Vec<Planned> {
+    let mut events = Vec::new();
+    let mut time = 1_700_000_000_000 + session as i64 * 7;
+    for turn in 0..TURNS {
+        events.push(("turn/start", time, 0, format!(r#"{{"turn":{turn}}}"#)));
+        let members = 3 + (turn + session as u64) % 4;
+        for member in 0..members {
+            let flags = match member {
+                0 => EVENT_FLAG_ROW_START | EVENT_FLAG_BATCH_START,
+                _ => EVENT_FLAG_ROW_MEMBER,
+            };
+            time += if member == 2 { -3 } else { 5 };
+            let text = format!("imported {session}.{turn}.{member} \"q\"");
+            events.push(("assistant/chunk", time, flags, chunk_data(turn, 0, &text)));
+        }
+        for member in 0..2 + turn % 3 {
+            time += 2;
+            let text = format!("live {session}.{turn}.{member}\n");
+            events.push(("assistant/chunk", time, 0, chunk_data(turn, 1, &text)));
+        }
+        time += 1;
+        events.push(("assistant/chunk", time, 0, chunk_data(turn, 2, "lone")));
+        events.push(("turn/end", time, 0, format!(r#"{{"turn":{turn}}}"#)));
+    }
+    events
+}
+
+/// Appends every planned event, sessions interleaved, one durable append each.
+fn populate(store: &Store) {
+    let plans: Vec<Vec<Planned>> = (0..SESSIONS).map(planned).collect();
+    let mut writers: Vec<_> = (0..SESSIONS)
+        .map(|session| {
+            store
+                .create_session_with_id(&session_id(session))
+                .expect("create")
+        })
+        .collect();
+    let longest = plans.iter().map(Vec::len).max().unwrap_or(0);
+    for position in 0..longest {
+        for (session, writer) in writers.iter_mut().enumerate() {
+            let Some((event_type, time, flags, data)) = plans[session].get(position) else {
+                continue;
+            };
+            writer
+                .append(NewEvent {
+                    event_type,
+                    time: Some(*time),
+                    data,
+                    envelope: "",
+                    flags: *flags,
+                })
+                .expect("append");
+        }
+    }
+}
+
+/// Every session reads back exactly its planned events, whole and from seqs inside rows.
+fn check_contents(store: &Store) -> Result<(), String> {
+    for session in 0..SESSIONS {
+        let id = session_id(session);
+        let plan = planned(session);
+        let whole = read_planned(store, &id, 0, u64::MAX)?;
+        if whole != plan {
+            return Err(format!("{id}: the events read differ from those appended"));
+        }
+        let total = plan.len() as u64;
+        for from in (0..total).step_by(3) {
+            for length in [1, 2, 5] {
+                let to = (from + length).min(total);
+                let part = read_planned(store, &id, from, to)?;
+                if part != plan[from as usize..to as usize] {
+                    return Err(format!("{id}: read({from}, {to}) differs"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_planned(store: &Store, id: &str, from: u64, to: u64) -> Result<Vec<Planned>, String> {
+    let events = store
+        .read(id, from, to)
+        .map_err(|error| format!("read {id} {from}..{to}: {error}"))?;
+    let mut read = Vec::new();
+    for (offset, event) in events.into_iter().enumerate() {
+        if event.seq != from + offset as u64 || !event.envelope.is_empty() {
+            return Err(format!(
+                "{id}: seq {} misplaced or with an envelope",
+                event.seq
+            ));
+        }
+        let event_type = match event.event_type.as_str() {
+            "turn/start" => "turn/start",
+            "turn/end" => "turn/end",
+            "assistant/chunk" => "assistant/chunk",
+            other => return Err(format!("{id}: unexpected type {other}")),
+        };
+        read.push((event_type, event.time, event.flags, event.data));
+    }
+    Ok(read)
+}
+
+/// Row entries in the runs the manifest names: (entries, events they stand for). Checks
+/// that exactly the runs holding row entries are version 2 (F-06-33).
+fn row_entries(disk: &SimStorage) -> (u64, u64) {
+    let manifest = Manifest::read(disk).expect("manifest").expect("present");
+    let (mut entries, mut members) = (0, 0);
+    for entry in &manifest.runs {
+        let file = disk.open_read(&run_path(entry.id)).expect("run");
+        let reader = RunReader::open(file, entry).expect("run opens");
+        let before = entries;
+        for (index, block) in reader.index.blocks.iter().enumerate() {
+            if block.session == DEFINITIONS_SESSION {
+                continue;
+            }
+            let raw = reader.block(index, None).expect("block");
+            walk_block(&raw, block, &reader.index, |_, _, item| {
+                if let BlockItem::Row(row) = item {
+                    entries += 1;
+                    members += u64::from(row.member_count);
+                }
+                Ok(())
+            })
+            .expect("walk");
+        }
+        assert_eq!(
+            reader.index.holds_rows(),
+            entries > before,
+            "run {} is version {}",
+            entry.id,
+            reader.index.version
+        );
+    }
+    (entries, members)
+}
+
+/// A closed store image holding the planned sessions, not yet sealed.
+fn populated_image() -> CrashImage {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    populate(&store);
+    store.close().expect("close");
+    disk.durable_image()
+}
+
+#[test]
+fn sealing_packs_rows_into_entries_and_every_read_is_unchanged() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    check_contents(&store).expect("contents before sealing");
+    assert!(store.maintain().expect("maintain").segments_sealed > 1);
+    check_contents(&store).expect("contents after sealing");
+    let (entries, members) = row_entries(&disk);
+    // Imported rows (3..=6 members) and live stretches (2..=4) of every turn, each whole
+    // unless a segment boundary split it.
+    assert!(
+        entries >= (SESSIONS as u64) * TURNS && members >= 3 * entries,
+        "{entries} row entries holding {members} events"
+    );
+    store.close().expect("close");
+    for use_checkpoint in [true, false] {
+        let reader = open_sim(&disk, sim_read_only(use_checkpoint)).expect("reopen");
+        assert_eq!(reader.recovery_report().checkpoint_used, use_checkpoint);
+        check_contents(&reader).expect("contents after reopening");
+    }
+}
+
+/// Power cut at every storage operation of `maintain` over a log of rows: every image
+/// opens, reads every event exactly, and seals again (F-06-10 with row entries).
+#[test]
+fn a_power_cut_at_every_step_of_sealing_rows_loses_nothing() {
+    let base = populated_image();
+    let reference = SimStorage::from_image(&base);
+    let store = open_sim(&reference, sim_options(Durability::Sync)).expect("open");
+    let start = reference.operation_count();
+    store.maintain().expect("maintain");
+    let operations = reference.operation_count() - start;
+    drop(store);
+    let mut images_checked = 0;
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::from_image(&base);
+        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+        disk.crash_at(disk.operation_count() + cut);
+        let _ = store.maintain();
+        let mut images = disk.take_images();
+        drop(store);
+        if images.is_empty() {
+            images.push(disk.durable_image());
+        }
+        for image in &images {
+            let label = format!("cut {cut}, {}", image.label);
+            let recovered = SimStorage::from_image(image);
+            let store = open_sim(&recovered, sim_options(Durability::Sync))
+                .unwrap_or_else(|error| panic!("{label}: reopen failed: {error}"));
+            check_contents(&store).unwrap_or_else(|violation| panic!("{label}: {violation}"));
+            store.maintain().expect("maintain after recovery");
+            check_contents(&store).unwrap_or_else(|violation| panic!("{label}: {violation}"));
+            store.close().expect("close");
+            assert!(
+                row_entries(&recovered).0 > 0,
+                "{label}: no row entry after sealing"
+            );
+            images_checked += 1;
+        }
+    }
+    assert!(images_checked > operations, "{images_checked} images");
+}
