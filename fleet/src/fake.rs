@@ -275,6 +275,20 @@ impl TailLog for FakeTailClient {
         self.link.after(Ok(found))
     }
 
+    async fn message_at(
+        &self,
+        stream: &str,
+        stream_seq: u64,
+    ) -> BackendResult<Option<TailMessage>> {
+        self.link.before()?;
+        let state = self.tail.state.lock();
+        let found = state
+            .streams
+            .get(stream)
+            .and_then(|stream| stream.messages.get(&stream_seq).cloned());
+        self.link.after(Ok(found))
+    }
+
     async fn replay(
         &self,
         stream: &str,
