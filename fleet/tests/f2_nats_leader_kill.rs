@@ -20,8 +20,9 @@
 mod common;
 
 use common::{
-    append_request, check_session, create_sessions, servers_present, servers_script, session_names,
-    set_up_streams, wait_until, Fleet, Outcome, SessionModel,
+    check_session, create_sessions, nats_monitor_port, servers_present, servers_script,
+    session_names, set_up_streams, wait_until, write_until, Fleet, ServersBack, SessionModel,
+    Writer, NATS_SERVERS,
 };
 use dshdb_fleet::shard::{shard_of_in, stream_name};
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,17 +44,10 @@ const APPEND_PAUSE: Duration = Duration::from_millis(20);
 const STALL_BOUND: Duration = Duration::from_secs(10);
 /// FLEET.md: the replicas agree within this long after the restart.
 const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
-/// Longest wait for the restarted server to be healthy when the test ends early.
-const HEALTHY_DEADLINE: Duration = Duration::from_secs(30);
-const SERVERS: [u16; 3] = [1, 2, 3];
-
-fn monitor_port(server: u16) -> u16 {
-    18220 + server
-}
 
 /// Each server's own view of every stream: name → (leader, messages, last_seq).
 fn stream_views(server: u16) -> Option<BTreeMap<String, (String, u64, u64)>> {
-    let jsz = common::monitor_json(monitor_port(server), "jsz?streams=true")?;
+    let jsz = common::monitor_json(nats_monitor_port(server), "jsz?streams=true")?;
     let mut views = BTreeMap::new();
     for account in jsz["account_details"].as_array()? {
         for stream in account["stream_detail"].as_array()? {
@@ -76,7 +70,7 @@ fn stream_views(server: u16) -> Option<BTreeMap<String, (String, u64, u64)>> {
 /// Whether the three servers report the same `messages` and `last_seq` for every tail
 /// stream (`DSH_00..DSH_15`; the KV streams change with every lease refresh).
 fn replicas_agree() -> bool {
-    let views: Option<Vec<BTreeMap<String, (u64, u64)>>> = SERVERS
+    let views: Option<Vec<BTreeMap<String, (u64, u64)>>> = NATS_SERVERS
         .iter()
         .map(|server| {
             stream_views(*server).map(|views| {
@@ -89,76 +83,6 @@ fn replicas_agree() -> bool {
         })
         .collect();
     views.is_some_and(|views| views[0].len() == 16 && views.iter().all(|view| *view == views[0]))
-}
-
-fn healthy(server: u16) -> bool {
-    common::monitor_json(monitor_port(server), "healthz")
-        .is_some_and(|health| health["status"] == "ok")
-}
-
-/// Starts the killed server again if the test ends while it is down, and waits until it
-/// is healthy, so that the tests after this one find three servers.
-struct NatsBack {
-    server: u16,
-    down: bool,
-}
-
-impl NatsBack {
-    fn start(&mut self) {
-        servers_script(&["restart", &format!("nats{}", self.server)]);
-        self.down = false;
-    }
-}
-
-impl Drop for NatsBack {
-    fn drop(&mut self) {
-        if self.down {
-            self.start();
-        }
-        let started = Instant::now();
-        while !(SERVERS.iter().all(|server| healthy(*server))) {
-            if started.elapsed() > HEALTHY_DEADLINE {
-                eprintln!(
-                    "f2: nats{} not healthy after {HEALTHY_DEADLINE:?}",
-                    self.server
-                );
-                return;
-            }
-            std::thread::sleep(common::POLL);
-        }
-    }
-}
-
-/// What one session's writer thread saw.
-struct Writer {
-    model: SessionModel,
-    acked_at: Vec<Instant>,
-    /// The refusals seen, by text (for the failure message).
-    refusals: BTreeMap<String, usize>,
-    unknown: usize,
-}
-
-fn write_until(fleet_router: common::Router, session: String, stop: Arc<AtomicBool>) -> Writer {
-    let mut router = fleet_router;
-    let mut writer = Writer {
-        model: SessionModel::default(),
-        acked_at: Vec::new(),
-        refusals: BTreeMap::new(),
-        unknown: 0,
-    };
-    while !stop.load(Ordering::SeqCst) {
-        let (request, data) = append_request(&session, &mut writer.model);
-        match router.call(&session, &request) {
-            Outcome::Ok(reply) => {
-                common::record_ack(&session, &mut writer.model, &reply, data);
-                writer.acked_at.push(Instant::now());
-            }
-            Outcome::Refused(error) => *writer.refusals.entry(error).or_default() += 1,
-            Outcome::Unknown => writer.unknown += 1,
-        }
-        std::thread::sleep(APPEND_PAUSE);
-    }
-    writer
 }
 
 /// The server to kill: see the module comment. Returns it and whether it led
@@ -214,15 +138,16 @@ fn f2_nats_stream_leader_kill() {
         .iter()
         .map(|session| {
             let (router, session, stop) = (fleet.router(), session.clone(), stop.clone());
-            std::thread::spawn(move || write_until(router, session, stop))
+            std::thread::spawn(move || {
+                write_until(router, session, SessionModel::default(), APPEND_PAUSE, stop)
+            })
         })
         .collect();
     std::thread::sleep(BEFORE_KILL);
-    let mut back = NatsBack {
-        server: victim,
-        down: true,
-    };
-    servers_script(&["kill", &format!("nats{victim}")]);
+    let victim_name = format!("nats{victim}");
+    let mut back = ServersBack::new(&["restart", &victim_name]);
+    back.down = true;
+    servers_script(&["kill", &victim_name]);
     std::thread::sleep(DOWN);
     back.start();
     let restarted_at = Instant::now();
