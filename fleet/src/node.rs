@@ -41,6 +41,11 @@ pub const MAX_FLEET_HEADER_BYTES: usize = 256 * 1024;
 pub const MAX_TAIL_PAYLOAD_BYTES: usize = 1000 * 1024;
 /// Attempts at a manifest compare-and-set before giving up (each lost race re-reads it).
 pub const MANIFEST_CAS_ATTEMPTS: u32 = 8;
+/// Times a fenced session write refused only because another fenced write of the same
+/// shard was in flight (see [`Node::publish_fenced`]) is sent again before giving up.
+pub const FENCE_COLLISION_ATTEMPTS: u32 = 500;
+/// Pause before sending such a write again.
+pub const FENCE_COLLISION_PAUSE: Duration = Duration::from_millis(1);
 /// Lease TTL of `DSH_NODES` entries, in milliseconds (FLEET.md: 10 s).
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 
@@ -149,6 +154,9 @@ pub struct NodeMetrics {
     pub leases_lost: AtomicU64,
     /// Times the node registered again after losing its lease.
     pub reregistrations: AtomicU64,
+    /// Fenced writes refused while the fence still held (another write of the shard was
+    /// in flight) and sent again.
+    pub fence_collisions: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -212,6 +220,9 @@ pub struct Node<T, C, S> {
     /// them back (or learns their new owner) whatever the rendezvous says, as no other node
     /// takes a shard from a live recorded owner.
     reclaim: Mutex<BTreeSet<u32>>,
+    /// One fenced write in flight per shard: the server refuses a second one while the
+    /// first is in flight (see [`Node::publish_fenced`]), so the node queues them itself.
+    shard_publish: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionSlot>>>>,
     lease: Mutex<Lease>,
     stopped: AtomicBool,
@@ -273,6 +284,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             clock,
             shards: Mutex::new(BTreeMap::new()),
             reclaim: Mutex::new(BTreeSet::new()),
+            shard_publish: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             lease: Mutex::new(Lease::default()),
             stopped: AtomicBool::new(false),
@@ -842,7 +854,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 ("Dsh-Last-Seq".to_string(), (end_seq - 1).to_string()),
             ],
         };
-        let published = self.publish_with_retries(&message).await;
+        let published = self.publish_fenced(shard, owned, &message).await;
         let local = wait_local(pending);
         let ack = match published {
             Ok(ack) if ack.duplicate => match self.check_deduplicated(shard, &message, ack).await {
@@ -913,6 +925,46 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 ),
             }),
         }
+    }
+
+    /// Publishes a fenced session write. nats-server (2.15.1, clustered) refuses a write
+    /// whose expected-last-subject-sequence check names a subject that another such write
+    /// is still in flight on, with the same "wrong last sequence" answer as a failed check
+    /// (measured: of N concurrent writes fenced on one shard's epoch subject, N - 1 are
+    /// refused). So the node sends one fenced write per shard at a time, and a refusal
+    /// means the shard is lost only if the shard's last epoch marker is no longer this
+    /// node's; otherwise (another node's marker write in flight) nothing was stored and the
+    /// write is sent again.
+    async fn publish_fenced(
+        &self,
+        shard: u32,
+        owned: OwnedShard,
+        message: &TailPublish,
+    ) -> Result<PublishAck, BackendError> {
+        let turn = self.shard_publish.lock().entry(shard).or_default().clone();
+        let _turn = turn.lock().await;
+        for _ in 0..FENCE_COLLISION_ATTEMPTS {
+            match self.publish_with_retries(message).await {
+                Err(fenced @ BackendError::Fenced { .. }) => {
+                    let marker = self
+                        .tail
+                        .last_on_subject(&stream_name(shard), &epoch_subject(shard))
+                        .await?;
+                    if marker.map(|marker| marker.stream_seq) != Some(owned.fence_seq) {
+                        return Err(fenced);
+                    }
+                    bump(&self.metrics.fence_collisions, 1);
+                    tokio::time::sleep(FENCE_COLLISION_PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+        Err(BackendError::Unavailable {
+            reason: format!(
+                "{}: refused {FENCE_COLLISION_ATTEMPTS} times while the fence held",
+                message.msg_id
+            ),
+        })
     }
 
     /// Publishes, retrying with the same msg id while the answer is unknown.

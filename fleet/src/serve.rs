@@ -117,6 +117,7 @@ fn metrics_json(metrics: &crate::node::NodeMetrics) -> Value {
         "not_acknowledged": read(&metrics.not_acknowledged),
         "leases_lost": read(&metrics.leases_lost),
         "reregistrations": read(&metrics.reregistrations),
+        "fence_collisions": read(&metrics.fence_collisions),
     })
 }
 
