@@ -871,3 +871,66 @@ fn lost_lease_drops_shards_then_registers_again() {
     assert_eq!(world.datas(&n1, session), ["1", "2", "3", "4"]);
     assert!(!n1.is_stopped());
 }
+
+#[test]
+fn concurrent_writes_of_one_shard_are_not_taken_for_a_fence() {
+    use dshdb_fleet::backend::{Fence, TailLog, TailPublish};
+    let world = LeaseWorld::new();
+    let link = LinkControl::default();
+    let n1 = world.node("n1", &link);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    let epochs = n1.owned_shards();
+    // Sessions of one shard.
+    let shard = dshdb_fleet::shard::shard_of_in("c0", SHARDS);
+    let sessions: Vec<String> = (0..200)
+        .map(|index| format!("c{index}"))
+        .filter(|session| dshdb_fleet::shard::shard_of_in(session, SHARDS) == shard)
+        .take(6)
+        .collect();
+    assert_eq!(sessions.len(), 6);
+    for session in &sessions {
+        let header = format!(r#"{{"id":"{session}"}}"#);
+        world
+            .runtime
+            .block_on(n1.create_session(session, &header))
+            .expect("create");
+    }
+
+    // The fake refuses a second publish fenced on a subject while the first is in flight,
+    // as the server does.
+    let tail = world.tail.client(LinkControl::default());
+    let fenced = |index: usize| TailPublish {
+        subject: format!("dsh.99.{index}.s.x"),
+        payload: vec![1],
+        msg_id: format!("probe/{index}"),
+        fence: Some(Fence {
+            subject: "dsh.99.0.e".to_string(),
+            last_seq: 0,
+        }),
+        headers: Vec::new(),
+    };
+    let (first, second) = world
+        .runtime
+        .block_on(async { futures::join!(tail.publish(fenced(1)), tail.publish(fenced(2))) });
+    assert!(first.is_ok(), "{first:?}");
+    assert!(
+        matches!(second, Err(dshdb_fleet::BackendError::Fenced { .. })),
+        "{second:?}"
+    );
+
+    // Concurrent appends to the shard's sessions: all acknowledged, none taken for a fence.
+    let batch = [IncomingEvent::new("message", "{}")];
+    let results = world.runtime.block_on(futures::future::join_all(
+        sessions.iter().map(|session| n1.append(session, &batch)),
+    ));
+    for (session, result) in sessions.iter().zip(&results) {
+        assert!(result.is_ok(), "{session}: {result:?}");
+    }
+    assert_eq!(n1.owned_shards(), epochs, "a shard was dropped");
+    assert_eq!(
+        n1.metrics
+            .fenced_writes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
