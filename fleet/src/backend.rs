@@ -58,6 +58,14 @@ pub trait TailLog: Send + Sync + 'static {
         subject: &str,
     ) -> impl Future<Output = BackendResult<Option<TailMessage>>> + Send;
 
+    /// The message stored at `stream_seq` of `stream`, if any (read from the stream's
+    /// leader): checks what a deduplicated publish was deduplicated against.
+    fn message_at(
+        &self,
+        stream: &str,
+        stream_seq: u64,
+    ) -> impl Future<Output = BackendResult<Option<TailMessage>>> + Send;
+
     /// The messages on `subject` with stream sequence ≥ `from_stream_seq`, in order, up to
     /// the stream's last sequence at the time of the call.
     fn replay(

@@ -4,7 +4,9 @@
 //! - tail: per-stream sequences; `Nats-Msg-Id` deduplication within a window, checked
 //!   *before* the fence as nats-server does (a retry of a stored message is acknowledged as a
 //!   duplicate even after the fence moved); expected-last-subject-sequence fences on another
-//!   subject; `discard: new` limits; purge by subject below a sequence;
+//!   subject; `discard: new` limits; purge by subject below a sequence; a fenced publish is
+//!   refused as fenced while another publish fenced on the same subject is in flight (as
+//!   nats-server 2.15.1 does; a publish is in flight across one yield to the runtime);
 //! - KV: per-bucket revisions, create-if-absent, update-if-revision, TTL on a virtual clock
 //!   (an expired entry is absent, and a CAS on it fails);
 //! - cold store: immutable puts.
@@ -18,7 +20,7 @@ use crate::backend::{
 };
 use crate::error::{BackendError, BackendResult};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -125,6 +127,20 @@ pub struct FakeTail {
     state: Arc<Mutex<TailState>>,
     clock: Arc<VirtualClock>,
     dedup_window_ms: u64,
+    /// Fence subjects with a fenced publish in flight.
+    in_flight: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Marks a fence subject as having a publish in flight until dropped.
+struct InFlight {
+    subjects: Arc<Mutex<HashSet<String>>>,
+    subject: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.subjects.lock().remove(&self.subject);
+    }
 }
 
 /// One node's handle to the fake tail log.
@@ -151,6 +167,7 @@ impl FakeTail {
             state: Arc::default(),
             clock,
             dedup_window_ms: FAKE_DEDUP_WINDOW_MS,
+            in_flight: Arc::default(),
         }
     }
 
@@ -257,6 +274,26 @@ impl FakeTail {
 impl TailLog for FakeTailClient {
     async fn publish(&self, message: TailPublish) -> BackendResult<PublishAck> {
         self.link.before()?;
+        let _in_flight = match &message.fence {
+            Some(fence) => {
+                if !self.tail.in_flight.lock().insert(fence.subject.clone()) {
+                    self.tail.state.lock().fenced += 1;
+                    return Err(BackendError::Fenced {
+                        subject: fence.subject.clone(),
+                        expected: fence.last_seq,
+                    });
+                }
+                let in_flight = InFlight {
+                    subjects: self.tail.in_flight.clone(),
+                    subject: fence.subject.clone(),
+                };
+                // In flight across one yield: a concurrent publish fenced on the same subject
+                // meets it.
+                tokio::task::yield_now().await;
+                Some(in_flight)
+            }
+            None => None,
+        };
         let result = self.tail.publish_now(message);
         self.link.after(result)
     }
@@ -272,6 +309,20 @@ impl TailLog for FakeTailClient {
             let seq = stream.last_by_subject.get(subject)?;
             stream.messages.get(seq).cloned()
         });
+        self.link.after(Ok(found))
+    }
+
+    async fn message_at(
+        &self,
+        stream: &str,
+        stream_seq: u64,
+    ) -> BackendResult<Option<TailMessage>> {
+        self.link.before()?;
+        let state = self.tail.state.lock();
+        let found = state
+            .streams
+            .get(stream)
+            .and_then(|stream| stream.messages.get(&stream_seq).cloned());
         self.link.after(Ok(found))
     }
 

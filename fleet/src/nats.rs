@@ -25,8 +25,19 @@ pub const EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str =
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(120);
 /// Safety-only age limit of tail messages (sealing purges them long before): 30 days.
 pub const TAIL_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
-/// Longest wait for one JetStream answer (publish ack, KV write, stream API call).
+/// Longest wait for one JetStream answer (publish ack, KV write, stream API call), and for
+/// connecting.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Lease refreshes per lease TTL that a wait for one answer may take at most: a request
+/// lost in a stream leader's election must not hold the node's lease loop (or an append's
+/// publish) for a whole TTL, so its answer timeout is at most TTL / this (and at most
+/// [`REQUEST_TIMEOUT`]).
+pub const REQUESTS_PER_LEASE_TTL: u32 = 2;
+
+/// The answer timeout for a fleet with lease TTL `node_ttl` (see [`REQUESTS_PER_LEASE_TTL`]).
+pub fn request_timeout(node_ttl: Duration) -> Duration {
+    REQUEST_TIMEOUT.min(node_ttl / REQUESTS_PER_LEASE_TTL)
+}
 /// Longest wait for the next message of a replay before it is declared unavailable.
 pub const REPLAY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -127,7 +138,7 @@ impl Nats {
             .await
             .map_err(|error| unavailable("connect", error))?;
         let mut context = jetstream::new(client);
-        context.set_timeout(REQUEST_TIMEOUT);
+        context.set_timeout(request_timeout(config.node_ttl));
         let mut attempt = 0;
         loop {
             match Nats::set_up(context.clone(), config).await {
@@ -277,6 +288,24 @@ impl TailLog for Nats {
             })),
             Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(error) => Err(unavailable("last message by subject", error)),
+        }
+    }
+
+    async fn message_at(
+        &self,
+        stream: &str,
+        stream_seq: u64,
+    ) -> BackendResult<Option<TailMessage>> {
+        use jetstream::stream::RawMessageErrorKind;
+        let handle = self.stream(stream).await?;
+        match handle.get_raw_message(stream_seq).await {
+            Ok(message) => Ok(Some(TailMessage {
+                stream_seq: message.sequence,
+                subject: message.subject.to_string(),
+                payload: message.payload.to_vec(),
+            })),
+            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(error) => Err(unavailable("message by sequence", error)),
         }
     }
 

@@ -27,7 +27,7 @@ use crate::wire::{
 };
 use dshdb::Event;
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +41,13 @@ pub const MAX_FLEET_HEADER_BYTES: usize = 256 * 1024;
 pub const MAX_TAIL_PAYLOAD_BYTES: usize = 1000 * 1024;
 /// Attempts at a manifest compare-and-set before giving up (each lost race re-reads it).
 pub const MANIFEST_CAS_ATTEMPTS: u32 = 8;
+/// Times a fenced session write refused only because another fenced write of the same
+/// shard was in flight (see [`Node::publish_fenced`]) is sent again before giving up.
+pub const FENCE_COLLISION_ATTEMPTS: u32 = 500;
+/// Pause before sending such a write again.
+pub const FENCE_COLLISION_PAUSE: Duration = Duration::from_millis(1);
+/// Lease TTL of `DSH_NODES` entries, in milliseconds (FLEET.md: 10 s).
+pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 
 /// How a node is set up.
 #[derive(Debug, Clone)]
@@ -56,6 +63,9 @@ pub struct NodeConfig {
     pub publish_attempts: u32,
     /// Pause between those attempts, in milliseconds (0: none, as in the model tests).
     pub publish_retry_backoff_ms: u64,
+    /// The `DSH_NODES` TTL, in milliseconds: a lease not refreshed for this long may have
+    /// expired on the server, and other nodes may take this node's shards.
+    pub lease_ttl_ms: u64,
 }
 
 impl NodeConfig {
@@ -67,6 +77,7 @@ impl NodeConfig {
             shard_count: crate::shard::SHARD_COUNT,
             publish_attempts: 20,
             publish_retry_backoff_ms: 250,
+            lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
         }
     }
 }
@@ -138,6 +149,14 @@ pub struct NodeMetrics {
     pub sealed_events: AtomicU64,
     pub purged_messages: AtomicU64,
     pub not_acknowledged: AtomicU64,
+    /// Times the node dropped every shard it held because its lease was lost (expired on
+    /// the server, or not refreshed within the TTL).
+    pub leases_lost: AtomicU64,
+    /// Times the node registered again after losing its lease.
+    pub reregistrations: AtomicU64,
+    /// Fenced writes refused while the fence still held (another write of the shard was
+    /// in flight) and sent again.
+    pub fence_collisions: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -162,6 +181,30 @@ struct SessionSlot {
     last_stream_seq: u64,
 }
 
+/// The node's `DSH_NODES` entry as this process last knew it.
+#[derive(Debug, Default, Clone, Copy)]
+struct Lease {
+    /// Revision of the entry (`None`: not registered, or the lease was lost).
+    revision: Option<u64>,
+    /// Clock time (ms) until which no other node can see the entry expired: the send time
+    /// of the last refresh known to have landed, plus the TTL (the server starts the TTL
+    /// when it stores the write, which is later).
+    valid_until_ms: u64,
+    /// Whether this process registered once: a later registration that finds the id
+    /// held means another process took it.
+    registered_once: bool,
+}
+
+/// Whose a node id's `DSH_NODES` entry is.
+enum NodeEntry {
+    /// Expired (or never written).
+    Absent,
+    /// This process's (its generation), at `revision`.
+    Ours { revision: u64 },
+    /// Another process's: the id is taken.
+    Other,
+}
+
 /// One fleet node over a tail log `T`, a coordinator `C` and a cold store `S`.
 pub struct Node<T, C, S> {
     config: NodeConfig,
@@ -171,8 +214,17 @@ pub struct Node<T, C, S> {
     local: Arc<dyn LocalTier>,
     clock: Arc<dyn Clock>,
     shards: Mutex<BTreeMap<u32, OwnedShard>>,
+    /// Shards whose `DSH_SHARDS` record may name this process while it does not serve them
+    /// (dropped with a lost lease, fenced by a node whose record write then lost, a
+    /// takeover whose record write got no answer): it takes
+    /// them back (or learns their new owner) whatever the rendezvous says, as no other node
+    /// takes a shard from a live recorded owner.
+    reclaim: Mutex<BTreeSet<u32>>,
+    /// One fenced write in flight per shard: the server refuses a second one while the
+    /// first is in flight (see [`Node::publish_fenced`]), so the node queues them itself.
+    shard_publish: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionSlot>>>>,
-    lease_revision: Mutex<Option<u64>>,
+    lease: Mutex<Lease>,
     stopped: AtomicBool,
     pub metrics: NodeMetrics,
 }
@@ -231,8 +283,10 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             local,
             clock,
             shards: Mutex::new(BTreeMap::new()),
+            reclaim: Mutex::new(BTreeSet::new()),
+            shard_publish: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
-            lease_revision: Mutex::new(None),
+            lease: Mutex::new(Lease::default()),
             stopped: AtomicBool::new(false),
             metrics: NodeMetrics::default(),
         }
@@ -276,26 +330,127 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     /// this id is live (an earlier process's lease has not expired, or a duplicate runs):
     /// the caller waits and tries again.
     pub async fn start(&self) -> FleetResult<()> {
-        let revision = self
+        let sent_at_ms = self.clock.now_ms();
+        let id = &self.config.node_id;
+        let revision = match self
             .coordinator
-            .create(Bucket::Nodes, &self.config.node_id, self.node_record())
+            .create(Bucket::Nodes, id, self.node_record())
             .await
-            .map_err(backend)?;
-        *self.lease_revision.lock() = Some(revision);
+        {
+            Ok(revision) => revision,
+            // Our own create whose reply was lost wrote the entry: adopt it.
+            Err(error @ BackendError::RevisionMismatch { .. }) => match self.node_entry().await? {
+                NodeEntry::Ours { revision } => revision,
+                NodeEntry::Absent | NodeEntry::Other => return Err(backend(error)),
+            },
+            Err(error) => return Err(backend(error)),
+        };
+        let mut lease = self.lease.lock();
+        lease.revision = Some(revision);
+        lease.valid_until_ms = sent_at_ms.saturating_add(self.config.lease_ttl_ms);
+        lease.registered_once = true;
         Ok(())
     }
 
-    /// Stops serving: drops every shard (another process holds this node's id).
+    /// Whose this node id's `DSH_NODES` entry is now.
+    async fn node_entry(&self) -> FleetResult<NodeEntry> {
+        let current = self
+            .coordinator
+            .get(Bucket::Nodes, &self.config.node_id)
+            .await
+            .map_err(backend)?;
+        let Some(entry) = current else {
+            return Ok(NodeEntry::Absent);
+        };
+        let ours = from_json::<NodeRecord>(&entry.value, "node record")
+            .is_ok_and(|record| record.generation == self.config.generation);
+        Ok(if ours {
+            NodeEntry::Ours {
+                revision: entry.revision,
+            }
+        } else {
+            NodeEntry::Other
+        })
+    }
+
+    /// Stops serving for good: another process holds this node's id.
     fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.shards.lock().clear();
     }
 
-    /// Refreshes the lease by CAS; a lost CAS whose winner is not this process stops it.
-    async fn refresh_lease(&self) -> FleetResult<()> {
-        let Some(revision) = *self.lease_revision.lock() else {
-            return self.start().await;
+    fn id_taken(&self) -> FleetError {
+        self.stop();
+        FleetError::Moved {
+            shard: 0,
+            owner: None,
+            epoch: 0,
+        }
+    }
+
+    /// Drops every shard at once: the lease may have expired, so other nodes may own them
+    /// now (a write would be fenced anyway; this also stops serving reads of a stale copy).
+    fn drop_all_shards(&self) {
+        let dropped = {
+            let mut shards = self.shards.lock();
+            self.reclaim.lock().extend(shards.keys().copied());
+            let count = shards.len() as u64;
+            shards.clear();
+            count
         };
+        if dropped > 0 {
+            bump(&self.metrics.shards_lost, dropped);
+            bump(&self.metrics.leases_lost, 1);
+        }
+    }
+
+    /// The lease expired on the server: forget it and drop every shard. The next
+    /// registration makes the node live again; it then takes shards through the normal
+    /// takeover path (its own ones back at the same epoch if nobody took them meanwhile).
+    fn lose_lease(&self) {
+        {
+            let mut lease = self.lease.lock();
+            lease.revision = None;
+            lease.valid_until_ms = 0;
+        }
+        self.drop_all_shards();
+    }
+
+    /// After a failed refresh: drops every shard once the lease is past its TTL, as the
+    /// server may have expired it (the node keeps its revision: the next refresh tells).
+    fn drop_shards_if_lease_expired(&self) {
+        let valid_until_ms = self.lease.lock().valid_until_ms;
+        let expired = self.clock.now_ms() >= valid_until_ms;
+        if expired {
+            self.drop_all_shards();
+        }
+    }
+
+    /// Registers again after the lease was lost; the id held by another process stops
+    /// this one for good.
+    async fn register_again(&self) -> FleetResult<()> {
+        let registered_once = self.lease.lock().registered_once;
+        match self.start().await {
+            Ok(()) => {
+                if registered_once {
+                    bump(&self.metrics.reregistrations, 1);
+                }
+                Ok(())
+            }
+            Err(FleetError::Backend(BackendError::RevisionMismatch { .. })) if registered_once => {
+                Err(self.id_taken())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Refreshes the lease by CAS. An expired entry drops every shard and registers again;
+    /// an entry of another process stops this one for good.
+    async fn refresh_lease(&self) -> FleetResult<()> {
+        let Some(revision) = self.lease.lock().revision else {
+            return self.register_again().await;
+        };
+        let sent_at_ms = self.clock.now_ms();
         let id = &self.config.node_id;
         match self
             .coordinator
@@ -303,33 +458,23 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             .await
         {
             Ok(next) => {
-                *self.lease_revision.lock() = Some(next);
+                let mut lease = self.lease.lock();
+                lease.revision = Some(next);
+                lease.valid_until_ms = sent_at_ms.saturating_add(self.config.lease_ttl_ms);
                 Ok(())
             }
             Err(BackendError::RevisionMismatch { .. }) => {
-                // Our own refresh whose reply was lost moved the revision: adopt it. Anything
-                // else (expired, or another process) means the id is no longer ours.
-                let current = self
-                    .coordinator
-                    .get(Bucket::Nodes, id)
-                    .await
-                    .map_err(backend)?;
-                let ours = current.as_ref().and_then(|entry| {
-                    let record: NodeRecord = from_json(&entry.value, "node record").ok()?;
-                    (record.generation == self.config.generation).then_some(entry.revision)
-                });
-                match ours {
-                    Some(next) => {
-                        *self.lease_revision.lock() = Some(next);
+                match self.node_entry().await? {
+                    // Our own refresh whose reply was lost moved the revision: adopt it (the
+                    // validity stays that of the last refresh known to have landed).
+                    NodeEntry::Ours { revision } => {
+                        self.lease.lock().revision = Some(revision);
                         Ok(())
                     }
-                    None => {
-                        self.stop();
-                        Err(FleetError::Moved {
-                            shard: 0,
-                            owner: None,
-                            epoch: 0,
-                        })
+                    NodeEntry::Other => Err(self.id_taken()),
+                    NodeEntry::Absent => {
+                        self.lose_lease();
+                        self.register_again().await
                     }
                 }
             }
@@ -367,24 +512,39 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 reason: "node stopped: its id is held by another process".to_string(),
             });
         }
-        self.refresh_lease().await?;
+        if let Err(error) = self.refresh_lease().await {
+            self.drop_shards_if_lease_expired();
+            return Err(error);
+        }
         let live = self.live_nodes().await?;
         self.drop_shards_owned_elsewhere().await?;
         let mut names: Vec<String> = live.keys().cloned().collect();
         names.sort();
         let mut taken = Vec::new();
         for shard in 0..self.config.shard_count {
-            if rendezvous_owner(shard, &names).map(String::as_str) != Some(self.id()) {
+            let reclaim = self.reclaim.lock().contains(&shard);
+            if rendezvous_owner(shard, &names).map(String::as_str) != Some(self.id()) && !reclaim {
                 continue;
             }
             if self.shards.lock().contains_key(&shard) {
+                self.reclaim.lock().remove(&shard);
                 continue;
             }
             if self.try_take(shard, &live).await? {
                 taken.push(shard);
+                self.reclaim.lock().remove(&shard);
+            } else if reclaim && !self.recorded_owner_is_us(shard).await? {
+                self.reclaim.lock().remove(&shard);
             }
         }
         Ok(taken)
+    }
+
+    /// Whether `DSH_SHARDS` names this process as the shard's owner.
+    async fn recorded_owner_is_us(&self, shard: u32) -> FleetResult<bool> {
+        Ok(self.shard_record(shard).await?.is_some_and(|(record, _)| {
+            record.owner == self.config.node_id && record.generation == self.config.generation
+        }))
     }
 
     /// Drops shards whose `DSH_SHARDS` record names another owner (learned without a
@@ -495,7 +655,11 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 bump(&self.metrics.takeovers, 1);
                 Ok(true)
             }
-            Err(BackendError::RevisionMismatch { .. } | BackendError::Unavailable { .. }) => {
+            Err(BackendError::RevisionMismatch { .. }) => Ok(false),
+            Err(BackendError::Unavailable { .. }) => {
+                // The record may name this process now: no other node would take the shard
+                // from a live owner, so this one settles it whatever the rendezvous says.
+                self.reclaim.lock().insert(shard);
                 Ok(false)
             }
             Err(error) => Err(backend(error)),
@@ -537,11 +701,14 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             .insert(shard, OwnedShard { epoch, fence_seq });
     }
 
-    /// Stops serving `shard` if it is still held at `epoch`.
+    /// Stops serving `shard` if it is still held at `epoch`. The record may still name
+    /// this process (the node that fenced it lost its record write), so the next ticks
+    /// settle it: take it back, or see it recorded for another node.
     fn lose_shard(&self, shard: u32, epoch: u64) {
         let mut shards = self.shards.lock();
         if shards.get(&shard).is_some_and(|owned| owned.epoch == epoch) {
             shards.remove(&shard);
+            self.reclaim.lock().insert(shard);
             bump(&self.metrics.shards_lost, 1);
         }
     }
@@ -687,9 +854,16 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 ("Dsh-Last-Seq".to_string(), (end_seq - 1).to_string()),
             ],
         };
-        let published = self.publish_with_retries(message).await;
+        let published = self.publish_fenced(shard, owned, &message).await;
         let local = wait_local(pending);
         let ack = match published {
+            Ok(ack) if ack.duplicate => match self.check_deduplicated(shard, &message, ack).await {
+                Ok(()) => ack,
+                Err(error) => {
+                    bump(&self.metrics.not_acknowledged, 1);
+                    return Err(error);
+                }
+            },
             Ok(ack) => ack,
             Err(BackendError::Fenced { .. }) => {
                 bump(&self.metrics.fenced_writes, 1);
@@ -720,8 +894,84 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         })
     }
 
+    /// A deduplicated publish is acknowledged only if the message it was deduplicated
+    /// against is this batch: a different batch under the same msg id (same session, first
+    /// seq and epoch) means the local copy missed an acknowledged batch, and acknowledging
+    /// this one would hand out a seq twice.
+    async fn check_deduplicated(
+        &self,
+        shard: u32,
+        message: &TailPublish,
+        ack: PublishAck,
+    ) -> FleetResult<()> {
+        let stored = self
+            .tail
+            .message_at(&stream_name(shard), ack.stream_seq)
+            .await
+            .map_err(|error| FleetError::NotAcknowledged {
+                reason: format!("checking the duplicate of {}: {error}", message.msg_id),
+            })?;
+        match stored {
+            Some(stored)
+                if stored.subject == message.subject && stored.payload == message.payload =>
+            {
+                Ok(())
+            }
+            _ => Err(FleetError::NotAcknowledged {
+                reason: format!(
+                    "msg id {} already holds another batch (stream seq {}): the local copy is \
+                     behind the replicated history",
+                    message.msg_id, ack.stream_seq
+                ),
+            }),
+        }
+    }
+
+    /// Publishes a fenced session write. nats-server (2.15.1, clustered) refuses a write
+    /// whose expected-last-subject-sequence check names a subject that another such write
+    /// is still in flight on, with the same "wrong last sequence" answer as a failed check
+    /// (measured: of N concurrent writes fenced on one shard's epoch subject, N - 1 are
+    /// refused). So the node sends one fenced write per shard at a time, and a refusal
+    /// means the shard is lost only if the shard's last epoch marker is no longer this
+    /// node's; otherwise (another node's marker write in flight) nothing was stored and the
+    /// write is sent again.
+    async fn publish_fenced(
+        &self,
+        shard: u32,
+        owned: OwnedShard,
+        message: &TailPublish,
+    ) -> Result<PublishAck, BackendError> {
+        let turn = self.shard_publish.lock().entry(shard).or_default().clone();
+        let _turn = turn.lock().await;
+        for _ in 0..FENCE_COLLISION_ATTEMPTS {
+            match self.publish_with_retries(message).await {
+                Err(fenced @ BackendError::Fenced { .. }) => {
+                    let marker = self
+                        .tail
+                        .last_on_subject(&stream_name(shard), &epoch_subject(shard))
+                        .await?;
+                    if marker.map(|marker| marker.stream_seq) != Some(owned.fence_seq) {
+                        return Err(fenced);
+                    }
+                    bump(&self.metrics.fence_collisions, 1);
+                    tokio::time::sleep(FENCE_COLLISION_PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+        Err(BackendError::Unavailable {
+            reason: format!(
+                "{}: refused {FENCE_COLLISION_ATTEMPTS} times while the fence held",
+                message.msg_id
+            ),
+        })
+    }
+
     /// Publishes, retrying with the same msg id while the answer is unknown.
-    async fn publish_with_retries(&self, message: TailPublish) -> Result<PublishAck, BackendError> {
+    async fn publish_with_retries(
+        &self,
+        message: &TailPublish,
+    ) -> Result<PublishAck, BackendError> {
         let attempts = self.config.publish_attempts.max(1);
         let mut last_error = None;
         for attempt in 0..attempts {
@@ -818,15 +1068,33 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         let (manifest, _) = self.claim_manifest(session, shard, owned).await?;
         let mut events = self.load_runs(session, &manifest).await?;
         let tail_from = manifest.tail_from_stream_seq.max(1);
+        let stream = stream_name(shard);
+        let subject = session_subject(session, shard);
+        // The replay must reach the subject's last message, and the last message this node
+        // saw acknowledged: a replay served from a state that lags (a stream that just
+        // elected its leader) would rebuild a shorter history and hand out seqs again.
+        let last_on_subject = self
+            .tail
+            .last_on_subject(&stream, &subject)
+            .await
+            .map_err(backend)?
+            .map_or(0, |message| message.stream_seq);
+        let must_reach = last_on_subject.max(slot.last_stream_seq);
         let messages = self
             .tail
-            .replay(
-                &stream_name(shard),
-                &session_subject(session, shard),
-                tail_from,
-            )
+            .replay(&stream, &subject, tail_from)
             .await
             .map_err(backend)?;
+        let replayed_to = messages
+            .last()
+            .map_or(tail_from - 1, |message| message.stream_seq);
+        if replayed_to < must_reach {
+            return Err(backend(BackendError::Unavailable {
+                reason: format!(
+                    "replay of {session} ended at stream seq {replayed_to}, before {must_reach}"
+                ),
+            }));
+        }
         let mut last_stream_seq = tail_from - 1;
         for message in messages {
             let rebuild_error = |reason: String, from: u64| FleetError::Rebuild {

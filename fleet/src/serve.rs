@@ -115,6 +115,9 @@ fn metrics_json(metrics: &crate::node::NodeMetrics) -> Value {
         "sealed_events": read(&metrics.sealed_events),
         "purged_messages": read(&metrics.purged_messages),
         "not_acknowledged": read(&metrics.not_acknowledged),
+        "leases_lost": read(&metrics.leases_lost),
+        "reregistrations": read(&metrics.reregistrations),
+        "fence_collisions": read(&metrics.fence_collisions),
     })
 }
 
@@ -223,7 +226,8 @@ async fn seal_loop(served: Arc<Served>) {
     }
 }
 
-/// Lease refresh and takeovers, until the node stops (its id taken by another process).
+/// Lease refresh and takeovers, until the node stops (its id taken by another process; a
+/// lease that merely expired drops the shards and registers again inside `tick`).
 async fn tick_loop(served: Arc<Served>, interval: Duration) {
     let node = &served.node;
     loop {
@@ -262,6 +266,7 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
     let generation = crate::backend::Clock::now_ms(&SystemClock);
     let mut node_config = NodeConfig::new(&config.node_id, &config.listen, generation);
     node_config.shard_count = config.shard_count;
+    node_config.lease_ttl_ms = u64::try_from(config.nats.node_ttl.as_millis()).unwrap_or(u64::MAX);
     let node = Node::new(
         node_config,
         nats.clone(),

@@ -133,6 +133,10 @@ struct Totals {
     rebuilds: u64,
     seals: u64,
     crashes: u64,
+    leases_lost: u64,
+    reregistrations: u64,
+    /// Nodes that stopped for good (their id taken): never, as every id has one process.
+    stops: u64,
 }
 
 impl Totals {
@@ -145,6 +149,8 @@ impl Totals {
         self.takeovers += read(&metrics.takeovers);
         self.rebuilds += read(&metrics.rebuilds);
         self.seals += read(&metrics.seals);
+        self.leases_lost += read(&metrics.leases_lost);
+        self.reregistrations += read(&metrics.reregistrations);
     }
 }
 
@@ -210,6 +216,7 @@ impl World {
         config.shard_count = SHARDS;
         config.publish_attempts = 3;
         config.publish_retry_backoff_ms = 0;
+        config.lease_ttl_ms = NODE_TTL_MS;
         let node = Node::new(
             config,
             self.tail.client(harness.nats.clone()),
@@ -262,7 +269,8 @@ impl World {
             return;
         }
         if node.is_stopped() {
-            // It exits (its id was taken over after its lease ran out) and is restarted.
+            // It exits (its id was taken by another process) and is restarted.
+            self.totals.stops += 1;
             self.crash(index, false);
             self.boot(index);
             return;
@@ -605,6 +613,9 @@ fn add(total: &mut Totals, one: Totals) {
     total.rebuilds += one.rebuilds;
     total.seals += one.seals;
     total.crashes += one.crashes;
+    total.leases_lost += one.leases_lost;
+    total.reregistrations += one.reregistrations;
+    total.stops += one.stops;
 }
 
 fn run_many(count: u64, kind: TierKind) -> Totals {
@@ -658,7 +669,14 @@ fn random_schedules_lose_no_acknowledged_event() {
             totals.zombie_attempts > 0 && totals.fenced > 0,
             "{totals:?}"
         );
+        // Leases run out during partitions and pauses; the nodes register again rather
+        // than stop for good.
+        assert!(
+            totals.leases_lost > 0 && totals.reregistrations > 0,
+            "{totals:?}"
+        );
     }
+    assert_eq!(totals.stops, 0, "a node stopped for good: {totals:?}");
 }
 
 #[test]
@@ -697,4 +715,222 @@ fn virtual_clock_drives_lease_expiry() {
     assert!(runtime
         .block_on(client.create(Bucket::Nodes, "n1", b"d".to_vec()))
         .is_ok());
+}
+
+/// Two nodes on the fakes, driven step by step, for the lease-expiry stop.
+struct LeaseWorld {
+    clock: Arc<VirtualClock>,
+    tail: FakeTail,
+    kv: FakeKv,
+    cold: FakeCold,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl LeaseWorld {
+    fn new() -> LeaseWorld {
+        let clock = VirtualClock::new(1_000_000);
+        LeaseWorld {
+            tail: FakeTail::new(clock.clone()),
+            kv: FakeKv::new(clock.clone(), NODE_TTL_MS),
+            cold: FakeCold::default(),
+            clock,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a runtime"),
+        }
+    }
+
+    fn node(&self, id: &str, link: &LinkControl) -> FakeNode {
+        let mut config = NodeConfig::new(id, id, 1);
+        config.shard_count = SHARDS;
+        config.publish_attempts = 2;
+        config.publish_retry_backoff_ms = 0;
+        config.lease_ttl_ms = NODE_TTL_MS;
+        let node = Node::new(
+            config,
+            self.tail.client(link.clone()),
+            self.kv.client(link.clone()),
+            self.cold.client(LinkControl::default()),
+            Arc::new(MemoryTier::default()),
+            self.clock.clone(),
+        );
+        self.runtime.block_on(node.start()).expect("registers");
+        node
+    }
+
+    fn append(&self, node: &FakeNode, session: &str, data: &str) -> Result<u64, FleetError> {
+        self.runtime
+            .block_on(node.append(session, &[IncomingEvent::new("message", data)]))
+            .map(|ack| ack.first_seq)
+    }
+
+    fn datas(&self, node: &FakeNode, session: &str) -> Vec<String> {
+        self.runtime
+            .block_on(node.read(session, 0, u64::MAX))
+            .expect("the owner reads")
+            .into_iter()
+            .map(|event| event.data)
+            .collect()
+    }
+
+    fn leases_lost(node: &FakeNode) -> u64 {
+        node.metrics
+            .leases_lost
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn lost_lease_drops_shards_then_registers_again() {
+    let world = LeaseWorld::new();
+    let session = "s0";
+    let link1 = LinkControl::default();
+    let n1 = world.node("n1", &link1);
+    assert_eq!(
+        world.runtime.block_on(n1.tick()).expect("tick").len(),
+        SHARDS as usize
+    );
+    let epochs = n1.owned_shards();
+    world
+        .runtime
+        .block_on(n1.create_session(session, r#"{"id":"s0"}"#))
+        .expect("create");
+    assert_eq!(world.append(&n1, session, "1").expect("append"), 0);
+
+    // KV and the tail stop answering (an election) for longer than the lease TTL: the tick
+    // that finds the lease past its TTL drops every shard at once; the node does not stop.
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    assert!(world.runtime.block_on(n1.tick()).is_err());
+    assert!(n1.owned_shards().is_empty(), "shards kept past the lease");
+    assert_eq!(LeaseWorld::leases_lost(&n1), 1);
+    assert!(!n1.is_stopped());
+    assert!(matches!(
+        world.append(&n1, session, "not served"),
+        Err(FleetError::Moved { .. })
+    ));
+
+    // NATS answers again: the expired entry is found, the node registers again and takes
+    // its shards back through the takeover path, at the same epochs (nobody took them).
+    link1.set(Link::Up);
+    world
+        .runtime
+        .block_on(n1.tick())
+        .expect("tick after the outage");
+    assert!(!n1.is_stopped());
+    assert_eq!(
+        n1.metrics
+            .reregistrations
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(n1.owned_shards(), epochs);
+    assert_eq!(world.append(&n1, session, "2").expect("append"), 1);
+    assert_eq!(world.datas(&n1, session), ["1", "2"]);
+
+    // Second outage, and this time n2 takes the shards while n1's lease is expired.
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let link2 = LinkControl::default();
+    let n2 = world.node("n2", &link2);
+    assert!(world.runtime.block_on(n1.tick()).is_err());
+    assert!(n1.owned_shards().is_empty());
+    assert_eq!(
+        world.runtime.block_on(n2.tick()).expect("tick").len(),
+        SHARDS as usize
+    );
+    assert_eq!(world.append(&n2, session, "3").expect("append"), 2);
+    link1.set(Link::Up);
+    world
+        .runtime
+        .block_on(n1.tick())
+        .expect("n1 registers again");
+    assert!(
+        n1.owned_shards().is_empty(),
+        "n1 took shards of a live owner"
+    );
+    match world.append(&n1, session, "refused") {
+        Err(FleetError::Moved { owner, .. }) => assert_eq!(owner.as_deref(), Some("n2")),
+        other => panic!("n1 answered {other:?}"),
+    }
+
+    // n2 dies: n1, live again, takes the shards at a newer epoch and rebuilds the session.
+    for _ in 0..(NODE_TTL_MS / REFRESH_MS + 1) {
+        world.clock.advance(REFRESH_MS);
+        let _ = world.runtime.block_on(n1.tick());
+    }
+    assert_eq!(n1.owned_shards().len(), SHARDS as usize);
+    for (shard, epoch) in n1.owned_shards() {
+        assert!(
+            epoch > epochs[&shard],
+            "shard {shard} not taken at a newer epoch"
+        );
+    }
+    assert_eq!(world.append(&n1, session, "4").expect("append"), 3);
+    assert_eq!(world.datas(&n1, session), ["1", "2", "3", "4"]);
+    assert!(!n1.is_stopped());
+}
+
+#[test]
+fn concurrent_writes_of_one_shard_are_not_taken_for_a_fence() {
+    use dshdb_fleet::backend::{Fence, TailLog, TailPublish};
+    let world = LeaseWorld::new();
+    let link = LinkControl::default();
+    let n1 = world.node("n1", &link);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    let epochs = n1.owned_shards();
+    // Sessions of one shard.
+    let shard = dshdb_fleet::shard::shard_of_in("c0", SHARDS);
+    let sessions: Vec<String> = (0..200)
+        .map(|index| format!("c{index}"))
+        .filter(|session| dshdb_fleet::shard::shard_of_in(session, SHARDS) == shard)
+        .take(6)
+        .collect();
+    assert_eq!(sessions.len(), 6);
+    for session in &sessions {
+        let header = format!(r#"{{"id":"{session}"}}"#);
+        world
+            .runtime
+            .block_on(n1.create_session(session, &header))
+            .expect("create");
+    }
+
+    // The fake refuses a second publish fenced on a subject while the first is in flight,
+    // as the server does.
+    let tail = world.tail.client(LinkControl::default());
+    let fenced = |index: usize| TailPublish {
+        subject: format!("dsh.99.{index}.s.x"),
+        payload: vec![1],
+        msg_id: format!("probe/{index}"),
+        fence: Some(Fence {
+            subject: "dsh.99.0.e".to_string(),
+            last_seq: 0,
+        }),
+        headers: Vec::new(),
+    };
+    let (first, second) = world
+        .runtime
+        .block_on(async { futures::join!(tail.publish(fenced(1)), tail.publish(fenced(2))) });
+    assert!(first.is_ok(), "{first:?}");
+    assert!(
+        matches!(second, Err(dshdb_fleet::BackendError::Fenced { .. })),
+        "{second:?}"
+    );
+
+    // Concurrent appends to the shard's sessions: all acknowledged, none taken for a fence.
+    let batch = [IncomingEvent::new("message", "{}")];
+    let results = world.runtime.block_on(futures::future::join_all(
+        sessions.iter().map(|session| n1.append(session, &batch)),
+    ));
+    for (session, result) in sessions.iter().zip(&results) {
+        assert!(result.is_ok(), "{session}: {result:?}");
+    }
+    assert_eq!(n1.owned_shards(), epochs, "a shard was dropped");
+    assert_eq!(
+        n1.metrics
+            .fenced_writes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }

@@ -182,6 +182,47 @@ stop_pid_file() {
     rm -f "$file"
 }
 
+# Waits (bounded) until none of the pids given runs any more.
+wait_gone() {
+    for _ in $(seq 50); do
+        local alive=0
+        for pid in "$@"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        ((alive)) || return 0
+        sleep 0.1
+    done
+    log "pids $* still running after 5 s"
+    return 1
+}
+
+# Sends SIGNAL to the three NATS servers at once (one kill call) and waits until they are
+# gone: `kill-nats` is a coordinated crash (SIGKILL), `stop-nats` a clean shutdown (SIGTERM,
+# then SIGKILL after 5 s). Their stores stay for `start-nats`.
+signal_all_nats() {
+    local signal=$1 pids=()
+    for node in 1 2 3; do
+        pid_alive "$PID_DIR/nats$node.pid" && pids+=("$(cat "$PID_DIR/nats$node.pid")")
+    done
+    ((${#pids[@]})) || return 0
+    kill "-$signal" "${pids[@]}" 2>/dev/null || true
+    if ! wait_gone "${pids[@]}"; then
+        kill -9 "${pids[@]}" 2>/dev/null || true
+        wait_gone "${pids[@]}"
+    fi
+    for node in 1 2 3; do rm -f "$PID_DIR/nats$node.pid"; done
+}
+
+# Starts the NATS servers that do not run, on the state they left; waits for a meta leader
+# and checks sync_interval: always.
+start_nats_kept() {
+    for node in 1 2 3; do
+        start_nats "$node"
+    done
+    wait_nats_ready
+    check_sync_always
+}
+
 do_stop() {
     [[ -d "$PID_DIR" ]] || return 0
     for file in "$PID_DIR"/*.pid; do
@@ -242,8 +283,17 @@ start) do_start ;;
 stop) do_stop ;;
 status) do_status ;;
 env) do_env ;;
-# Stops (kill -9) or restarts one server, for the fault tests: kill nats2, restart nats2, kill s3, restart s3.
-kill) kill -9 "$(cat "$PID_DIR/$2.pid")" ;;
+# Fault verbs for the tests: kill -9 of one server (kill nats2), SIGTERM of one (stop-one s3),
+# start one again on its state (restart nats2); the three NATS servers at once: kill-nats
+# (kill -9), stop-nats (SIGTERM), start-nats (start again, wait for a leader, check fsync).
+kill)
+    victim=$(cat "$PID_DIR/$2.pid")
+    kill -9 "$victim"
+    wait_gone "$victim"
+    ;;
+kill-nats) signal_all_nats KILL ;;
+stop-nats) signal_all_nats TERM ;;
+start-nats) start_nats_kept ;;
 stop-one) stop_pid_file "$PID_DIR/$2.pid" ;;
 restart)
     FLEET_KEEP_STATE=1
@@ -253,7 +303,7 @@ restart)
     esac
     ;;
 *)
-    echo "usage: $0 start|stop|status|env|kill NAME|stop-one NAME|restart NAME" >&2
+    echo "usage: $0 start|stop|status|env|kill NAME|stop-one NAME|restart NAME|kill-nats|stop-nats|start-nats" >&2
     exit 2
     ;;
 esac

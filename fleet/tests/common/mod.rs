@@ -537,3 +537,101 @@ pub fn monitor_json(port: u16, path: &str) -> Option<Value> {
         .ok()?;
     serde_json::from_slice(&output.stdout).ok()
 }
+
+/// The three NATS servers of `tests/fleet/servers.sh` (node numbers) and their monitoring
+/// ports.
+pub const NATS_SERVERS: [u16; 3] = [1, 2, 3];
+
+pub fn nats_monitor_port(server: u16) -> u16 {
+    18220 + server
+}
+
+/// Whether NATS server `server` answers `/healthz` with `ok` (JetStream current).
+pub fn nats_healthy(server: u16) -> bool {
+    monitor_json(nats_monitor_port(server), "healthz")
+        .is_some_and(|health| health["status"] == "ok")
+}
+
+/// Longest wait for the NATS servers to be healthy again after a fault test.
+pub const NATS_HEALTHY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Starts servers again with `servers.sh <restart>` if a test ends while they are down,
+/// then waits until the three NATS servers are healthy, so that the tests after it find
+/// them (cargo runs the test binaries one after another against the same servers).
+pub struct ServersBack {
+    pub restart: Vec<String>,
+    pub down: bool,
+}
+
+impl ServersBack {
+    pub fn new(restart: &[&str]) -> ServersBack {
+        ServersBack {
+            restart: restart.iter().map(|word| word.to_string()).collect(),
+            down: false,
+        }
+    }
+
+    /// Runs the restart now.
+    pub fn start(&mut self) {
+        let words: Vec<&str> = self.restart.iter().map(String::as_str).collect();
+        servers_script(&words);
+        self.down = false;
+    }
+}
+
+impl Drop for ServersBack {
+    fn drop(&mut self) {
+        if self.down {
+            self.start();
+        }
+        let started = Instant::now();
+        while !NATS_SERVERS.iter().all(|server| nats_healthy(*server)) {
+            if started.elapsed() > NATS_HEALTHY_DEADLINE {
+                eprintln!("NATS servers not healthy after {NATS_HEALTHY_DEADLINE:?}");
+                return;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// What one session's writer thread saw.
+pub struct Writer {
+    pub model: SessionModel,
+    /// When each acknowledgement came back.
+    pub acked_at: Vec<Instant>,
+    /// The refusals seen, by text (for failure messages).
+    pub refusals: BTreeMap<String, usize>,
+    /// Appends whose outcome stayed unknown (connection lost or no reply in time).
+    pub unknown: usize,
+}
+
+/// Appends batches to `session` through `router` until `stop` is set, pausing `pause`
+/// between appends; continues `model`.
+pub fn write_until(
+    mut router: Router,
+    session: String,
+    model: SessionModel,
+    pause: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Writer {
+    let mut writer = Writer {
+        model,
+        acked_at: Vec::new(),
+        refusals: BTreeMap::new(),
+        unknown: 0,
+    };
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let (request, data) = append_request(&session, &mut writer.model);
+        match router.call(&session, &request) {
+            Outcome::Ok(reply) => {
+                record_ack(&session, &mut writer.model, &reply, data);
+                writer.acked_at.push(Instant::now());
+            }
+            Outcome::Refused(error) => *writer.refusals.entry(error).or_default() += 1,
+            Outcome::Unknown => writer.unknown += 1,
+        }
+        std::thread::sleep(pause);
+    }
+    writer
+}

@@ -1,0 +1,200 @@
+//! F2 of FLEET.md with real processes: `kill -9` of a NATS server that leads streams the
+//! test's sessions write to, mid-ingest; the server is started again 8 s later.
+//!
+//! The victim is the leader of `KV_DSH_NODES` when it also leads a tail stream holding the
+//! test's sessions (so the nodes' lease refreshes stall through the election, with the
+//! fleet's 2 s lease TTL: leases expire, nodes drop their shards and register again), else
+//! the server leading the tail streams of the most sessions.
+//!
+//! Checks: every acknowledged event present exactly once at its seq, nothing stored that was
+//! never sent; the longest wait of any session between two acknowledged appends (the write
+//! stall, `replicated` mode) ≤ 10 s; within 10 s of the restart all 3 servers report the same
+//! `messages` and `last_seq` for every tail stream (their `/jsz` monitoring endpoints).
+//! The servers are `tests/fleet/servers.sh`'s: the killed one is started again even if the
+//! test fails, and the test ends only when all three are healthy, for the tests after it.
+//!
+//! Skipped (a SKIPPED line) without `DSHDB_FLEET_SERVERS=1`, failed under `CI=true`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{
+    check_session, create_sessions, nats_monitor_port, servers_present, servers_script,
+    session_names, set_up_streams, wait_until, write_until, Fleet, ServersBack, SessionModel,
+    Writer, NATS_SERVERS,
+};
+use dshdb_fleet::shard::{shard_of_in, stream_name};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NODES: usize = 3;
+const SESSIONS: usize = 12;
+const SHARDS: u32 = 16;
+/// Ingest before the kill; the server stays down this long (FLEET.md: 8 s); ingest after
+/// the restart.
+const BEFORE_KILL: Duration = Duration::from_secs(3);
+const DOWN: Duration = Duration::from_secs(8);
+const AFTER_RESTART: Duration = Duration::from_secs(3);
+/// Pause of each session's writer between appends (keeps 2 cores usable for the servers).
+const APPEND_PAUSE: Duration = Duration::from_millis(20);
+/// FLEET.md: the write stall of a stream leader's election, in `replicated` mode.
+const STALL_BOUND: Duration = Duration::from_secs(10);
+/// FLEET.md: the replicas agree within this long after the restart.
+const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
+
+/// Each server's own view of every stream: name → (leader, messages, last_seq).
+fn stream_views(server: u16) -> Option<BTreeMap<String, (String, u64, u64)>> {
+    let jsz = common::monitor_json(nats_monitor_port(server), "jsz?streams=true")?;
+    let mut views = BTreeMap::new();
+    for account in jsz["account_details"].as_array()? {
+        for stream in account["stream_detail"].as_array()? {
+            views.insert(
+                stream["name"].as_str()?.to_string(),
+                (
+                    stream["cluster"]["leader"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    stream["state"]["messages"].as_u64()?,
+                    stream["state"]["last_seq"].as_u64()?,
+                ),
+            );
+        }
+    }
+    Some(views)
+}
+
+/// Whether the three servers report the same `messages` and `last_seq` for every tail
+/// stream (`DSH_00..DSH_15`; the KV streams change with every lease refresh).
+fn replicas_agree() -> bool {
+    let views: Option<Vec<BTreeMap<String, (u64, u64)>>> = NATS_SERVERS
+        .iter()
+        .map(|server| {
+            stream_views(*server).map(|views| {
+                views
+                    .into_iter()
+                    .filter(|(name, _)| name.starts_with("DSH_"))
+                    .map(|(name, (_, messages, last))| (name, (messages, last)))
+                    .collect()
+            })
+        })
+        .collect();
+    views.is_some_and(|views| views[0].len() == 16 && views.iter().all(|view| *view == views[0]))
+}
+
+/// The server to kill: see the module comment. Returns it and whether it led
+/// `KV_DSH_NODES`.
+fn choose_victim(sessions: &[String]) -> (u16, bool) {
+    let views = stream_views(1).expect("nats1 answers /jsz");
+    let leader_of = |stream: &str| -> Option<u16> {
+        let name = &views.get(stream)?.0;
+        name.strip_prefix('n')?.parse().ok()
+    };
+    let mut sessions_led: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut streams_used = BTreeSet::new();
+    for session in sessions {
+        let stream = stream_name(shard_of_in(session, SHARDS));
+        if let Some(leader) = leader_of(&stream) {
+            *sessions_led.entry(leader).or_default() += 1;
+        }
+        streams_used.insert(stream);
+    }
+    if let Some(nodes_leader) = leader_of("KV_DSH_NODES") {
+        if sessions_led.contains_key(&nodes_leader) {
+            return (nodes_leader, true);
+        }
+    }
+    let busiest = sessions_led
+        .iter()
+        .max_by_key(|(_, count)| **count)
+        .map(|(server, _)| *server)
+        .expect("the sessions' streams have leaders");
+    (busiest, false)
+}
+
+fn node_metric_sum(fleet: &Fleet, name: &str) -> u64 {
+    (0..NODES).map(|index| fleet.metric(index, name)).sum()
+}
+
+#[test]
+fn f2_nats_stream_leader_kill() {
+    if !servers_present("f2_nats_stream_leader_kill") {
+        return;
+    }
+    let token = common::run_token();
+    let runtime = common::runtime();
+    set_up_streams(&runtime);
+    let fleet = Fleet::spawn("l", &token, NODES, SHARDS);
+    let mut router = fleet.router();
+    let sessions = session_names("f2", &token, SESSIONS);
+    create_sessions(&mut router, &sessions);
+    let (victim, led_nodes_bucket) = choose_victim(&sessions);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = sessions
+        .iter()
+        .map(|session| {
+            let (router, session, stop) = (fleet.router(), session.clone(), stop.clone());
+            std::thread::spawn(move || {
+                write_until(router, session, SessionModel::default(), APPEND_PAUSE, stop)
+            })
+        })
+        .collect();
+    std::thread::sleep(BEFORE_KILL);
+    let victim_name = format!("nats{victim}");
+    let mut back = ServersBack::new(&["restart", &victim_name]);
+    back.down = true;
+    servers_script(&["kill", &victim_name]);
+    std::thread::sleep(DOWN);
+    back.start();
+    let restarted_at = Instant::now();
+    std::thread::sleep(AFTER_RESTART);
+    stop.store(true, Ordering::SeqCst);
+    let writers: Vec<Writer> = writers
+        .into_iter()
+        .map(|handle| handle.join().unwrap())
+        .collect();
+
+    // Ingest has stopped: the replicas must agree within the bound counted from the restart.
+    wait_until(
+        "the 3 replicas report the same messages and last_seq",
+        CATCH_UP_BOUND.saturating_sub(restarted_at.elapsed()),
+        replicas_agree,
+    );
+    let agreed_after_restart = restarted_at.elapsed();
+
+    let mut stall = Duration::ZERO;
+    for (session, writer) in sessions.iter().zip(&writers) {
+        assert!(
+            writer.acked_at.iter().any(|at| *at > restarted_at),
+            "{session}: nothing acknowledged after the restart; {} unknown outcomes, \
+             refusals {:?}",
+            writer.unknown,
+            writer.refusals
+        );
+        for pair in writer.acked_at.windows(2) {
+            stall = stall.max(pair[1] - pair[0]);
+        }
+    }
+    let mut stored = 0;
+    let mut survivors = fleet.router();
+    for (session, writer) in sessions.iter().zip(&writers) {
+        stored += check_session(&mut survivors, session, &writer.model);
+    }
+    let acked: usize = writers.iter().map(|writer| writer.model.acked.len()).sum();
+    let leases_lost = node_metric_sum(&fleet, "leases_lost");
+    let reregistrations = node_metric_sum(&fleet, "reregistrations");
+    eprintln!(
+        "f2: killed nats{victim} (led KV_DSH_NODES: {led_nodes_bucket}) {:?} into ingest, \
+         restarted after {DOWN:?}; {SESSIONS} sessions, events acked {acked}, stored {stored}; \
+         longest write stall {stall:?}; replicas agree {agreed_after_restart:?} after the \
+         restart; nodes: leases lost {leases_lost}, registered again {reregistrations}",
+        BEFORE_KILL
+    );
+    assert!(stall <= STALL_BOUND, "write stall {stall:?}");
+    drop(back);
+    drop(fleet);
+}

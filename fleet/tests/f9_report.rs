@@ -1,0 +1,417 @@
+//! F9 of FLEET.md: the report run. Measures, on the real servers, and writes to a JSON file
+//! (`DSHDB_FLEET_REPORT`, default `target/fleet-report.json`):
+//!
+//! - append latency, one event per append, one session at a time: `local` (the node's local
+//!   tier alone: submit to the group commit, wait for the fdatasync) and `replicated`
+//!   (`Node::append`: local fdatasync and JetStream quorum ack), p50/p99/p999;
+//! - replicated ingest of one node: 1,024 live sessions, one task per session appending
+//!   batches concurrently, events/s and MB/s, and the same load on the local tier alone;
+//! - failover: `kill -9` of a node process, time until each of its sessions accepts an
+//!   append on a survivor (lease TTL of the test fleets: 2 s);
+//! - zombie writes after a takeover: attempted, rejected, fenced by the server;
+//! - configuration facts: server version, `sync_interval`, replicas, stream count.
+//!
+//! Slow (about a minute) and machine-dependent, so `#[ignore]`d: run with
+//! `cargo test --release -p dshdb-fleet --test f9_report -- --ignored --nocapture`
+//! against `tests/fleet/servers.sh start` (with its `env`).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{
+    check_session, create_sessions, monitor_json, nats_monitor_port, servers_present,
+    session_names, set_up_streams, wait_until, Fleet, SessionModel,
+};
+use dshdb::Event;
+use dshdb_fleet::backend::SystemClock;
+use dshdb_fleet::nats::Nats;
+use dshdb_fleet::s3::S3;
+use dshdb_fleet::tier::{EngineTier, LocalTier};
+use dshdb_fleet::{FleetError, IncomingEvent, Node, NodeConfig};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Appends timed per mode for the latency figures.
+const LATENCY_APPENDS: usize = 1_000;
+/// Live sessions of the ingest figure (FLEET.md target: at 1,024 live sessions).
+const INGEST_SESSIONS: usize = 1_024;
+/// Events per append batch in the ingest run (an assistant turn's burst of chunks).
+const INGEST_BATCH_EVENTS: usize = 4;
+/// Length of each ingest run.
+const INGEST_RUN: Duration = Duration::from_secs(10);
+/// Shards of the in-process node (fewer than production's 1,024 to keep its takeover
+/// round short; ownership does not enter the append path).
+const SHARDS: u32 = 64;
+/// Sessions of the failover and zombie measurements.
+const FAILOVER_SESSIONS: usize = 24;
+const ZOMBIE_SESSIONS: usize = 16;
+/// Longest wait for a takeover, or for a session to accept an append again.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+type RealNode = Node<Nats, Nats, S3>;
+
+/// A DSH-shaped event body of about 300 bytes.
+fn event_data(session: &str, index: u64) -> String {
+    format!(
+        r#"{{"role":"assistant","session":"{session}","index":{index},"text":"{}"}}"#,
+        "lorem ipsum dolor sit amet ".repeat(9)
+    )
+}
+
+fn percentile(sorted: &[Duration], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() - 1) as f64 * fraction).round() as usize;
+    sorted[index].as_secs_f64() * 1e3
+}
+
+fn latency_json(mut samples: Vec<Duration>) -> Value {
+    samples.sort();
+    json!({
+        "appends": samples.len(),
+        "p50_ms": percentile(&samples, 0.50),
+        "p99_ms": percentile(&samples, 0.99),
+        "p999_ms": percentile(&samples, 0.999),
+    })
+}
+
+struct InProcess {
+    node: Arc<RealNode>,
+    tier: Arc<EngineTier>,
+}
+
+async fn in_process_node(id: &str, generation: u64, ttl: Duration) -> InProcess {
+    let mut nats_config = common::nats_config();
+    nats_config.node_ttl = ttl;
+    let nats = Nats::connect(&nats_config).await.unwrap();
+    let s3 = S3::new(&common::s3_config()).unwrap();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fleet-f9-{id}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = dshdb::Store::open(&dir, dshdb::Options::default()).unwrap();
+    let tier = Arc::new(EngineTier::new(store));
+    let mut config = NodeConfig::new(id, &format!("test://{id}"), generation);
+    config.shard_count = SHARDS;
+    config.lease_ttl_ms = u64::try_from(ttl.as_millis()).unwrap();
+    let local: Arc<dyn LocalTier> = tier.clone();
+    let node = Node::new(config, nats.clone(), nats, s3, local, Arc::new(SystemClock));
+    wait_until_async(&format!("{id} registers"), || node.start()).await;
+    InProcess {
+        node: Arc::new(node),
+        tier,
+    }
+}
+
+async fn wait_until_async<F, Fut, T>(what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, FleetError>>,
+{
+    let started = Instant::now();
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(error) => assert!(started.elapsed() < DEADLINE, "{what}: {error}"),
+        }
+        tokio::time::sleep(common::POLL).await;
+    }
+}
+
+/// Ticks until the node owns every shard; returns how long that took.
+async fn take_all(node: &RealNode) -> Duration {
+    let started = Instant::now();
+    while node.owned_shards().len() < SHARDS as usize {
+        let _ = node.tick().await;
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{} owns too few shards",
+            node.id()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    started.elapsed()
+}
+
+fn header(session: &str) -> String {
+    format!(r#"{{"version":0,"id":"{session}","createdAt":1}}"#)
+}
+
+/// Latency of one-event appends: the local tier alone, then through the node.
+async fn latency(process: &InProcess, token: &str) -> Value {
+    let session = format!("f9lx{token}");
+    process
+        .node
+        .create_session(&session, &header(&session))
+        .await
+        .unwrap();
+    let mut replicated = Vec::with_capacity(LATENCY_APPENDS);
+    for index in 0..LATENCY_APPENDS as u64 {
+        let event = IncomingEvent::new("assistant/chunk", &event_data(&session, index));
+        let started = Instant::now();
+        process.node.append(&session, &[event]).await.unwrap();
+        replicated.push(started.elapsed());
+    }
+    let local_session = format!("f9ox{token}");
+    process
+        .tier
+        .replace(&local_session, &header(&local_session), &[])
+        .unwrap();
+    let mut local = Vec::with_capacity(LATENCY_APPENDS);
+    for index in 0..LATENCY_APPENDS as u64 {
+        let event = Event {
+            seq: index,
+            time: 1,
+            event_type: "assistant/chunk".to_string(),
+            data: event_data(&local_session, index),
+            envelope: String::new(),
+            flags: 0,
+        };
+        let started = Instant::now();
+        let pending = process.tier.submit(&local_session, &[event]).unwrap();
+        tokio::task::block_in_place(|| pending.wait()).unwrap();
+        local.push(started.elapsed());
+    }
+    json!({"local": latency_json(local), "replicated": latency_json(replicated)})
+}
+
+/// Events/s of `INGEST_SESSIONS` concurrent writers for `INGEST_RUN`, through the node
+/// (`replicated`) or on the local tier alone.
+async fn ingest(process: &InProcess, token: &str, replicated: bool) -> Value {
+    let label = if replicated { "r" } else { "o" };
+    let sessions: Vec<String> = (0..INGEST_SESSIONS)
+        .map(|index| format!("f9i{label}x{token}x{index}"))
+        .collect();
+    for session in &sessions {
+        if replicated {
+            process
+                .node
+                .create_session(session, &header(session))
+                .await
+                .unwrap();
+        } else {
+            process
+                .tier
+                .replace(session, &header(session), &[])
+                .unwrap();
+        }
+    }
+    let events = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + INGEST_RUN;
+    let started = Instant::now();
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|session| {
+            let (node, tier) = (process.node.clone(), process.tier.clone());
+            let (events, bytes) = (events.clone(), bytes.clone());
+            tokio::spawn(async move {
+                let mut next = 0u64;
+                while Instant::now() < deadline {
+                    let data: Vec<String> = (0..INGEST_BATCH_EVENTS as u64)
+                        .map(|offset| event_data(&session, next + offset))
+                        .collect();
+                    let size: usize = data.iter().map(String::len).sum();
+                    if replicated {
+                        let batch: Vec<IncomingEvent> = data
+                            .iter()
+                            .map(|data| IncomingEvent::new("assistant/chunk", data))
+                            .collect();
+                        node.append(&session, &batch).await.unwrap();
+                    } else {
+                        let batch: Vec<Event> = data
+                            .into_iter()
+                            .enumerate()
+                            .map(|(offset, data)| Event {
+                                seq: next + offset as u64,
+                                time: 1,
+                                event_type: "assistant/chunk".to_string(),
+                                data,
+                                envelope: String::new(),
+                                flags: 0,
+                            })
+                            .collect();
+                        let pending = tier.submit(&session, &batch).unwrap();
+                        tokio::task::block_in_place(|| pending.wait()).unwrap();
+                    }
+                    next += INGEST_BATCH_EVENTS as u64;
+                    events.fetch_add(INGEST_BATCH_EVENTS as u64, Ordering::Relaxed);
+                    bytes.fetch_add(size as u64, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let events = events.load(Ordering::Relaxed);
+    let bytes = bytes.load(Ordering::Relaxed);
+    let metrics = &process.node.metrics;
+    json!({
+        "fence_collisions_total": metrics.fence_collisions.load(Ordering::Relaxed),
+        "fenced_writes_total": metrics.fenced_writes.load(Ordering::Relaxed),
+        "sessions": INGEST_SESSIONS,
+        "events_per_append": INGEST_BATCH_EVENTS,
+        "seconds": seconds,
+        "events": events,
+        "events_per_s": events as f64 / seconds,
+        "data_mb_per_s": bytes as f64 / seconds / 1e6,
+    })
+}
+
+/// Node A owns every shard, stops ticking past its lease (a pause), node B takes over,
+/// then A writes to its sessions: every write must be refused.
+async fn zombie(token: &str) -> Value {
+    let ttl = common::NODE_TTL;
+    let a = in_process_node(&format!("f9za{token}"), 1, ttl).await;
+    take_all(&a.node).await;
+    let sessions: Vec<String> = (0..ZOMBIE_SESSIONS)
+        .map(|index| format!("f9zx{token}x{index}"))
+        .collect();
+    for session in &sessions {
+        a.node
+            .create_session(session, &header(session))
+            .await
+            .unwrap();
+        a.node
+            .append(session, &[IncomingEvent::new("message", "{}")])
+            .await
+            .unwrap();
+    }
+    let b = in_process_node(&format!("f9zb{token}"), 1, ttl).await;
+    let takeover = take_all(&b.node).await;
+    let (mut rejected, mut acknowledged) = (0u64, 0u64);
+    for session in &sessions {
+        match a
+            .node
+            .append(
+                session,
+                &[IncomingEvent::new("message", r#"{"zombie":true}"#)],
+            )
+            .await
+        {
+            Ok(_) => acknowledged += 1,
+            Err(FleetError::Moved { .. }) => rejected += 1,
+            Err(error) => panic!("zombie write to {session}: {error}"),
+        }
+    }
+    let fenced = a.node.metrics.fenced_writes.load(Ordering::Relaxed);
+    assert_eq!(acknowledged, 0, "a zombie write was acknowledged");
+    json!({
+        "attempted": sessions.len(),
+        "rejected": rejected,
+        "acknowledged": acknowledged,
+        "fenced_by_server": fenced,
+        "takeover_after_pause_s": takeover.as_secs_f64(),
+    })
+}
+
+/// `kill -9` of one of three node processes; for each of its sessions, the time until it
+/// accepts an append on a survivor.
+fn failover(token: &str) -> Value {
+    let mut fleet = Fleet::spawn("q", token, 3, 16);
+    let mut router = fleet.router();
+    let sessions = session_names("f9f", token, FAILOVER_SESSIONS);
+    create_sessions(&mut router, &sessions);
+    let mut models: Vec<SessionModel> = sessions.iter().map(|_| SessionModel::default()).collect();
+    for (session, model) in sessions.iter().zip(models.iter_mut()) {
+        wait_until("an append", DEADLINE, || {
+            common::append_once(&mut router, session, model)
+        });
+    }
+    let victim = fleet.ids[1].clone();
+    let victims: Vec<usize> = (0..FAILOVER_SESSIONS)
+        .filter(|index| router.owner_of.get(&sessions[*index]) == Some(&victim))
+        .collect();
+    fleet.kill(1);
+    let killed_at = Instant::now();
+    let mut survivors = fleet.router_without(&[1]);
+    let mut recovered = Vec::new();
+    for index in &victims {
+        let (session, model) = (&sessions[*index], &mut models[*index]);
+        wait_until(&format!("{session} accepts appends"), DEADLINE, || {
+            common::append_once(&mut survivors, session, model)
+        });
+        recovered.push(killed_at.elapsed());
+    }
+    for (session, model) in sessions.iter().zip(&models) {
+        check_session(&mut survivors, session, model);
+    }
+    recovered.sort();
+    json!({
+        "lease_ttl_s": common::NODE_TTL.as_secs_f64(),
+        "sessions_on_killed_node": victims.len(),
+        "first_writable_after_s": recovered.first().map_or(0.0, Duration::as_secs_f64),
+        "all_writable_after_s": recovered.last().map_or(0.0, Duration::as_secs_f64),
+    })
+}
+
+fn configuration() -> Value {
+    let varz = monitor_json(nats_monitor_port(1), "varz").unwrap();
+    let jsz = monitor_json(nats_monitor_port(1), "jsz?streams=true&config=true").unwrap();
+    let tail_streams: Vec<&Value> = jsz["account_details"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
+        .filter(|stream| {
+            stream["name"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("DSH_"))
+        })
+        .collect();
+    json!({
+        "server_version": varz["version"],
+        "sync_always": varz["jetstream"]["config"]["sync_always"],
+        "servers": 3,
+        "tail_streams": tail_streams.len(),
+        "tail_replicas": tail_streams.first().map(|stream| stream["config"]["num_replicas"].clone()),
+        "shards_in_process_node": SHARDS,
+    })
+}
+
+#[test]
+#[ignore = "the F9 report run: slow, run with --ignored against the fleet servers"]
+fn f9_report() {
+    if !servers_present("f9_report") {
+        return;
+    }
+    let token = common::run_token();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    set_up_streams(&runtime);
+    let (latency, ingest_replicated, ingest_local, zombie) = runtime.block_on(async {
+        let process = in_process_node(&format!("f9n{token}"), 1, Duration::from_secs(10)).await;
+        take_all(&process.node).await;
+        let latency = latency(&process, &token).await;
+        let replicated = ingest(&process, &token, true).await;
+        let local = ingest(&process, &token, false).await;
+        let zombie = zombie(&token).await;
+        (latency, replicated, local, zombie)
+    });
+    let failover = failover(&token);
+    let report = json!({
+        "configuration": configuration(),
+        "append_latency": latency,
+        "ingest_replicated": ingest_replicated,
+        "ingest_local": ingest_local,
+        "failover": failover,
+        "zombie_writes": zombie,
+    });
+    let path = std::env::var("DSHDB_FLEET_REPORT").map_or_else(
+        |_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/fleet-report.json"),
+        PathBuf::from,
+    );
+    let text = serde_json::to_string_pretty(&report).unwrap();
+    std::fs::write(&path, &text).unwrap();
+    eprintln!("f9: report written to {}:\n{text}", path.display());
+    assert_eq!(report["zombie_writes"]["acknowledged"], 0);
+    assert_eq!(report["configuration"]["sync_always"], true);
+}
