@@ -137,7 +137,16 @@ fn f3_zombie_writes_are_fenced() {
     assert_eq!(moved, sent);
     let status = fleet.status(zombie);
     let fenced = status["metrics"]["fenced_writes"].as_u64().unwrap();
-    assert!(fenced > 0, "no zombie write reached the fence: {status}");
+    // Two protections refuse a zombie's writes, and which one comes first is a race after
+    // SIGCONT: the server's fence (a queued write reaches it), or the zombie's own lease
+    // check (its next tick finds the lease gone and drops its shards before the queued
+    // writes are read). At least one must have acted; the fence alone is exercised
+    // deterministically by servers.rs.
+    let leases_lost = status["metrics"]["leases_lost"].as_u64().unwrap_or(0);
+    assert!(
+        fenced > 0 || leases_lost > 0,
+        "the zombie refused its writes without the fence and without losing its lease: {status}"
+    );
     assert_eq!(
         status["owned_shards"],
         json!([]),
