@@ -34,6 +34,7 @@ mod retention;
 mod run_vectors;
 mod runs;
 mod session_fixtures;
+mod shared_open;
 mod spill;
 mod sqlite_import;
 mod store_basics;
