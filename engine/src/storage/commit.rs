@@ -382,6 +382,21 @@ impl Log {
         Ok(log)
     }
 
+    /// Many-process mode, a joining process (F-08-4 step 3, F-08-7): the published end it
+    /// starts at may lie past the durable position (another process's batch written, not
+    /// yet synced, or kept from a dead writer by F-08-9), so its commits may claim durable
+    /// only what the shared durable position says, never the published end.
+    pub fn claim_durable_at_most(&self, durable: LogPosition) {
+        let mut state = self.shared.state.lock();
+        let context = &mut state.active.context;
+        let limit = match durable.segment.cmp(&context.segment) {
+            std::cmp::Ordering::Equal => durable.offset,
+            std::cmp::Ordering::Less => SEGMENT_HEADER_BYTES,
+            std::cmp::Ordering::Greater => context.durable_offset,
+        };
+        context.durable_offset = context.durable_offset.min(limit.max(SEGMENT_HEADER_BYTES));
+    }
+
     /// A log on `state` whose committer is not running yet (unit tests run its groups).
     fn without_committer(storage: Arc<dyn Storage>, options: LogOptions, state: State) -> Log {
         let shared = Arc::new(Shared {

@@ -198,6 +198,7 @@ fn join(
         ),
         Some(shared_log),
     )?;
+    log.claim_durable_at_most(tail.durable());
     Ok((manifest, recovered, log))
 }
 
