@@ -30,6 +30,17 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The store's file system is mounted read-only (`EROFS`): a writable open cannot take
+    /// its lock or write. Nothing was written; a read-only open still reads the store.
+    #[error(
+        "the store's file system is read-only (during {operation}: {source}); nothing was \
+         written; open the store read-only to read it"
+    )]
+    ReadOnlyFileSystem {
+        operation: &'static str,
+        #[source]
+        source: io::Error,
+    },
     /// A checksum or structure check failed before the durable point: data is damaged.
     #[error("corruption in segment {segment} at offset {offset}: {reason}")]
     Corrupt {
@@ -171,6 +182,8 @@ impl Error {
     pub fn io(operation: &'static str, source: io::Error) -> Self {
         if is_disk_full(&source) {
             Error::DiskFull { operation, source }
+        } else if source.raw_os_error() == Some(libc::EROFS) {
+            Error::ReadOnlyFileSystem { operation, source }
         } else {
             Error::Io { operation, source }
         }
@@ -182,7 +195,9 @@ impl Error {
     pub fn io_kind(&self) -> Option<io::ErrorKind> {
         match self {
             Error::DiskFull { .. } => Some(io::ErrorKind::StorageFull),
-            Error::Io { source, .. } | Error::ThreadStart { source, .. } => Some(source.kind()),
+            Error::Io { source, .. }
+            | Error::ReadOnlyFileSystem { source, .. }
+            | Error::ThreadStart { source, .. } => Some(source.kind()),
             Error::Poisoned { source, .. } if is_disk_full(source) => {
                 Some(io::ErrorKind::StorageFull)
             }
@@ -196,9 +211,9 @@ impl Error {
     /// [`Error::DiskFull`]); any other error back unchanged.
     pub(crate) fn into_io(self) -> std::result::Result<(&'static str, io::Error), Error> {
         match self {
-            Error::Io { operation, source } | Error::DiskFull { operation, source } => {
-                Ok((operation, source))
-            }
+            Error::Io { operation, source }
+            | Error::DiskFull { operation, source }
+            | Error::ReadOnlyFileSystem { operation, source } => Ok((operation, source)),
             other => Err(other),
         }
     }

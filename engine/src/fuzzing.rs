@@ -18,6 +18,9 @@ use crate::store::{NewEvent, Options, SessionWriter, Store};
 use std::path::Path;
 use std::sync::Arc;
 
+mod processes;
+pub use processes::MODEL_PROCESSES;
+
 /// Salt used when a check builds a segment from fuzz bytes.
 pub const FUZZ_SALT: u64 = 0x5eed_5a17;
 /// Segment size for fuzzed stores, in bytes.
@@ -312,10 +315,18 @@ struct ModelSession {
 /// rewriting runs), deletes and a power cut on the simulated disk; after the cut every
 /// acknowledged event is present, nothing else differs from the model, an acknowledged
 /// delete stays done, and the same holds after the recovered store seals everything.
+///
+/// A script starting with [`MODEL_PROCESSES`] runs the many-process model instead: the
+/// same across several shared-mode processes with leases, refreshes, followers and kills
+/// (see `fuzzing/processes.rs`).
 pub fn check_model(bytes: &[u8]) {
     let Some((&cut, script)) = bytes.split_first() else {
         return;
     };
+    if cut == MODEL_PROCESSES {
+        processes::check_model_processes(script);
+        return;
+    }
     let disk = SimStorage::new();
     let options = Options {
         segment_bytes: FUZZ_SEGMENT_BYTES,

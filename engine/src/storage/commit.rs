@@ -16,7 +16,7 @@ use crate::storage::multi::repair::{repair_announced_range, zero_unpublished};
 use crate::storage::multi::tail::{LogPosition, Tail, TailIndex};
 use crate::storage::multi::{LockMode, SharedFile};
 use crate::storage::segment::{
-    create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES,
+    create_segment, segment_path, SEAL_FRAME_BYTES, SEGMENT_HEADER_BYTES, WAL_DIR,
 };
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
@@ -380,6 +380,21 @@ impl Log {
         let committer = start_thread(COMMITTER_THREAD, move || worker.run_committer())?;
         *log.committer.lock() = Some(committer);
         Ok(log)
+    }
+
+    /// Many-process mode, a joining process (F-08-4 step 3, F-08-7): the published end it
+    /// starts at may lie past the durable position (another process's batch written, not
+    /// yet synced, or kept from a dead writer by F-08-9), so its commits may claim durable
+    /// only what the shared durable position says, never the published end.
+    pub fn claim_durable_at_most(&self, durable: LogPosition) {
+        let mut state = self.shared.state.lock();
+        let context = &mut state.active.context;
+        let limit = match durable.segment.cmp(&context.segment) {
+            std::cmp::Ordering::Equal => durable.offset,
+            std::cmp::Ordering::Less => SEGMENT_HEADER_BYTES,
+            std::cmp::Ordering::Greater => context.durable_offset,
+        };
+        context.durable_offset = context.durable_offset.min(limit.max(SEGMENT_HEADER_BYTES));
     }
 
     /// A log on `state` whose committer is not running yet (unit tests run its groups).
@@ -1294,6 +1309,10 @@ impl Shared {
                     .open(&segment_path(next.id), false)
                     .map_err(|error| Error::io("segment open", error))?;
                 zero_unpublished(next_file.as_ref())?;
+                // The dead writer may have died before the syncs that make the new
+                // segment's name and the manifest naming it durable: without them a power
+                // cut would take the segment back, with every batch acknowledged in it.
+                sync_roll_names(storage)?;
                 multi.tail.publish(|published| {
                     published.segment = next.id;
                     published.salt = next.salt;
@@ -1338,6 +1357,15 @@ impl Shared {
             .map_err(step("seal trim"))?;
         file.sync_data().map_err(step("seal sync"))
     }
+}
+
+/// Makes a roll's directory entries durable (F-08-9 row 4): the new segment's name in
+/// `wal/` and the manifest's rename in the store's directory.
+fn sync_roll_names(storage: &dyn Storage) -> Result<()> {
+    storage
+        .sync_dir(WAL_DIR)
+        .and_then(|()| storage.sync_dir(""))
+        .map_err(|error| Error::io("directory sync", error))
 }
 
 /// The manifest on disk, which another process may have replaced (F-08-12).

@@ -57,6 +57,17 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// What one try of [`Store::cut_catalog`] found.
+enum CutAttempt {
+    /// The catalog, encoded at a batch boundary.
+    Taken(CatalogCut),
+    /// An append is between queueing and indexing: another try soon may succeed.
+    InFlight,
+    /// Nothing to checkpoint (the segment taking appends holds no batch yet): no try will
+    /// succeed until someone appends, so none is made.
+    Nothing,
+}
+
 /// What the catalog held, under its lock, at a batch boundary of the open segment.
 struct CatalogCut {
     segment: u64,
@@ -143,10 +154,11 @@ impl Store {
     /// flight only while it encodes and queues, so such instants come often.
     fn cut_catalog_retrying(&self, log: &Log) -> Result<Option<CatalogCut>> {
         for _ in 0..CHECKPOINT_CUT_ATTEMPTS {
-            if let Some(cut) = self.cut_catalog(log)? {
-                return Ok(Some(cut));
+            match self.cut_catalog(log)? {
+                CutAttempt::Taken(cut) => return Ok(Some(cut)),
+                CutAttempt::Nothing => return Ok(None),
+                CutAttempt::InFlight => std::thread::sleep(CHECKPOINT_CUT_PAUSE),
             }
-            std::thread::sleep(CHECKPOINT_CUT_PAUSE);
         }
         Ok(None)
     }
@@ -155,10 +167,10 @@ impl Store {
     /// exactly the batches before it. The catalog's read lock keeps appenders from
     /// recording batches meanwhile; with other processes, the tail pin keeps them from
     /// publishing (the catalog is caught up to the published end, F-08-6).
-    fn cut_catalog(&self, log: &Log) -> Result<Option<CatalogCut>> {
+    fn cut_catalog(&self, log: &Log) -> Result<CutAttempt> {
         if self.inner.checkpoints.in_flight.load(Ordering::SeqCst) != 0 {
             // Not now: taking the lock would only hold that appender up.
-            return Ok(None);
+            return Ok(CutAttempt::InFlight);
         }
         let _turn = log.pin_tail()?;
         let catalog = self.inner.catalog.read();
@@ -166,10 +178,11 @@ impl Store {
         // is in the catalog; one queued but not yet recorded keeps `in_flight` above zero
         // (it was raised before the batch was queued).
         let (segment, salt, end) = log.tail_position();
-        if self.inner.checkpoints.in_flight.load(Ordering::SeqCst) != 0
-            || end <= SEGMENT_HEADER_BYTES
-        {
-            return Ok(None);
+        if self.inner.checkpoints.in_flight.load(Ordering::SeqCst) != 0 {
+            return Ok(CutAttempt::InFlight);
+        }
+        if end <= SEGMENT_HEADER_BYTES {
+            return Ok(CutAttempt::Nothing);
         }
         let manifest = log.manifest();
         let Some(index) = manifest
@@ -177,7 +190,7 @@ impl Store {
             .iter()
             .position(|entry| entry.id == segment)
         else {
-            return Ok(None);
+            return Ok(CutAttempt::InFlight);
         };
         let sealed: Vec<CoveredSegment> = manifest.segments[..index]
             .iter()
@@ -189,7 +202,7 @@ impl Store {
             .collect();
         let catalog_bytes =
             encode_catalog(&catalog, &manifest.runs, &sealed, Some((segment, end)))?;
-        Ok(Some(CatalogCut {
+        Ok(CutAttempt::Taken(CatalogCut {
             segment,
             salt,
             end,

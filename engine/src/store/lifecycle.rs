@@ -209,7 +209,11 @@ impl Store {
     pub(super) fn forget_if_refused(&self, number: u32, error: &Error) {
         if matches!(
             error,
-            Error::TooLarge { .. } | Error::DiskFull { .. } | Error::Closed | Error::Io { .. }
+            Error::TooLarge { .. }
+                | Error::DiskFull { .. }
+                | Error::ReadOnlyFileSystem { .. }
+                | Error::Closed
+                | Error::Io { .. }
         ) {
             self.inner.catalog.write().unreserve_session(number);
         }

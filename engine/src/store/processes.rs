@@ -11,7 +11,7 @@ use crate::storage::io::{LockGuard, MemoryFile, Storage, StorageFile};
 use crate::storage::manifest::{Manifest, SegmentEntry, MANIFEST_FILE};
 use crate::storage::multi::lease::{try_lease, Lease, LeaseRefused};
 use crate::storage::multi::lock::{ByteLock, OPEN_LOCK, PRESENCE_LOCK};
-use crate::storage::multi::tail::{LogPosition, Tail, TailIndex};
+use crate::storage::multi::tail::{LogPosition, Tail, TailIndex, SHARED_LAYOUT};
 use crate::storage::multi::{LockMode, SharedFile, SHARED_FILE};
 use crate::storage::recovery::{apply_published, recover, Access, Recovered};
 use crate::storage::segment::{segment_path, SEGMENT_HEADER_BYTES};
@@ -161,6 +161,17 @@ fn join(
     tail: &TailIndex,
     shared_log: SharedLog,
 ) -> Result<(Manifest, Recovered, Log)> {
+    if let Some(layout) = tail
+        .declared_layout()
+        .filter(|layout| *layout != SHARED_LAYOUT)
+    {
+        // A dshdb of another shared-index layout is live (F-08-14): nothing is touched.
+        return Err(Error::UnsupportedVersion {
+            file: SHARED_FILE.to_string(),
+            found: u32::try_from(layout).unwrap_or(u32::MAX),
+            supported: u32::try_from(SHARED_LAYOUT).unwrap_or(u32::MAX),
+        });
+    }
     if !tail.is_initialized() {
         return Err(Error::CorruptFile {
             file: SHARED_FILE.to_string(),
@@ -187,6 +198,7 @@ fn join(
         ),
         Some(shared_log),
     )?;
+    log.claim_durable_at_most(tail.durable());
     Ok((manifest, recovered, log))
 }
 

@@ -12,7 +12,7 @@ use dshdb::derive::projection::synthetic::{turn_events, OwnedEvent};
 use dshdb::exchange::export_dsh_jsonl;
 use dshdb::fuzzing::{
     check_damaged_seal, check_dsh_import, check_frame_decode, check_model, check_run_entries,
-    check_segment_recovery, check_surface_fold, FUZZ_SALT, MODEL_SEED_SCRIPT,
+    check_segment_recovery, check_surface_fold, FUZZ_SALT, MODEL_PROCESSES, MODEL_SEED_SCRIPT,
 };
 use dshdb::storage::commit::Durability;
 use dshdb::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
@@ -302,6 +302,9 @@ fn encoder_seeds(target: &str) -> Seeds {
                 script.extend_from_slice(MODEL_SEED_SCRIPT);
                 seeds.insert(format!("maintenance-cut-{cut:02}.bin"), script);
             }
+            for (number, seed) in processes_seeds().into_iter().enumerate() {
+                seeds.insert(format!("processes-{number:02}.bin"), seed);
+            }
         }
         "dsh_import" => {
             let log = engine_dsh_log();
@@ -315,6 +318,28 @@ fn encoder_seeds(target: &str) -> Seeds {
         other => panic!("unknown fuzz target {other}"),
     }
     seeds
+}
+
+/// Power-cut bytes of the many-process model seeds: 255 arms none (the processes run the
+/// script to its end and close), the others cut after that many disk operations × 2.
+const PROCESSES_SEED_CUTS: [u8; 8] = [255, 255, 3, 10, 20, 30, 45, 60];
+/// Steps (two bytes each) of one many-process model seed.
+const PROCESSES_SEED_STEPS: usize = 80;
+
+/// Many-process `model` scripts (`fuzzing/processes.rs`): a pseudo-random mix of appends,
+/// lease hand-overs, refreshes, followers, maintenance, deletions and kills across two to
+/// four processes, with and without a power cut.
+fn processes_seeds() -> Vec<Vec<u8>> {
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    PROCESSES_SEED_CUTS
+        .iter()
+        .enumerate()
+        .map(|(number, &cut)| {
+            let mut script = vec![MODEL_PROCESSES, cut, number as u8];
+            script.extend((0..PROCESSES_SEED_STEPS * 2).map(|_| next_random(&mut state) as u8));
+            script
+        })
+        .collect()
 }
 
 /// The seeds of `target` built from DSH fixtures, each with whether it is small enough to be

@@ -35,6 +35,7 @@ mod run_rows;
 mod run_vectors;
 mod runs;
 mod session_fixtures;
+mod shared_open;
 mod spill;
 mod sqlite_import;
 mod store_basics;

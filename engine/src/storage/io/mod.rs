@@ -8,6 +8,8 @@ pub mod fs;
 pub mod shared;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
+#[cfg(any(test, feature = "testing"))]
+pub mod sim_process;
 pub mod snapshot;
 
 use std::io;

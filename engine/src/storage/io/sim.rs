@@ -487,6 +487,24 @@ impl SimStorage {
         state.failures.insert((kind, already + index), errno);
     }
 
+    /// A new lock owner of the simulated shared file `path` (what `open_shared` returns),
+    /// as its concrete type, so that a simulated process can kill it.
+    pub fn open_sim_shared(
+        &self,
+        path: &str,
+    ) -> io::Result<Arc<crate::storage::io::shared::sim::SimShared>> {
+        let block = {
+            let mut state = self.state.lock();
+            if state.crashed {
+                return Err(power_cut());
+            }
+            state.shared.entry(path.to_string()).or_default().clone()
+        };
+        Ok(Arc::new(crate::storage::io::shared::sim::SimShared::new(
+            block,
+        )))
+    }
+
     fn lookup(&self, path: &str) -> io::Result<u64> {
         self.state
             .lock()
@@ -646,16 +664,7 @@ impl Storage for SimStorage {
         &self,
         path: &str,
     ) -> io::Result<Arc<dyn crate::storage::io::shared::SharedFile>> {
-        let block = {
-            let mut state = self.state.lock();
-            if state.crashed {
-                return Err(power_cut());
-            }
-            state.shared.entry(path.to_string()).or_default().clone()
-        };
-        Ok(Arc::new(crate::storage::io::shared::sim::SimShared::new(
-            block,
-        )))
+        Ok(self.open_sim_shared(path)?)
     }
 }
 

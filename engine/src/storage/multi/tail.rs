@@ -68,6 +68,12 @@ impl TailIndex {
         &self.file
     }
 
+    /// The layout the index declares when its magic is there (an initialized index, of
+    /// this layout or another dshdb's), else `None`.
+    pub fn declared_layout(&self) -> Option<u64> {
+        (load(self.file.as_ref(), MAGIC) == SHARED_MAGIC).then(|| load(self.file.as_ref(), LAYOUT))
+    }
+
     /// Whether an alone opener initialized it (F-08-4); a joiner refuses an uninitialized one.
     pub fn is_initialized(&self) -> bool {
         load(self.file.as_ref(), MAGIC) == SHARED_MAGIC
