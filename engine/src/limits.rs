@@ -81,6 +81,14 @@ pub const MAX_GROUP_GATHER: Duration = Duration::from_micros(100);
 pub const FOLLOW_POLL: Duration = Duration::from_millis(50);
 /// How often a follower of a store no other process writes looks for new events.
 pub const FOLLOW_POLL_ALONE: Duration = Duration::from_millis(5);
+/// How long a writable open keeps asking for the store's `LOCK` before it reports
+/// `Error::Locked`. A `flock` belongs to an open file description, and a child process
+/// this one starts shares its descriptors from the fork until its exec closes them
+/// (close-on-exec): for that moment a store closed here still looks held. Waiting this
+/// long hides the moment and delays only the answer to a store that really is held.
+pub const STORE_LOCK_PATIENCE: Duration = Duration::from_millis(250);
+/// Pause between two asks for the store's `LOCK` within [`STORE_LOCK_PATIENCE`].
+pub const STORE_LOCK_RETRY: Duration = Duration::from_millis(5);
 /// `Options::batched()`: longest an append waits for its group's sync.
 pub const DEFAULT_BATCHED_MAX_DELAY: Duration = Duration::from_millis(5);
 /// `Options::batched()`: queued bytes that start a sync before the delay is up: 1 MiB.

@@ -473,10 +473,7 @@ impl Store {
         let lock = if options.read_only {
             None
         } else {
-            let guard = storage.try_lock(LOCK_FILE).map_err(io_error("lock"))?;
-            Some(guard.ok_or_else(|| Error::Locked {
-                path: label.to_path_buf(),
-            })?)
+            Some(take_store_lock(label, || storage.try_lock(LOCK_FILE))?)
         };
         if options.read_only {
             // A consistent snapshot whatever a writer does meanwhile (F-05-13).
@@ -750,5 +747,27 @@ impl Store {
         self.inner.lock.lock().take();
         outcome?;
         self.inner.maintenance.take_unreported()
+    }
+}
+
+/// Takes the store's `LOCK` through `try_lock`, asking again for up to
+/// [`STORE_LOCK_PATIENCE`](crate::limits::STORE_LOCK_PATIENCE) before the refusal is
+/// `Error::Locked` (why: that constant).
+pub(super) fn take_store_lock(
+    label: &Path,
+    try_lock: impl Fn() -> std::io::Result<Option<Box<dyn LockGuard>>>,
+) -> Result<Box<dyn LockGuard>> {
+    use crate::limits::{STORE_LOCK_PATIENCE, STORE_LOCK_RETRY};
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(guard) = try_lock().map_err(io_error("lock"))? {
+            return Ok(guard);
+        }
+        if started.elapsed() >= STORE_LOCK_PATIENCE {
+            return Err(Error::Locked {
+                path: label.to_path_buf(),
+            });
+        }
+        std::thread::sleep(STORE_LOCK_RETRY);
     }
 }

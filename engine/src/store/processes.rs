@@ -58,12 +58,7 @@ pub(super) fn open_shared_writer(
     options: &Options,
     label: &Path,
 ) -> Result<SharedOpen> {
-    let flock = storage
-        .try_lock_shared(LOCK_FILE)
-        .map_err(io_error("lock"))?
-        .ok_or_else(|| Error::Locked {
-            path: label.to_path_buf(),
-        })?;
+    let flock = super::take_store_lock(label, || storage.try_lock_shared(LOCK_FILE))?;
     let file = storage
         .open_shared(SHARED_FILE)
         .map_err(io_error("shared file"))?;
