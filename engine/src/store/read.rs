@@ -23,6 +23,22 @@ pub(super) fn event_text<'a>(field: &'a [u8], position: &Position) -> Result<&'a
     })
 }
 
+/// A stored event as its view: its text fields checked as UTF-8 (at `position`).
+fn event_view<'a>(
+    event: &EventRecord<'a>,
+    event_type: &'a str,
+    position: &Position,
+) -> Result<EventView<'a>> {
+    Ok(EventView {
+        seq: event.seq,
+        time: event.time,
+        event_type,
+        data: event_text(event.data, position)?,
+        envelope: event_text(event.envelope, position)?,
+        flags: event.flags,
+    })
+}
+
 /// Where one walk gets its run blocks: the shared cache for the first block it misses
 /// there (so short reads repeated by a caller hit), its own reused buffer for the rest (so
 /// a whole-session scan, like export or a cold load, neither flushes the cache that other
@@ -235,14 +251,7 @@ impl Store {
         mut visit: impl FnMut(&EventView<'_>) -> Result<()>,
     ) -> Result<()> {
         self.for_each_event(id, from, to, |event, event_type, position| {
-            visit(&EventView {
-                seq: event.seq,
-                time: event.time,
-                event_type,
-                data: event_text(event.data, position)?,
-                envelope: event_text(event.envelope, position)?,
-                flags: event.flags,
-            })
+            visit(&event_view(event, event_type, position)?)
         })
     }
 
@@ -307,14 +316,9 @@ impl Store {
                 from,
                 to,
                 |event, event_type, position| {
-                    (visit_cell.borrow_mut())(EntryView::Event(&EventView {
-                        seq: event.seq,
-                        time: event.time,
-                        event_type,
-                        data: event_text(event.data, position)?,
-                        envelope: event_text(event.envelope, position)?,
-                        flags: event.flags,
-                    }))
+                    (visit_cell.borrow_mut())(EntryView::Event(&event_view(
+                        event, event_type, position,
+                    )?))
                 },
                 Some(&mut whole),
             )

@@ -206,39 +206,16 @@ fn sealing_packs_rows_into_entries_and_every_read_is_unchanged() {
 /// opens, reads every event exactly, and seals again (F-06-10 with row entries).
 #[test]
 fn a_power_cut_at_every_step_of_sealing_rows_loses_nothing() {
-    let base = populated_image();
-    let reference = SimStorage::from_image(&base);
-    let store = open_sim(&reference, sim_options(Durability::Sync)).expect("open");
-    let start = reference.operation_count();
-    store.maintain().expect("maintain");
-    let operations = reference.operation_count() - start;
-    drop(store);
-    let mut images_checked = 0;
-    for cut in 0..operations + 2 {
-        let disk = SimStorage::from_image(&base);
-        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
-        disk.crash_at(disk.operation_count() + cut);
-        let _ = store.maintain();
-        let mut images = disk.take_images();
-        drop(store);
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
-        for image in &images {
-            let label = format!("cut {cut}, {}", image.label);
-            let recovered = SimStorage::from_image(image);
-            let store = open_sim(&recovered, sim_options(Durability::Sync))
-                .unwrap_or_else(|error| panic!("{label}: reopen failed: {error}"));
+    let (operations, images_checked) =
+        every_cut_of_maintain(&populated_image(), |label, recovered, store| {
             check_contents(&store).unwrap_or_else(|violation| panic!("{label}: {violation}"));
             store.maintain().expect("maintain after recovery");
             check_contents(&store).unwrap_or_else(|violation| panic!("{label}: {violation}"));
             store.close().expect("close");
             assert!(
-                row_entries(&recovered).0 > 0,
+                row_entries(recovered).0 > 0,
                 "{label}: no row entry after sealing"
             );
-            images_checked += 1;
-        }
-    }
+        });
     assert!(images_checked > operations, "{images_checked} images");
 }

@@ -184,33 +184,12 @@ fn a_read_only_open_reads_runs_without_writing() {
 /// event exactly once, and takes appends again (F-06-10).
 #[test]
 fn a_power_cut_at_every_step_of_sealing_loses_nothing() {
-    let base = populated_image();
-    let reference = SimStorage::from_image(&base);
-    let store = open_sim(&reference, sim_options(Durability::Sync)).expect("open");
-    let start = reference.operation_count();
-    store.maintain().expect("maintain");
-    let operations = reference.operation_count() - start;
-    drop(store);
-    let mut images_checked = 0;
-    for cut in 0..operations + 2 {
-        let disk = SimStorage::from_image(&base);
-        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
-        disk.crash_at(disk.operation_count() + cut);
-        let _ = store.maintain();
-        let mut images = disk.take_images();
-        drop(store);
-        if images.is_empty() {
-            images.push(disk.durable_image());
-        }
-        for image in &images {
-            let label = format!("cut {cut}, {}", image.label);
-            let recovered = SimStorage::from_image(image);
-            let store = open_sim(&recovered, sim_options(Durability::Sync))
-                .unwrap_or_else(|error| panic!("{label}: reopen failed: {error}"));
+    let (operations, images_checked) =
+        every_cut_of_maintain(&populated_image(), |label, recovered, store| {
             if let Err(violation) = check_contents(&store) {
                 panic!("{label}: {violation}");
             }
-            let manifest = manifest_of(&recovered);
+            let manifest = manifest_of(recovered);
             let named = manifest.runs.len();
             let run_files = recovered.list("runs").expect("runs").len();
             assert_eq!(run_files, named, "{label}: orphan run left after open");
@@ -222,9 +201,7 @@ fn a_power_cut_at_every_step_of_sealing_loses_nothing() {
             store.maintain().expect("maintain after recovery");
             check_contents(&store).unwrap_or_else(|violation| panic!("{label}: {violation}"));
             store.close().expect("close");
-            images_checked += 1;
-        }
-    }
+        });
     assert!(images_checked > operations, "{images_checked} images");
 }
 

@@ -106,3 +106,40 @@ pub use dshdb_test_support::TempDir;
 pub fn temp_dir(name: &str) -> TempDir {
     TempDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "engine", name)
 }
+
+/// Cuts power at every storage operation of one `maintain` over the store in `base` (and two
+/// past its last) and hands each image that leaves to `check_image` with its label and the
+/// image opened again; returns how many operations the pass has and how many images were
+/// checked. The crash enumeration of sealing, shared by the run tests.
+pub fn every_cut_of_maintain(
+    base: &dshdb::storage::io::sim::CrashImage,
+    mut check_image: impl FnMut(&str, &SimStorage, Store),
+) -> (u64, u64) {
+    let reference = SimStorage::from_image(base);
+    let store = open_sim(&reference, sim_options(Durability::Sync)).expect("open");
+    let start = reference.operation_count();
+    store.maintain().expect("maintain");
+    let operations = reference.operation_count() - start;
+    drop(store);
+    let mut images_checked = 0;
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::from_image(base);
+        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+        disk.crash_at(disk.operation_count() + cut);
+        let _ = store.maintain();
+        let mut images = disk.take_images();
+        drop(store);
+        if images.is_empty() {
+            images.push(disk.durable_image());
+        }
+        for image in &images {
+            let label = format!("cut {cut}, {}", image.label);
+            let recovered = SimStorage::from_image(image);
+            let store = open_sim(&recovered, sim_options(Durability::Sync))
+                .unwrap_or_else(|error| panic!("{label}: reopen failed: {error}"));
+            check_image(&label, &recovered, store);
+            images_checked += 1;
+        }
+    }
+    (operations, images_checked)
+}
