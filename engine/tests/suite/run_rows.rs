@@ -173,11 +173,7 @@ fn row_entries(disk: &SimStorage) -> (u64, u64) {
 
 /// A closed store image holding the planned sessions, not yet sealed.
 fn populated_image() -> CrashImage {
-    let disk = SimStorage::new();
-    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
-    populate(&store);
-    store.close().expect("close");
-    disk.durable_image()
+    closed_image(populate)
 }
 
 #[test]

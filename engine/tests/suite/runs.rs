@@ -85,11 +85,7 @@ fn manifest_of(disk: &SimStorage) -> Manifest {
 
 /// A closed store image holding the populated sessions, not yet sealed.
 fn populated_image() -> CrashImage {
-    let disk = SimStorage::new();
-    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
-    populate(&store);
-    store.close().expect("close");
-    disk.durable_image()
+    closed_image(populate)
 }
 
 #[test]

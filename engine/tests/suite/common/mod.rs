@@ -143,3 +143,12 @@ pub fn every_cut_of_maintain(
     }
     (operations, images_checked)
 }
+
+/// A closed store image on the simulated disk that `populate` filled, not yet sealed.
+pub fn closed_image(populate: impl FnOnce(&Store)) -> dshdb::storage::io::sim::CrashImage {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    populate(&store);
+    store.close().expect("close");
+    disk.durable_image()
+}
