@@ -16,6 +16,9 @@ pub const MANIFEST_LOCK: u64 = 3;
 pub const MAINTENANCE_LOCK: u64 = 4;
 /// Held while raising the durable position (F-08-7).
 pub const DURABLE_LOCK: u64 = 5;
+/// Held by the one process syncing the tail segment for every process (F-08-7): the others
+/// wait for it and then usually find their bytes covered, so one `fdatasync` serves many.
+pub const SYNC_LOCK: u64 = 6;
 
 /// A held byte-range lock of the shared file.
 pub struct ByteLock {
