@@ -230,7 +230,7 @@ pub(crate) fn stored_line(
                 .map(|(event, data)| (event.seq, event.time, data.as_str()))
                 .collect();
             let repacked = pack_row(&triples);
-            let exact = repacked.as_deref().map(str::as_bytes) == Some(raw);
+            let exact = repacked.as_deref() == Some(raw);
             let mut stored_members = Vec::with_capacity(members.len());
             for (position, (event, data)) in members.iter().zip(member_data).enumerate() {
                 let mut stored = OwnedEvent {
@@ -481,8 +481,7 @@ pub(crate) fn row_line(session: &str, row: &[Event]) -> Result<Vec<u8>> {
         .map(|member| (member.seq, member.time, member.data.as_str()))
         .collect();
     Ok(pack_row(&members)
-        .ok_or_else(|| unexportable(session, start.seq, "row members do not pack"))?
-        .into_bytes())
+        .ok_or_else(|| unexportable(session, start.seq, "row members do not pack"))?)
 }
 
 /// The DSH line of a stored event that does not start a packed row.

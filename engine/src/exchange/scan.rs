@@ -360,7 +360,7 @@ impl RowShape<'_> {
     }
 
     /// The packed row line (no newline) in DSH's key order, written into one buffer sized
-    /// up front: export and the Node provider's reads build one per row, so no per-gap or
+    /// up front: the import's exactness check builds one per row, so no per-gap or
     /// per-part strings.
     pub(crate) fn row_line(
         &self,
@@ -368,51 +368,69 @@ impl RowShape<'_> {
         time0: i64,
         gaps: &[i64],
         payloads: &[&str],
-    ) -> String {
-        use std::fmt::Write as _;
+    ) -> Vec<u8> {
         const DIGITS_PER_GAP: usize = 4;
         const FIXED_TEXT_BYTES: usize = 128;
         let payload_bytes: usize = payloads.iter().map(|payload| payload.len() + 1).sum();
-        let mut line = String::with_capacity(
+        let mut line = Vec::with_capacity(
             FIXED_TEXT_BYTES + payload_bytes + gaps.len() * DIGITS_PER_GAP + self.shared_bytes(),
         );
-        // Writing into a String cannot fail; the tags are plain ASCII names (no escapes).
-        let _ = write!(
-            line,
-            "{{\"type\":\"{}\",\"seq0\":{seq0},\"time0\":{time0},\"data\":{{\"turn\":{},\"step\":{},\"index\":{},\"dt\":[",
-            self.tag.tag(),
-            self.turn,
-            self.step,
-            self.index,
-        );
+        self.push_row_head(&mut line, seq0, time0);
+        let mut digits = itoa::Buffer::new();
         for (position, gap) in gaps.iter().enumerate() {
             if position > 0 {
-                line.push(',');
+                line.push(b',');
             }
-            let _ = write!(line, "{gap}");
+            line.extend_from_slice(digits.format(*gap).as_bytes());
         }
-        line.push(']');
-        let payload_key = match self.tag {
-            RowTag::ToolCall => {
-                line.push_str(",\"id\":");
-                line.push_str(self.id.unwrap_or("null"));
-                if let Some(name) = self.name {
-                    line.push_str(",\"name\":");
-                    line.push_str(name);
-                }
-                "args"
-            }
-            _ => "texts",
-        };
-        let _ = write!(line, ",\"{payload_key}\":[");
+        self.push_row_middle(&mut line);
         for (position, payload) in payloads.iter().enumerate() {
             if position > 0 {
-                line.push(',');
+                line.push(b',');
             }
-            line.push_str(payload);
+            line.extend_from_slice(payload.as_bytes());
         }
-        line.push_str("]}}");
+        line.extend_from_slice(ROW_LINE_END.as_bytes());
         line
+    }
+
+    /// A row line's text before its `dt` entries: `{"type":..,"seq0":..,"time0":..,
+    /// "data":{"turn":..,"step":..,"index":..,"dt":[`.
+    pub(crate) fn push_row_head(&self, line: &mut Vec<u8>, seq0: u64, time0: i64) {
+        let mut digits = itoa::Buffer::new();
+        // The tags are plain ASCII names (no escapes).
+        line.extend_from_slice(b"{\"type\":\"");
+        line.extend_from_slice(self.tag.tag().as_bytes());
+        line.extend_from_slice(b"\",\"seq0\":");
+        line.extend_from_slice(digits.format(seq0).as_bytes());
+        line.extend_from_slice(b",\"time0\":");
+        line.extend_from_slice(digits.format(time0).as_bytes());
+        line.extend_from_slice(b",\"data\":{\"turn\":");
+        line.extend_from_slice(self.turn.as_bytes());
+        line.extend_from_slice(b",\"step\":");
+        line.extend_from_slice(self.step.as_bytes());
+        line.extend_from_slice(b",\"index\":");
+        line.extend_from_slice(self.index.as_bytes());
+        line.extend_from_slice(b",\"dt\":[");
+    }
+
+    /// A row line's text between its `dt` entries and its payloads: `],` the tool call's
+    /// `id` and `name`, and the payload key (`"texts":[` or `"args":[`).
+    pub(crate) fn push_row_middle(&self, line: &mut Vec<u8>) {
+        line.push(b']');
+        let payload_key: &[u8] = match self.tag {
+            RowTag::ToolCall => {
+                line.extend_from_slice(b",\"id\":");
+                line.extend_from_slice(self.id.unwrap_or("null").as_bytes());
+                if let Some(name) = self.name {
+                    line.extend_from_slice(b",\"name\":");
+                    line.extend_from_slice(name.as_bytes());
+                }
+                b",\"args\":["
+            }
+            _ => b",\"texts\":[",
+        };
+        line.extend_from_slice(payload_key);
     }
 
     /// Bytes of the shared fields' raw texts.
@@ -504,7 +522,7 @@ pub(crate) const ROW_MEMBER_TYPE: &str = "assistant/chunk";
 /// exactly the text that shape expands a payload into (`member_data`), i.e. the shape's
 /// prefix, one JSON string, and `}}`. So a read of a packed log pays a prefix comparison
 /// per member, not a parse.
-pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
+pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<Vec<u8>> {
     let (first_seq, first_time, first_data) = *members.first()?;
     with_row_shape(first_data, |shape| {
         let prefix = member_prefix(shape)?;
@@ -519,6 +537,31 @@ pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
             previous_time = *time;
         }
         Some(shape.row_line(first_seq, first_time, &gaps, &payloads))
+    })
+}
+
+/// Starts the row line whose first member has `data` `first_data`, seq `seq0` and time
+/// `time0`: writes the row's member prefix ([`row_member_prefix`]) into `prefix`, the
+/// line's text before its `dt` entries into `head` and the text between them and the
+/// payloads into `middle` (all three cleared first). `None` when `first_data` cannot start
+/// a row ([`pack_row`] refuses it too). Export renders a row as its members come with this,
+/// [`row_member_payload`] and [`row_gap`], never holding the members themselves.
+pub(crate) fn start_row_line(
+    first_data: &str,
+    seq0: u64,
+    time0: i64,
+    prefix: &mut String,
+    head: &mut Vec<u8>,
+    middle: &mut Vec<u8>,
+) -> Option<()> {
+    with_row_shape(first_data, |shape| {
+        prefix.clear();
+        head.clear();
+        middle.clear();
+        prefix.push_str(&shape.member_prefix());
+        shape.push_row_head(head, seq0, time0);
+        shape.push_row_middle(middle);
+        Some(())
     })
 }
 
@@ -588,6 +631,10 @@ fn member_data_of(prefix: &str, payload: &str) -> String {
 /// object.
 pub(crate) const MEMBER_DATA_SUFFIX: &str = "}}";
 
+/// How a row line ends after its last payload: the payload array, the data object, the
+/// line's object.
+pub(crate) const ROW_LINE_END: &str = "]}}";
+
 /// Whether `text` is exactly one JSON string token (so a member whose chunk carries more
 /// than its payload never packs).
 fn is_one_string_token(text: &str) -> bool {
@@ -601,11 +648,16 @@ pub(crate) fn is_row_payload_token(bytes: &[u8]) -> bool {
         return false;
     }
     let mut position = 1;
-    while position < bytes.len() {
+    // Jumps from one quote or backslash to the next (memchr's word-at-a-time search):
+    // export checks every payload it writes.
+    while let Some(found) = bytes
+        .get(position..)
+        .and_then(|rest| memchr::memchr2(b'\\', b'"', rest))
+    {
+        position += found;
         match bytes[position] {
-            b'\\' => position += 2,
             b'"' => return position == bytes.len() - 1,
-            _ => position += 1,
+            _ => position += 2,
         }
     }
     false
