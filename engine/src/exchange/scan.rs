@@ -52,13 +52,12 @@ impl RowTag {
 }
 
 /// One decoded storage record.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Record {
     Event(SessionEvent),
-    /// A packed row: its members as events and each member's `data` text.
+    /// A packed row: its members as events.
     Row {
         members: Vec<SessionEvent>,
-        member_data: Vec<String>,
     },
 }
 
@@ -271,11 +270,42 @@ fn record_tag(text: &str) -> Result<Option<String>, ()> {
 
 pub(crate) fn decode_record(raw: &[u8]) -> Result<Record, ()> {
     let text = String::from_utf8_lossy(raw);
-    let tag = record_tag(&text)?;
-    match tag.as_deref().and_then(RowTag::from_tag) {
-        Some(tag) => expand_row(tag, &text),
-        None => parse_event_line(&text).map(Record::Event).map_err(|_| ()),
+    if let Some(row) = row_parsed_once(&text) {
+        return row;
     }
+    decode_generally(&text)
+}
+
+/// [`decode_record`] of a line's text without [`row_parsed_once`].
+fn decode_generally(text: &str) -> Result<Record, ()> {
+    let tag = record_tag(text)?;
+    match tag.as_deref().and_then(RowTag::from_tag) {
+        Some(tag) => expand_row(tag, text),
+        None => parse_event_line(text).map(Record::Event).map_err(|_| ()),
+    }
+}
+
+/// A line that opens as DSH writes a packed row (`{"type":"text-chunks",` …) decoded with
+/// one parse of the line instead of two ([`record_tag`], then the row's members): `None`
+/// when that cannot decide, and [`decode_record`] goes the general way. When it decides it
+/// agrees with that way: the line parsed as an object, its last `type` member (which both
+/// [`record_tag`] and [`object_members`] take, a duplicate included) is that row tag, and
+/// [`expand_row`] would parse the same members again.
+fn row_parsed_once(text: &str) -> Option<Result<Record, ()>> {
+    const ROW_OPENING: &str = "{\"type\":\"";
+    const ROW_TAGS: [&str; 3] = ["text-chunks", "reasoning-chunks", "tool-call-chunks"];
+    let rest = text.strip_prefix(ROW_OPENING)?;
+    let opens_as_row = ROW_TAGS.iter().any(|tag| {
+        rest.strip_prefix(tag)
+            .is_some_and(|after| after.starts_with('"'))
+    });
+    if !opens_as_row {
+        return None;
+    }
+    let top = object_members(text)?;
+    let tag_text: String = serde_json::from_str(raw_member(&top, "type")?).ok()?;
+    let tag = RowTag::from_tag(&tag_text)?;
+    Some(expand_row_members(tag, &top))
 }
 
 fn raw_member<'m>(members: &'m [(String, Box<RawValue>)], key: &str) -> Option<&'m str> {
@@ -445,17 +475,22 @@ impl RowShape<'_> {
 
 fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
     let top = object_members(text).ok_or(())?;
-    if !has_exact_keys(&top, &["type", "seq0", "time0", "data"], &[]) {
+    expand_row_members(tag, &top)
+}
+
+/// [`expand_row`] of a line whose members are `top`.
+fn expand_row_members(tag: RowTag, top: &[(String, Box<RawValue>)]) -> Result<Record, ()> {
+    if !has_exact_keys(top, &["type", "seq0", "time0", "data"], &[]) {
         return Err(());
     }
-    let seq0 = raw_member(&top, "seq0")
+    let seq0 = raw_member(top, "seq0")
         .and_then(js_safe_integer)
         .filter(|seq| *seq >= 0)
         .ok_or(())?;
-    let time0 = raw_member(&top, "time0")
+    let time0 = raw_member(top, "time0")
         .and_then(js_safe_integer)
         .ok_or(())?;
-    let data = object_members(raw_member(&top, "data").ok_or(())?).ok_or(())?;
+    let data = object_members(raw_member(top, "data").ok_or(())?).ok_or(())?;
     let (required, optional, payload_key): (&[&str], &[&str], &str) = match tag {
         RowTag::ToolCall => (
             &["turn", "step", "index", "id", "dt", "args"],
@@ -479,17 +514,17 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
     if !shape.fields_decode() {
         return Err(());
     }
-    let payloads: Vec<Box<RawValue>> = serde_json::from_str(field(payload_key)?).map_err(|_| ())?;
+    // Borrowed from the line: no allocation per member for the arrays' items.
+    let payloads: Vec<&RawValue> = serde_json::from_str(field(payload_key)?).map_err(|_| ())?;
     if payloads.is_empty() || !payloads.iter().all(|payload| is_string(payload.get())) {
         return Err(());
     }
-    let gaps: Vec<Box<RawValue>> = serde_json::from_str(field("dt")?).map_err(|_| ())?;
+    let gaps: Vec<&RawValue> = serde_json::from_str(field("dt")?).map_err(|_| ())?;
     if gaps.len() + 1 != payloads.len() {
         return Err(());
     }
     let prefix = shape.member_prefix();
     let mut members = Vec::with_capacity(payloads.len());
-    let mut member_data = Vec::with_capacity(payloads.len());
     let mut time = time0;
     for (offset, payload) in payloads.iter().enumerate() {
         if offset > 0 {
@@ -503,13 +538,11 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
             .and_then(|seq| u64::try_from(seq).ok())
             .ok_or(())?;
         let data_text = member_data_of(&prefix, payload.get());
-        members.push(SessionEvent::new(ROW_MEMBER_TYPE, seq, time, &data_text).map_err(|_| ())?);
-        member_data.push(data_text);
+        members.push(
+            SessionEvent::with_data_text(ROW_MEMBER_TYPE, seq, time, data_text).map_err(|_| ())?,
+        );
     }
-    Ok(Record::Row {
-        members,
-        member_data,
-    })
+    Ok(Record::Row { members })
 }
 
 /// The type of every event a packed row holds.
@@ -661,4 +694,43 @@ pub(crate) fn is_row_payload_token(bytes: &[u8]) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row lines (and lines that only open like one) decode the same parsed once as the
+    /// general way: duplicate `type` members either way round, an escaped tag, a lone
+    /// surrogate, a negative gap, a missing or extra member, broken JSON.
+    #[test]
+    fn a_row_parsed_once_decodes_as_the_general_way() {
+        let lines = [
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3,-2],"texts":["a","b\"c","d"]}}"#,
+            r#"{"type":"reasoning-chunks","seq0":0,"time0":1,"data":{"turn":1,"step":2,"index":1,"dt":[],"texts":["\ud800"]}}"#,
+            r#"{"type":"tool-call-chunks","seq0":7,"time0":1,"data":{"turn":1,"step":0,"index":0,"id":"c1","name":"ls","dt":[1],"args":["{\"", "}"]}}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"type":"turn/start"}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"type":"text\u002dchunks"}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"type":"reasoning-chunks"}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"type":"text-chunks"}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3,4],"texts":["a","b"]}}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"extra":1}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]}"#,
+            r#"{"type":"text-chunksX","seq0":4,"time0":10,"data":{}}"#,
+        ];
+        let mut decided = 0;
+        for line in lines {
+            let general = format!("{:?}", decode_generally(line));
+            if let Some(once) = row_parsed_once(line) {
+                decided += 1;
+                assert_eq!(format!("{once:?}"), general, "{line}");
+            }
+            assert_eq!(
+                format!("{:?}", decode_record(line.as_bytes())),
+                general,
+                "{line}"
+            );
+        }
+        assert!(decided >= 6, "the one-parse way decided {decided} lines");
+    }
 }
