@@ -482,8 +482,7 @@ pub(crate) fn row_line(session: &str, row: &[Event]) -> Result<Vec<u8>> {
         .iter()
         .map(|member| (member.seq, member.time, member.data.as_str()))
         .collect();
-    Ok(pack_row(&members)
-        .ok_or_else(|| unexportable(session, start.seq, "row members do not pack"))?)
+    pack_row(&members).ok_or_else(|| unexportable(session, start.seq, "row members do not pack"))
 }
 
 /// The DSH line of a stored event that does not start a packed row.
