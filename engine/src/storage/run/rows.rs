@@ -158,12 +158,30 @@ impl<'a> RowEntry<'a> {
         if std::str::from_utf8(self.payloads).is_err() {
             return false;
         }
-        self.members().all(|member| {
-            member
-                .payload
-                .first()
-                .is_none_or(|byte| byte & CONTINUATION_MASK != CONTINUATION_BITS)
-        })
+        // The lengths column alone gives where each payload starts (the gaps are not read).
+        let mut at = 0usize;
+        let mut start = 0usize;
+        for _ in 0..self.member_count {
+            let Some((length, used)) = self.lengths.get(at..).and_then(read_varint) else {
+                return false;
+            };
+            at += used;
+            let starts_a_character = self
+                .payloads
+                .get(start)
+                .is_none_or(|byte| byte & CONTINUATION_MASK != CONTINUATION_BITS);
+            let Some(end) = usize::try_from(length)
+                .ok()
+                .and_then(|length| start.checked_add(length))
+            else {
+                return false;
+            };
+            if !starts_a_character {
+                return false;
+            }
+            start = end;
+        }
+        true
     }
 
     /// Member `member` as the event it stands for, its `data` rebuilt in `data`.
