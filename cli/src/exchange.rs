@@ -401,6 +401,19 @@ pub fn export(
         })
     };
     match output {
+        // A device or pipe (`-o /dev/null`, `-o /dev/stdout`) is written in place: renaming
+        // a partial file over it would replace the device with a regular file.
+        Some(path) if is_special_file(path) => {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            let mut buffered = BufWriter::new(file);
+            write(&mut buffered)?;
+            buffered
+                .flush()
+                .with_context(|| format!("cannot write {}", path.display()))
+        }
         Some(path) => {
             let partial = partial_path(path);
             let written = std::fs::File::create(&partial)
@@ -431,6 +444,12 @@ pub fn export(
             Ok(())
         }
     }
+}
+
+/// Whether `path` exists and is neither a regular file nor a directory (a device, a pipe,
+/// a socket), following symbolic links.
+fn is_special_file(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|metadata| !metadata.is_file() && !metadata.is_dir())
 }
 
 /// Where an export to `path` is written before it is renamed into place.

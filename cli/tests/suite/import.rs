@@ -127,3 +127,41 @@ fn a_sessions_folder_imports_every_session_at_once_and_refuses_one_alone() {
     let expected_ids: Vec<&str> = expected.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids, expected_ids);
 }
+
+/// `export -o` to a FIFO (as to `/dev/null`): the log is written into it and it stays a
+/// FIFO. The export used to write `<path>.partial` and rename it over the path, which
+/// replaced a device or a pipe with a regular file.
+#[test]
+fn export_to_a_fifo_writes_into_it_and_leaves_it_a_fifo() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = temp_dir("export-fifo");
+    let store = dir.join("store");
+    let log = dsh_log("fifo-session", 3);
+    let file = dir.join("fifo-session.jsonl");
+    std::fs::write(&file, &log).expect("log");
+    ok(&["import", path_str(&store), path_str(&file)], "");
+    let fifo = dir.join("out.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo failed");
+    let reader_path = fifo.clone();
+    let reader = std::thread::spawn(move || std::fs::read(reader_path).expect("read the fifo"));
+    ok(
+        &[
+            "export",
+            path_str(&store),
+            "fifo-session",
+            "-o",
+            path_str(&fifo),
+        ],
+        "",
+    );
+    // Checked before waiting for the reader, which a replaced FIFO would leave blocked.
+    let kind = std::fs::symlink_metadata(&fifo).expect("fifo").file_type();
+    assert!(kind.is_fifo(), "the FIFO was replaced: {kind:?}");
+    let received = reader.join().expect("reader thread");
+    assert!(received == log.as_bytes(), "the fifo got another text");
+    assert!(!dir.join("out.fifo.partial").exists());
+}

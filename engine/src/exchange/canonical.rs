@@ -303,12 +303,9 @@ fn check_verbatim_lines(events: &[Parsed<'_>]) -> Result<(), CanonicalError> {
             .map_err(|()| refuse("the verbatim line is not a DSH event line".into()))?;
         let (members, member_data): (Vec<&SessionEvent>, Vec<&str>) = match &record {
             Record::Event(parsed) => (vec![parsed], vec![parsed.data.get()]),
-            Record::Row {
-                members,
-                member_data,
-            } => (
+            Record::Row { members } => (
                 members.iter().collect(),
-                member_data.iter().map(String::as_str).collect(),
+                members.iter().map(|member| member.data.get()).collect(),
             ),
         };
         let is_row = event.flags & EVENT_FLAG_ROW_VERBATIM != 0;

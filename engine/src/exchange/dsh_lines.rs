@@ -3,13 +3,17 @@
 //! DSH line. Export and the Node provider's reads share this one walk; it holds at most one
 //! row's members in memory, whatever the session's size.
 
-use super::scan::pack_row;
+use super::scan::{
+    is_row_payload_token, row_gap, row_member_payload, start_row_line, MEMBER_DATA_SUFFIX,
+    ROW_LINE_END,
+};
 use super::{unexportable, verbatim_bytes, ExchangeError, Result};
 use crate::session::line::push_event_line;
 use crate::storage::frame::{
     EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
     EVENT_FLAG_VERBATIM_LINE,
 };
+use crate::store::{EntryView, RowView};
 use crate::{EventView, Store};
 
 /// One DSH line (without its newline), whether it starts a batch DSH wrote as one unit, and
@@ -20,19 +24,96 @@ pub struct DshLine<'a> {
     pub row: bool,
 }
 
-/// The row being gathered: its members (seq, time and the span of their data in one
-/// buffer, so a member costs no allocation), or its verbatim text.
-enum PendingRow {
+/// What the walk holds between events: nothing, a packed row being rendered (in
+/// [`Walk::row`]), or a row kept verbatim whose later members are skipped.
+enum Pending {
     None,
-    Members {
-        batch_start: bool,
-        data: String,
-        members: Vec<(u64, i64, std::ops::Range<usize>)>,
-    },
-    Verbatim {
-        batch_start: bool,
-        bytes: Vec<u8>,
-    },
+    Row,
+    Verbatim { batch_start: bool, bytes: Vec<u8> },
+}
+
+/// A packed row rendered as its members come, in buffers reused from row to row: a member
+/// costs its `dt` digits and a copy of its payload, never its whole `data`.
+#[derive(Default)]
+struct RowLine {
+    batch_start: bool,
+    first_seq: u64,
+    /// Members so far.
+    members: u64,
+    previous_time: i64,
+    /// What every member's `data` starts with (its payload and `}}` follow).
+    prefix: String,
+    /// The line up to its `dt` entries, then the entries so far.
+    head: Vec<u8>,
+    /// The text between the `dt` entries and the payloads.
+    middle: Vec<u8>,
+    /// The payloads so far, comma-separated.
+    payloads: Vec<u8>,
+}
+
+impl RowLine {
+    /// Starts a row at its first member; `false` when its `data` cannot start one.
+    fn start(&mut self, seq: u64, time: i64, data: &str, batch_start: bool) -> bool {
+        if start_row_line(
+            data,
+            seq,
+            time,
+            &mut self.prefix,
+            &mut self.head,
+            &mut self.middle,
+        )
+        .is_none()
+        {
+            return false;
+        }
+        self.batch_start = batch_start;
+        self.first_seq = seq;
+        self.members = 0;
+        self.previous_time = time;
+        self.payloads.clear();
+        true
+    }
+
+    /// Adds a member given by its payload (one JSON string token); `false` when the row
+    /// decoder would not read it back (a gap that is not a safe integer, not one token).
+    fn push_payload(&mut self, time: i64, payload: &[u8]) -> bool {
+        if !is_row_payload_token(payload) {
+            return false;
+        }
+        if self.members > 0 {
+            let Some(gap) = row_gap(self.previous_time, time) else {
+                return false;
+            };
+            if self.members > 1 {
+                self.head.push(b',');
+            }
+            self.head
+                .extend_from_slice(itoa::Buffer::new().format(gap).as_bytes());
+            self.payloads.push(b',');
+        }
+        self.payloads.extend_from_slice(payload);
+        self.previous_time = time;
+        self.members += 1;
+        true
+    }
+
+    /// Adds a member given by its whole `data`; `false` when it is not this row's prefix,
+    /// one JSON string and `}}`.
+    fn push_data(&mut self, time: i64, data: &str) -> bool {
+        match row_member_payload(&self.prefix, data) {
+            Some(payload) => self.push_payload(time, payload.as_bytes()),
+            None => false,
+        }
+    }
+
+    /// The finished line, in `line`.
+    fn render(&self, line: &mut Vec<u8>) {
+        line.clear();
+        line.extend_from_slice(&self.head);
+        line.extend_from_slice(&self.middle);
+        line.extend_from_slice(&self.payloads);
+        line.extend_from_slice(ROW_LINE_END.as_bytes());
+    }
 }
 
 /// Visits the DSH lines of the events with seq in `from..to` of session `id`, in order. A
@@ -47,15 +128,21 @@ pub fn visit_dsh_lines(
 ) -> Result<()> {
     let mut walk = Walk {
         id,
-        pending: PendingRow::None,
+        pending: Pending::None,
+        row: RowLine::default(),
         line: String::new(),
+        row_bytes: Vec::new(),
     };
     // The store's visitor speaks the store's error type: an exchange error (a damaged row, a
     // failed write) is kept here and stops the walk through a placeholder the caller never
     // sees.
     let mut failure: Option<ExchangeError> = None;
-    let walked = store.visit_events(id, from, to, |event| {
-        walk.event(event, &mut visit).map_err(|error| {
+    let walked = store.visit_entries(id, from, to, |entry| {
+        let walked = match entry {
+            EntryView::Event(event) => walk.event(event, &mut visit),
+            EntryView::Row(row) => walk.row_entry(row, &mut visit),
+        };
+        walked.map_err(|error| {
             failure = Some(error);
             crate::Error::InvalidInput {
                 reason: "visit stopped".to_owned(),
@@ -66,15 +153,23 @@ pub fn visit_dsh_lines(
         return Err(error);
     }
     walked?;
-    flush_row(id, &mut walk.pending, &mut visit)
+    walk.flush(&mut visit)
 }
 
 /// The walk's state between events.
 struct Walk<'a> {
     id: &'a str,
-    pending: PendingRow,
+    pending: Pending,
+    row: RowLine,
     /// Reused buffer for one rendered event line.
     line: String,
+    /// Reused buffer for one rendered row line.
+    row_bytes: Vec<u8>,
+}
+
+/// Whether an event with these flags continues the packed row before it.
+fn continues_row(flags: u8) -> bool {
+    flags & EVENT_FLAG_ROW_MEMBER != 0 && flags & EVENT_FLAG_ROW_START == 0
 }
 
 impl Walk<'_> {
@@ -84,20 +179,20 @@ impl Walk<'_> {
         visit: &mut impl FnMut(DshLine<'_>) -> Result<()>,
     ) -> Result<()> {
         let id = self.id;
-        let continues_row =
-            event.flags & EVENT_FLAG_ROW_MEMBER != 0 && event.flags & EVENT_FLAG_ROW_START == 0;
-        match &mut self.pending {
-            PendingRow::Members { data, members, .. } if continues_row => {
-                members.push((event.seq, event.time, push_span(data, event.data)));
-                return Ok(());
+        let continues_row = continues_row(event.flags);
+        match &self.pending {
+            Pending::Row if continues_row => {
+                return match self.row.push_data(event.time, event.data) {
+                    true => Ok(()),
+                    false => Err(self.unpackable()),
+                };
             }
-            PendingRow::Verbatim { .. } if continues_row => return Ok(()),
-            _ => flush_row(id, &mut self.pending, visit)?,
+            Pending::Verbatim { .. } if continues_row => return Ok(()),
+            _ => self.flush(visit)?,
         }
         let batch_start = event.flags & EVENT_FLAG_BATCH_START != 0;
         if event.flags & EVENT_FLAG_ROW_START != 0 {
-            self.pending = start_row(id, event, batch_start)?;
-            return Ok(());
+            return self.start_row(event, batch_start);
         }
         if event.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
             let bytes = verbatim_bytes(event.envelope)
@@ -125,60 +220,120 @@ impl Walk<'_> {
             row: false,
         })
     }
-}
 
-fn start_row(id: &str, event: &EventView<'_>, batch_start: bool) -> Result<PendingRow> {
-    if event.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
-        let bytes = verbatim_bytes(event.envelope)
-            .ok_or_else(|| unexportable(id, event.seq, "damaged verbatim row"))?;
-        return Ok(PendingRow::Verbatim { batch_start, bytes });
+    /// A row entry of a run (format-spec F-06-30) lent whole: when it is a DSH row's start
+    /// or continues the row being rendered, its payloads go into the row line as they are
+    /// stored (no member's `data` is built); anything else goes member by member.
+    fn row_entry(
+        &mut self,
+        row: &RowView<'_>,
+        visit: &mut impl FnMut(DshLine<'_>) -> Result<()>,
+    ) -> Result<()> {
+        if !self.take_row_entry(row, visit)? {
+            row.visit_events(|event| self.event(event, visit))?;
+        }
+        Ok(())
     }
-    let mut data = String::new();
-    let span = push_span(&mut data, event.data);
-    Ok(PendingRow::Members {
-        batch_start,
-        data,
-        members: vec![(event.seq, event.time, span)],
-    })
-}
 
-/// Appends `text` to `buffer` and returns where it is.
-fn push_span(buffer: &mut String, text: &str) -> std::ops::Range<usize> {
-    let start = buffer.len();
-    buffer.push_str(text);
-    start..buffer.len()
-}
+    /// Renders a row entry's members into the row line; `false` (nothing taken) when the
+    /// entry is not the members of a DSH row in the form the line needs, for the member by
+    /// member path, which renders or refuses it as it would any events.
+    fn take_row_entry(
+        &mut self,
+        row: &RowView<'_>,
+        visit: &mut impl FnMut(DshLine<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        let first_flags = row.first_flags();
+        if row.suffix != MEMBER_DATA_SUFFIX || !continues_row(row.member_flags()) {
+            return Ok(false);
+        }
+        let mut members = row.members();
+        if continues_row(first_flags) {
+            let continues = matches!(self.pending, Pending::Row) && row.prefix == self.row.prefix;
+            if !continues {
+                return Ok(false);
+            }
+        } else {
+            let starts = first_flags & EVENT_FLAG_ROW_START != 0
+                && first_flags & (EVENT_FLAG_ROW_VERBATIM | EVENT_FLAG_VERBATIM_LINE) == 0;
+            if !starts {
+                return Ok(false);
+            }
+            self.flush(visit)?;
+            let Some(first) = members.next() else {
+                return Ok(false);
+            };
+            // The view checked every payload to be UTF-8; a failure here falls back anyway.
+            let Ok(first_payload) = std::str::from_utf8(first.payload) else {
+                return Ok(false);
+            };
+            let mut data =
+                String::with_capacity(row.prefix.len() + first_payload.len() + row.suffix.len());
+            data.push_str(row.prefix);
+            data.push_str(first_payload);
+            data.push_str(row.suffix);
+            let batch_start = first_flags & EVENT_FLAG_BATCH_START != 0;
+            if !self.row.start(first.seq, first.time, &data, batch_start)
+                || self.row.prefix != row.prefix
+            {
+                return Ok(false);
+            }
+            self.pending = Pending::Row;
+            if !self.row.push_payload(first.time, first.payload) {
+                return Err(self.unpackable());
+            }
+        }
+        for member in members {
+            if !self.row.push_payload(member.time, member.payload) {
+                return Err(self.unpackable());
+            }
+        }
+        Ok(true)
+    }
 
-/// Visits the gathered row, if any, and forgets it.
-fn flush_row(
-    id: &str,
-    pending: &mut PendingRow,
-    visit: &mut impl FnMut(DshLine<'_>) -> Result<()>,
-) -> Result<()> {
-    match std::mem::replace(pending, PendingRow::None) {
-        PendingRow::None => Ok(()),
-        PendingRow::Verbatim { batch_start, bytes } => visit(DshLine {
-            bytes: &bytes,
-            batch_start,
-            row: true,
-        }),
-        PendingRow::Members {
-            batch_start,
-            data,
-            members,
-        } => {
-            let borrowed: Vec<(u64, i64, &str)> = members
-                .iter()
-                .map(|(seq, time, span)| (*seq, *time, &data[span.clone()]))
-                .collect();
-            let first_seq = members.first().map_or(0, |member| member.0);
-            let row = pack_row(&borrowed)
-                .ok_or_else(|| unexportable(id, first_seq, "row members do not pack"))?;
-            visit(DshLine {
-                bytes: row.as_bytes(),
+    /// Starts a row at its first member (`ROW_START`): verbatim, or rendered as it comes.
+    fn start_row(&mut self, event: &EventView<'_>, batch_start: bool) -> Result<()> {
+        if event.flags & EVENT_FLAG_ROW_VERBATIM != 0 {
+            let bytes = verbatim_bytes(event.envelope)
+                .ok_or_else(|| unexportable(self.id, event.seq, "damaged verbatim row"))?;
+            self.pending = Pending::Verbatim { batch_start, bytes };
+            return Ok(());
+        }
+        if !self
+            .row
+            .start(event.seq, event.time, event.data, batch_start)
+        {
+            return Err(unexportable(self.id, event.seq, "row members do not pack"));
+        }
+        self.pending = Pending::Row;
+        match self.row.push_data(event.time, event.data) {
+            true => Ok(()),
+            false => Err(self.unpackable()),
+        }
+    }
+
+    /// The error of a row whose members do not form a DSH row line.
+    fn unpackable(&self) -> ExchangeError {
+        unexportable(self.id, self.row.first_seq, "row members do not pack")
+    }
+
+    /// Visits the pending row, if any, and forgets it.
+    fn flush(&mut self, visit: &mut impl FnMut(DshLine<'_>) -> Result<()>) -> Result<()> {
+        match std::mem::replace(&mut self.pending, Pending::None) {
+            Pending::None => Ok(()),
+            Pending::Verbatim { batch_start, bytes } => visit(DshLine {
+                bytes: &bytes,
                 batch_start,
                 row: true,
-            })
+            }),
+            Pending::Row => {
+                self.row.render(&mut self.row_bytes);
+                visit(DshLine {
+                    bytes: &self.row_bytes,
+                    batch_start: self.row.batch_start,
+                    row: true,
+                })
+            }
         }
     }
 }

@@ -179,7 +179,12 @@ fn import_scanned(
         } else {
             0
         };
-        owned.extend(stored_line(line.raw, &line.record, batch_flag, &mut report));
+        owned.extend(stored_line(
+            line.raw,
+            line.record.clone(),
+            batch_flag,
+            &mut report,
+        ));
     }
     let batches = batch_ranges(
         owned
@@ -206,37 +211,34 @@ fn import_scanned(
 /// rows and verbatim lines in `report`.
 pub(crate) fn stored_line(
     raw: &[u8],
-    record: &Record,
+    record: Record,
     batch_flag: u8,
     report: &mut ImportReport,
 ) -> Vec<OwnedEvent> {
     match record {
         Record::Event(event) => {
-            let mut stored = plain_event(event, raw);
+            let mut stored = plain_event(&event, raw);
             if stored.flags & EVENT_FLAG_VERBATIM_LINE != 0 {
                 report.verbatim += 1;
             }
             stored.flags |= batch_flag;
             vec![stored]
         }
-        Record::Row {
-            members,
-            member_data,
-        } => {
+        Record::Row { members } => {
             report.rows += 1;
             let triples: Vec<(u64, i64, &str)> = members
                 .iter()
-                .zip(member_data)
-                .map(|(event, data)| (event.seq, event.time, data.as_str()))
+                .map(|event| (event.seq, event.time, event.data.get()))
                 .collect();
             let repacked = pack_row(&triples);
-            let exact = repacked.as_deref().map(str::as_bytes) == Some(raw);
+            let exact = repacked.as_deref() == Some(raw);
             let mut stored_members = Vec::with_capacity(members.len());
-            for (position, (event, data)) in members.iter().zip(member_data).enumerate() {
+            // The members' texts move into the stored events: nothing is copied per member.
+            for (position, event) in members.into_iter().enumerate() {
                 let mut stored = OwnedEvent {
-                    event_type: event.event_type.clone(),
+                    event_type: event.event_type,
                     time: event.time,
-                    data: data.clone(),
+                    data: Box::<str>::from(event.data).into_string(),
                     envelope: String::new(),
                     flags: EVENT_FLAG_ROW_MEMBER,
                 };
@@ -480,9 +482,7 @@ pub(crate) fn row_line(session: &str, row: &[Event]) -> Result<Vec<u8>> {
         .iter()
         .map(|member| (member.seq, member.time, member.data.as_str()))
         .collect();
-    Ok(pack_row(&members)
-        .ok_or_else(|| unexportable(session, start.seq, "row members do not pack"))?
-        .into_bytes())
+    pack_row(&members).ok_or_else(|| unexportable(session, start.seq, "row members do not pack"))
 }
 
 /// The DSH line of a stored event that does not start a packed row.

@@ -52,13 +52,12 @@ impl RowTag {
 }
 
 /// One decoded storage record.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Record {
     Event(SessionEvent),
-    /// A packed row: its members as events and each member's `data` text.
+    /// A packed row: its members as events.
     Row {
         members: Vec<SessionEvent>,
-        member_data: Vec<String>,
     },
 }
 
@@ -271,11 +270,42 @@ fn record_tag(text: &str) -> Result<Option<String>, ()> {
 
 pub(crate) fn decode_record(raw: &[u8]) -> Result<Record, ()> {
     let text = String::from_utf8_lossy(raw);
-    let tag = record_tag(&text)?;
-    match tag.as_deref().and_then(RowTag::from_tag) {
-        Some(tag) => expand_row(tag, &text),
-        None => parse_event_line(&text).map(Record::Event).map_err(|_| ()),
+    if let Some(row) = row_parsed_once(&text) {
+        return row;
     }
+    decode_generally(&text)
+}
+
+/// [`decode_record`] of a line's text without [`row_parsed_once`].
+fn decode_generally(text: &str) -> Result<Record, ()> {
+    let tag = record_tag(text)?;
+    match tag.as_deref().and_then(RowTag::from_tag) {
+        Some(tag) => expand_row(tag, text),
+        None => parse_event_line(text).map(Record::Event).map_err(|_| ()),
+    }
+}
+
+/// A line that opens as DSH writes a packed row (`{"type":"text-chunks",` …) decoded with
+/// one parse of the line instead of two ([`record_tag`], then the row's members): `None`
+/// when that cannot decide, and [`decode_record`] goes the general way. When it decides it
+/// agrees with that way: the line parsed as an object, its last `type` member (which both
+/// [`record_tag`] and [`object_members`] take, a duplicate included) is that row tag, and
+/// [`expand_row`] would parse the same members again.
+fn row_parsed_once(text: &str) -> Option<Result<Record, ()>> {
+    const ROW_OPENING: &str = "{\"type\":\"";
+    const ROW_TAGS: [&str; 3] = ["text-chunks", "reasoning-chunks", "tool-call-chunks"];
+    let rest = text.strip_prefix(ROW_OPENING)?;
+    let opens_as_row = ROW_TAGS.iter().any(|tag| {
+        rest.strip_prefix(tag)
+            .is_some_and(|after| after.starts_with('"'))
+    });
+    if !opens_as_row {
+        return None;
+    }
+    let top = object_members(text)?;
+    let tag_text: String = serde_json::from_str(raw_member(&top, "type")?).ok()?;
+    let tag = RowTag::from_tag(&tag_text)?;
+    Some(expand_row_members(tag, &top))
 }
 
 fn raw_member<'m>(members: &'m [(String, Box<RawValue>)], key: &str) -> Option<&'m str> {
@@ -360,7 +390,7 @@ impl RowShape<'_> {
     }
 
     /// The packed row line (no newline) in DSH's key order, written into one buffer sized
-    /// up front: export and the Node provider's reads build one per row, so no per-gap or
+    /// up front: the import's exactness check builds one per row, so no per-gap or
     /// per-part strings.
     pub(crate) fn row_line(
         &self,
@@ -368,51 +398,69 @@ impl RowShape<'_> {
         time0: i64,
         gaps: &[i64],
         payloads: &[&str],
-    ) -> String {
-        use std::fmt::Write as _;
+    ) -> Vec<u8> {
         const DIGITS_PER_GAP: usize = 4;
         const FIXED_TEXT_BYTES: usize = 128;
         let payload_bytes: usize = payloads.iter().map(|payload| payload.len() + 1).sum();
-        let mut line = String::with_capacity(
+        let mut line = Vec::with_capacity(
             FIXED_TEXT_BYTES + payload_bytes + gaps.len() * DIGITS_PER_GAP + self.shared_bytes(),
         );
-        // Writing into a String cannot fail; the tags are plain ASCII names (no escapes).
-        let _ = write!(
-            line,
-            "{{\"type\":\"{}\",\"seq0\":{seq0},\"time0\":{time0},\"data\":{{\"turn\":{},\"step\":{},\"index\":{},\"dt\":[",
-            self.tag.tag(),
-            self.turn,
-            self.step,
-            self.index,
-        );
+        self.push_row_head(&mut line, seq0, time0);
+        let mut digits = itoa::Buffer::new();
         for (position, gap) in gaps.iter().enumerate() {
             if position > 0 {
-                line.push(',');
+                line.push(b',');
             }
-            let _ = write!(line, "{gap}");
+            line.extend_from_slice(digits.format(*gap).as_bytes());
         }
-        line.push(']');
-        let payload_key = match self.tag {
-            RowTag::ToolCall => {
-                line.push_str(",\"id\":");
-                line.push_str(self.id.unwrap_or("null"));
-                if let Some(name) = self.name {
-                    line.push_str(",\"name\":");
-                    line.push_str(name);
-                }
-                "args"
-            }
-            _ => "texts",
-        };
-        let _ = write!(line, ",\"{payload_key}\":[");
+        self.push_row_middle(&mut line);
         for (position, payload) in payloads.iter().enumerate() {
             if position > 0 {
-                line.push(',');
+                line.push(b',');
             }
-            line.push_str(payload);
+            line.extend_from_slice(payload.as_bytes());
         }
-        line.push_str("]}}");
+        line.extend_from_slice(ROW_LINE_END.as_bytes());
         line
+    }
+
+    /// A row line's text before its `dt` entries: `{"type":..,"seq0":..,"time0":..,
+    /// "data":{"turn":..,"step":..,"index":..,"dt":[`.
+    pub(crate) fn push_row_head(&self, line: &mut Vec<u8>, seq0: u64, time0: i64) {
+        let mut digits = itoa::Buffer::new();
+        // The tags are plain ASCII names (no escapes).
+        line.extend_from_slice(b"{\"type\":\"");
+        line.extend_from_slice(self.tag.tag().as_bytes());
+        line.extend_from_slice(b"\",\"seq0\":");
+        line.extend_from_slice(digits.format(seq0).as_bytes());
+        line.extend_from_slice(b",\"time0\":");
+        line.extend_from_slice(digits.format(time0).as_bytes());
+        line.extend_from_slice(b",\"data\":{\"turn\":");
+        line.extend_from_slice(self.turn.as_bytes());
+        line.extend_from_slice(b",\"step\":");
+        line.extend_from_slice(self.step.as_bytes());
+        line.extend_from_slice(b",\"index\":");
+        line.extend_from_slice(self.index.as_bytes());
+        line.extend_from_slice(b",\"dt\":[");
+    }
+
+    /// A row line's text between its `dt` entries and its payloads: `],` the tool call's
+    /// `id` and `name`, and the payload key (`"texts":[` or `"args":[`).
+    pub(crate) fn push_row_middle(&self, line: &mut Vec<u8>) {
+        line.push(b']');
+        let payload_key: &[u8] = match self.tag {
+            RowTag::ToolCall => {
+                line.extend_from_slice(b",\"id\":");
+                line.extend_from_slice(self.id.unwrap_or("null").as_bytes());
+                if let Some(name) = self.name {
+                    line.extend_from_slice(b",\"name\":");
+                    line.extend_from_slice(name.as_bytes());
+                }
+                b",\"args\":["
+            }
+            _ => b",\"texts\":[",
+        };
+        line.extend_from_slice(payload_key);
     }
 
     /// Bytes of the shared fields' raw texts.
@@ -427,17 +475,22 @@ impl RowShape<'_> {
 
 fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
     let top = object_members(text).ok_or(())?;
-    if !has_exact_keys(&top, &["type", "seq0", "time0", "data"], &[]) {
+    expand_row_members(tag, &top)
+}
+
+/// [`expand_row`] of a line whose members are `top`.
+fn expand_row_members(tag: RowTag, top: &[(String, Box<RawValue>)]) -> Result<Record, ()> {
+    if !has_exact_keys(top, &["type", "seq0", "time0", "data"], &[]) {
         return Err(());
     }
-    let seq0 = raw_member(&top, "seq0")
+    let seq0 = raw_member(top, "seq0")
         .and_then(js_safe_integer)
         .filter(|seq| *seq >= 0)
         .ok_or(())?;
-    let time0 = raw_member(&top, "time0")
+    let time0 = raw_member(top, "time0")
         .and_then(js_safe_integer)
         .ok_or(())?;
-    let data = object_members(raw_member(&top, "data").ok_or(())?).ok_or(())?;
+    let data = object_members(raw_member(top, "data").ok_or(())?).ok_or(())?;
     let (required, optional, payload_key): (&[&str], &[&str], &str) = match tag {
         RowTag::ToolCall => (
             &["turn", "step", "index", "id", "dt", "args"],
@@ -461,17 +514,17 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
     if !shape.fields_decode() {
         return Err(());
     }
-    let payloads: Vec<Box<RawValue>> = serde_json::from_str(field(payload_key)?).map_err(|_| ())?;
+    // Borrowed from the line: no allocation per member for the arrays' items.
+    let payloads: Vec<&RawValue> = serde_json::from_str(field(payload_key)?).map_err(|_| ())?;
     if payloads.is_empty() || !payloads.iter().all(|payload| is_string(payload.get())) {
         return Err(());
     }
-    let gaps: Vec<Box<RawValue>> = serde_json::from_str(field("dt")?).map_err(|_| ())?;
+    let gaps: Vec<&RawValue> = serde_json::from_str(field("dt")?).map_err(|_| ())?;
     if gaps.len() + 1 != payloads.len() {
         return Err(());
     }
     let prefix = shape.member_prefix();
     let mut members = Vec::with_capacity(payloads.len());
-    let mut member_data = Vec::with_capacity(payloads.len());
     let mut time = time0;
     for (offset, payload) in payloads.iter().enumerate() {
         if offset > 0 {
@@ -485,13 +538,11 @@ fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
             .and_then(|seq| u64::try_from(seq).ok())
             .ok_or(())?;
         let data_text = member_data_of(&prefix, payload.get());
-        members.push(SessionEvent::new(ROW_MEMBER_TYPE, seq, time, &data_text).map_err(|_| ())?);
-        member_data.push(data_text);
+        members.push(
+            SessionEvent::with_data_text(ROW_MEMBER_TYPE, seq, time, data_text).map_err(|_| ())?,
+        );
     }
-    Ok(Record::Row {
-        members,
-        member_data,
-    })
+    Ok(Record::Row { members })
 }
 
 /// The type of every event a packed row holds.
@@ -504,7 +555,7 @@ pub(crate) const ROW_MEMBER_TYPE: &str = "assistant/chunk";
 /// exactly the text that shape expands a payload into (`member_data`), i.e. the shape's
 /// prefix, one JSON string, and `}}`. So a read of a packed log pays a prefix comparison
 /// per member, not a parse.
-pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
+pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<Vec<u8>> {
     let (first_seq, first_time, first_data) = *members.first()?;
     with_row_shape(first_data, |shape| {
         let prefix = member_prefix(shape)?;
@@ -519,6 +570,31 @@ pub(crate) fn pack_row(members: &[(u64, i64, &str)]) -> Option<String> {
             previous_time = *time;
         }
         Some(shape.row_line(first_seq, first_time, &gaps, &payloads))
+    })
+}
+
+/// Starts the row line whose first member has `data` `first_data`, seq `seq0` and time
+/// `time0`: writes the row's member prefix ([`row_member_prefix`]) into `prefix`, the
+/// line's text before its `dt` entries into `head` and the text between them and the
+/// payloads into `middle` (all three cleared first). `None` when `first_data` cannot start
+/// a row ([`pack_row`] refuses it too). Export renders a row as its members come with this,
+/// [`row_member_payload`] and [`row_gap`], never holding the members themselves.
+pub(crate) fn start_row_line(
+    first_data: &str,
+    seq0: u64,
+    time0: i64,
+    prefix: &mut String,
+    head: &mut Vec<u8>,
+    middle: &mut Vec<u8>,
+) -> Option<()> {
+    with_row_shape(first_data, |shape| {
+        prefix.clear();
+        head.clear();
+        middle.clear();
+        prefix.push_str(&shape.member_prefix());
+        shape.push_row_head(head, seq0, time0);
+        shape.push_row_middle(middle);
+        Some(())
     })
 }
 
@@ -588,6 +664,10 @@ fn member_data_of(prefix: &str, payload: &str) -> String {
 /// object.
 pub(crate) const MEMBER_DATA_SUFFIX: &str = "}}";
 
+/// How a row line ends after its last payload: the payload array, the data object, the
+/// line's object.
+pub(crate) const ROW_LINE_END: &str = "]}}";
+
 /// Whether `text` is exactly one JSON string token (so a member whose chunk carries more
 /// than its payload never packs).
 fn is_one_string_token(text: &str) -> bool {
@@ -601,12 +681,56 @@ pub(crate) fn is_row_payload_token(bytes: &[u8]) -> bool {
         return false;
     }
     let mut position = 1;
-    while position < bytes.len() {
+    // Jumps from one quote or backslash to the next (memchr's word-at-a-time search):
+    // export checks every payload it writes.
+    while let Some(found) = bytes
+        .get(position..)
+        .and_then(|rest| memchr::memchr2(b'\\', b'"', rest))
+    {
+        position += found;
         match bytes[position] {
-            b'\\' => position += 2,
             b'"' => return position == bytes.len() - 1,
-            _ => position += 1,
+            _ => position += 2,
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row lines (and lines that only open like one) decode the same parsed once as the
+    /// general way: duplicate `type` members either way round, an escaped tag, a lone
+    /// surrogate, a negative gap, a missing or extra member, broken JSON.
+    #[test]
+    fn a_row_parsed_once_decodes_as_the_general_way() {
+        let lines = [
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3,-2],"texts":["a","b\"c","d"]}}"#,
+            r#"{"type":"reasoning-chunks","seq0":0,"time0":1,"data":{"turn":1,"step":2,"index":1,"dt":[],"texts":["\ud800"]}}"#,
+            r#"{"type":"tool-call-chunks","seq0":7,"time0":1,"data":{"turn":1,"step":0,"index":0,"id":"c1","name":"ls","dt":[1],"args":["{\"", "}"]}}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"type":"turn/start"}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"type":"text\u002dchunks"}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"type":"reasoning-chunks"}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"type":"text-chunks"}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3,4],"texts":["a","b"]}}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]},"extra":1}"#,
+            r#"{"type":"text-chunks","seq0":4,"time0":10,"data":{"turn":1,"step":0,"index":0,"dt":[3],"texts":["a","b"]}"#,
+            r#"{"type":"text-chunksX","seq0":4,"time0":10,"data":{}}"#,
+        ];
+        let mut decided = 0;
+        for line in lines {
+            let general = format!("{:?}", decode_generally(line));
+            if let Some(once) = row_parsed_once(line) {
+                decided += 1;
+                assert_eq!(format!("{once:?}"), general, "{line}");
+            }
+            assert_eq!(
+                format!("{:?}", decode_record(line.as_bytes())),
+                general,
+                "{line}"
+            );
+        }
+        assert!(decided >= 6, "the one-parse way decided {decided} lines");
+    }
 }

@@ -765,7 +765,7 @@ fn stage_lines(
             } else {
                 0
             };
-            stage.push(stored_line(lines.line(), &record, flag, &mut report))?;
+            stage.push(stored_line(lines.line(), record, flag, &mut report))?;
         }
         let consumed = lines.source.consumed();
         if consumed - reported >= STREAM_READ_BYTES as u64 {

@@ -186,6 +186,28 @@ impl SessionEvent {
         })
     }
 
+    /// [`SessionEvent::new`] keeping `data_text` itself as the event's `data` (no copy).
+    pub fn with_data_text(
+        event_type: &str,
+        seq: u64,
+        time: i64,
+        data_text: String,
+    ) -> Result<Self, SessionError> {
+        let data =
+            RawValue::from_string(data_text).map_err(|error| SessionError::UnparsableLine {
+                reason: error.to_string(),
+            })?;
+        Ok(Self {
+            event_type: event_type.to_owned(),
+            seq,
+            time,
+            data,
+            ignorable: false,
+            surface_op: None,
+            source_event_seqs: None,
+        })
+    }
+
     /// Renders the event as one compact JSONL line (no newline) in DSH's key order; `data`
     /// is copied byte for byte. `ignorable` (never written by DSH) goes after `data`.
     pub fn to_json_line(&self, order: KeyOrder) -> String {

@@ -262,6 +262,12 @@ pub fn push_varint(out: &mut Vec<u8>, mut value: u64) {
 /// cut short, longer than [`MAX_VARINT_BYTES`], overflows a `u64` or is not minimal (a last
 /// byte of zero after the first): so every value has exactly one encoding.
 pub fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    // One byte is the common case (row entries' gaps and lengths): no loop for it.
+    if let Some(&byte) = bytes.first() {
+        if byte & 0x80 == 0 {
+            return Some((u64::from(byte), 1));
+        }
+    }
     let mut value = 0u64;
     for (position, byte) in bytes.iter().take(MAX_VARINT_BYTES).enumerate() {
         let bits = u64::from(byte & 0x7f);

@@ -91,8 +91,12 @@ impl<'a> RowView<'a> {
     fn new(entry: RowEntry<'a>, event_type: &'a str, position: &Position) -> Result<Self> {
         let prefix = event_text(entry.prefix, position)?;
         let suffix = event_text(entry.suffix, position)?;
-        for member in entry.members() {
-            event_text(member.payload, position)?;
+        if !entry.payloads_are_utf8() {
+            return Err(Error::Corrupt {
+                segment: position.segment,
+                offset: position.offset,
+                reason: "event text is not UTF-8".to_string(),
+            });
         }
         Ok(RowView {
             event_type,

@@ -1,19 +1,22 @@
 //! Row entries in runs (format-spec/06-runs-and-index.md F-06-30 … F-06-33): sealing packs
 //! DSH chunk rows, imported (`ROW_START` / `ROW_MEMBER`) or appended one event at a time,
 //! into row entries; every read returns exactly the events that were appended, from any
-//! seq; a power cut at every step of sealing them loses nothing. (A retained prefix that
+//! seq; export writes the same DSH lines from them over every range; a power cut at every
+//! step of sealing them loses nothing. (A retained prefix that
 //! ends inside a row entry: `run_vectors::rewriting_the_rows_run_keeps_every_prefix_exactly`.)
 
 use crate::common;
 
 use common::*;
+use dshdb::exchange::{export_dsh_jsonl, export_dsh_jsonl_zstd, visit_dsh_lines};
+use dshdb::limits::MAX_ROW_ENTRY_BYTES;
 use dshdb::storage::commit::Durability;
 use dshdb::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
 use dshdb::storage::io::sim::{CrashImage, SimStorage};
 use dshdb::storage::io::Storage;
 use dshdb::storage::manifest::Manifest;
 use dshdb::storage::run::{run_path, walk_block, BlockItem, RunReader, DEFINITIONS_SESSION};
-use dshdb::store::{NewEvent, Store};
+use dshdb::store::{NewEvent, Options, Store};
 
 const SESSIONS: usize = 2;
 const TURNS: u64 = 6;
@@ -214,4 +217,184 @@ fn a_power_cut_at_every_step_of_sealing_rows_loses_nothing() {
             );
         });
     assert!(images_checked > operations, "{images_checked} images");
+}
+
+/// One DSH line as export's walk (`exchange::visit_dsh_lines`) lends it: its bytes, and
+/// whether it starts a batch and is a packed row.
+type Line = (Vec<u8>, bool, bool);
+
+fn dsh_lines(store: &Store, id: &str, from: u64, to: u64) -> Vec<Line> {
+    let mut lines = Vec::new();
+    visit_dsh_lines(store, id, from, to, |line| {
+        lines.push((line.bytes.to_vec(), line.batch_start, line.row));
+        Ok(())
+    })
+    .unwrap_or_else(|error| panic!("{id} {from}..{to}: {error}"));
+    lines
+}
+
+/// Every session's DSH lines over every range `from..to` of its seqs (row entries lent
+/// whole or cut by the range), and its whole exports, plain and zstd-framed.
+fn every_export_view(store: &Store) -> Vec<Vec<Line>> {
+    let mut views = Vec::new();
+    for session in 0..SESSIONS {
+        let id = session_id(session);
+        let total = planned(session).len() as u64;
+        for from in 0..=total {
+            for to in from..=total {
+                views.push(dsh_lines(store, &id, from, to));
+            }
+        }
+        let plain = export_dsh_jsonl(store, &id).expect("export");
+        let framed = export_dsh_jsonl_zstd(store, &id).expect("zstd export");
+        views.push(vec![(plain, false, false), (framed, false, false)]);
+    }
+    views
+}
+
+/// Export renders a sealed row entry from its stored payloads instead of its members'
+/// events: over every range of seqs (a range that starts or ends inside a row or an entry
+/// included) the lines are the ones the events gave before sealing, imported rows (one
+/// gap negative, escaped quotes) as row lines, live chunk stretches as their event lines.
+#[test]
+fn export_lines_over_every_range_are_the_same_after_sealing_rows() {
+    let disk = SimStorage::from_image(&populated_image());
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let before = every_export_view(&store);
+    assert!(store.maintain().expect("maintain").segments_sealed > 1);
+    assert!(row_entries(&disk).0 > 0, "sealing wrote no row entry");
+    let after = every_export_view(&store);
+    assert_eq!(after.len(), before.len());
+    for (index, (sealed, logged)) in after.iter().zip(&before).enumerate() {
+        assert_eq!(sealed, logged, "view {index} changed by sealing");
+    }
+    // Both kinds of lines were compared: packed rows, and live chunks as event lines.
+    let whole = dsh_lines(&store, &session_id(0), 0, u64::MAX);
+    let is_row = |line: &&Line| line.2;
+    let live_chunk = |line: &&Line| !line.2 && line.0.windows(4).any(|part| part == b"live");
+    assert!(whole.iter().filter(is_row).count() >= TURNS as usize);
+    assert!(whole.iter().filter(live_chunk).count() >= 2 * TURNS as usize);
+}
+
+/// A packed row larger than one row entry may hold (`MAX_ROW_ENTRY_BYTES` of payloads),
+/// appended one member at a time: in one segment it seals into several row entries, in
+/// the tests' small segments into entries of many runs and events left in the log; either
+/// way export writes it as one row line, and over ranges cut inside it as before sealing.
+#[test]
+fn a_row_larger_than_one_entry_exports_as_one_line_after_sealing() {
+    const PAYLOAD_BYTES: usize = 40;
+    const ONE_SEGMENT_BYTES: u64 = 4 << 20;
+    let members = 2 * MAX_ROW_ENTRY_BYTES / PAYLOAD_BYTES + 7;
+    for segment_bytes in [ONE_SEGMENT_BYTES, TEST_SEGMENT_BYTES] {
+        let context = format!("{segment_bytes}-byte segments");
+        let disk = SimStorage::new();
+        let options = Options {
+            segment_bytes,
+            ..sim_options(Durability::Buffered)
+        };
+        let store = open_sim(&disk, options).expect("open");
+        let views = append_big_row(&store, members, PAYLOAD_BYTES);
+        let before = views(&store);
+        assert!(store.maintain().expect("maintain").segments_sealed > 0);
+        let (entries, entry_members) = row_entries(&disk);
+        assert!(
+            entries >= 2 && entry_members >= members as u64 / 2,
+            "{context}: {entries} entries of {entry_members} members"
+        );
+        if segment_bytes == ONE_SEGMENT_BYTES {
+            // A large segment: the row is in a few entries of the largest size (more members
+            // than one entry holds), not in many small ones.
+            assert!(
+                entries <= 8 && entry_members > (MAX_ROW_ENTRY_BYTES / PAYLOAD_BYTES) as u64,
+                "{context}: {entries} entries of {entry_members} members"
+            );
+        }
+        assert!(
+            before == views(&store),
+            "{context}: sealing changed the export"
+        );
+        let whole = dsh_lines(&store, BIG_ROW_SESSION, 0, u64::MAX);
+        assert_eq!(whole.len(), 2, "{context}: turn/start and one row line");
+        assert!(whole[1].2, "{context}: the row is one packed line");
+    }
+}
+
+const BIG_ROW_SESSION: &str = "big-row";
+
+/// Appends a `turn/start` and one imported row of `members` chunk events with payloads of
+/// `payload_bytes`, then enough events of another session to roll the segment; returns
+/// what to compare: the row session's DSH lines over ranges cut inside the row, and its
+/// export.
+fn append_big_row(
+    store: &Store,
+    members: usize,
+    payload_bytes: usize,
+) -> impl Fn(&Store) -> Vec<Vec<Line>> {
+    const FILLER_EVENTS: usize = 24;
+    const FILLER_BYTES: usize = 64 << 10;
+    let append = |writer: &mut dshdb::store::SessionWriter, event: NewEvent<'_>| {
+        writer.append(event).expect("append");
+    };
+    let mut writer = store
+        .create_session_with_id(BIG_ROW_SESSION)
+        .expect("create");
+    append(
+        &mut writer,
+        NewEvent {
+            event_type: "turn/start",
+            time: Some(1),
+            data: r#"{"turn":0}"#,
+            envelope: "",
+            flags: 0,
+        },
+    );
+    for member in 0..members {
+        let flags = match member {
+            0 => EVENT_FLAG_ROW_START | EVENT_FLAG_BATCH_START,
+            _ => EVENT_FLAG_ROW_MEMBER,
+        };
+        let text = format!("{member:0>width$}", width = payload_bytes - 2);
+        let data = chunk_data(0, 0, &text);
+        append(
+            &mut writer,
+            NewEvent {
+                event_type: "assistant/chunk",
+                time: Some(10 + member as i64 % 7),
+                data: &data,
+                envelope: "",
+                flags,
+            },
+        );
+    }
+    let mut filler = store.create_session_with_id("filler").expect("create");
+    let filler_data = event_data(1, 0, FILLER_BYTES);
+    for _ in 0..FILLER_EVENTS {
+        append(
+            &mut filler,
+            NewEvent {
+                event_type: "note",
+                time: Some(1),
+                data: &filler_data,
+                envelope: "",
+                flags: 0,
+            },
+        );
+    }
+    let total = members as u64 + 1;
+    let ranges = [
+        (0, total),
+        (1, total),
+        (5, total),
+        (total / 2, total),
+        (3, total - 4),
+    ];
+    move |store: &Store| {
+        let mut views: Vec<Vec<Line>> = ranges
+            .iter()
+            .map(|(from, to)| dsh_lines(store, BIG_ROW_SESSION, *from, *to))
+            .collect();
+        let plain = export_dsh_jsonl(store, BIG_ROW_SESSION).expect("export");
+        views.push(vec![(plain, false, false)]);
+        views
+    }
 }

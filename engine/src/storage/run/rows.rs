@@ -148,6 +148,42 @@ impl<'a> RowEntry<'a> {
         }
     }
 
+    /// Whether every member's payload is UTF-8 (F-02-16), checked in one pass over the
+    /// payloads column: the column is UTF-8, and no payload starts inside a character
+    /// (on a continuation byte), so each piece is UTF-8 too. One long check instead of one
+    /// per member, whose payloads are a few bytes each.
+    pub fn payloads_are_utf8(&self) -> bool {
+        const CONTINUATION_MASK: u8 = 0b1100_0000;
+        const CONTINUATION_BITS: u8 = 0b1000_0000;
+        if std::str::from_utf8(self.payloads).is_err() {
+            return false;
+        }
+        // The lengths column alone gives where each payload starts (the gaps are not read).
+        let mut at = 0usize;
+        let mut start = 0usize;
+        for _ in 0..self.member_count {
+            let Some((length, used)) = self.lengths.get(at..).and_then(read_varint) else {
+                return false;
+            };
+            at += used;
+            let starts_a_character = self
+                .payloads
+                .get(start)
+                .is_none_or(|byte| byte & CONTINUATION_MASK != CONTINUATION_BITS);
+            let Some(end) = usize::try_from(length)
+                .ok()
+                .and_then(|length| start.checked_add(length))
+            else {
+                return false;
+            };
+            if !starts_a_character {
+                return false;
+            }
+            start = end;
+        }
+        true
+    }
+
     /// Member `member` as the event it stands for, its `data` rebuilt in `data`.
     pub fn member_event<'b>(
         &self,
@@ -521,5 +557,39 @@ mod tests {
         let mut longer = payload;
         longer.push(b'x');
         assert!(RowEntry::decode(&longer).is_err());
+    }
+
+    /// The payloads column is checked for UTF-8 in one pass (`payloads_are_utf8`): a column
+    /// that is UTF-8 as a whole but splits a character between two payloads is refused,
+    /// like the per-member check it replaces; multi-byte characters inside payloads pass.
+    #[test]
+    fn payloads_that_split_a_character_are_not_utf8() {
+        let specs = [chunk(0, 5, 0, "aé"), chunk(1, 6, 0, "€d")];
+        let mut out = Vec::new();
+        encode_row_entry(&events(&specs), &mut out).expect("encodes");
+        let payload = out[12..].to_vec();
+        assert!(RowEntry::decode(&payload)
+            .expect("decodes")
+            .payloads_are_utf8());
+        let column = "\"aé\"\"€d\"".as_bytes();
+        let at = payload
+            .windows(column.len())
+            .position(|window| window == column)
+            .expect("the payloads column");
+        // The same lengths (5 and 6 bytes) over `"aé€d"` and two spaces: the column reads
+        // as UTF-8, but `€` starts in the first payload and ends in the second.
+        let mut split = payload.clone();
+        let moved = [
+            0x22, 0x61, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0x64, 0x22, 0x20, 0x20,
+        ];
+        split[at..at + column.len()].copy_from_slice(&moved);
+        assert!(std::str::from_utf8(&split[at..]).is_ok());
+        let entry = RowEntry::decode(&split).expect("still decodes");
+        assert!(!entry.payloads_are_utf8());
+        let mut invalid = payload;
+        invalid[at + 1] = 0xFF;
+        assert!(!RowEntry::decode(&invalid)
+            .expect("decodes")
+            .payloads_are_utf8());
     }
 }
