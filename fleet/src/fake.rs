@@ -211,6 +211,29 @@ impl FakeTail {
             .collect()
     }
 
+    /// Loses the stored message at `stream_seq` of `stream` silently, as a replica that
+    /// drops a corrupted message while it leads (F7): reads no longer see it, and the last
+    /// message of its subject becomes the one before it.
+    pub fn drop_message_silently(&self, stream: &str, stream_seq: u64) {
+        let mut state = self.state.lock();
+        let Some(stream) = state.streams.get_mut(stream) else {
+            return;
+        };
+        let Some(dropped) = stream.messages.remove(&stream_seq) else {
+            return;
+        };
+        let previous = stream
+            .messages
+            .range(..stream_seq)
+            .rev()
+            .find(|(_, message)| message.subject == dropped.subject)
+            .map(|(seq, _)| *seq);
+        match previous {
+            Some(seq) => stream.last_by_subject.insert(dropped.subject, seq),
+            None => stream.last_by_subject.remove(&dropped.subject),
+        };
+    }
+
     /// Fenced publishes refused so far.
     pub fn fenced_count(&self) -> u64 {
         self.state.lock().fenced

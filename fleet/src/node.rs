@@ -24,7 +24,7 @@ use crate::shard::{
 use crate::tier::{LocalPending, LocalTier};
 use crate::wire::{
     blake3_hex, decode_tail_message, from_json, to_json, EpochMarker, NodeRecord, RunObject,
-    RunRef, SessionManifest, ShardRecord, TailBatch, TailGroup,
+    RunRef, SessionManifest, ShardRecord, TailBatch, TailCheckpoint, TailGroup,
 };
 use dshdb::Event;
 use parking_lot::Mutex;
@@ -53,6 +53,9 @@ pub const MAX_GROUP_MESSAGES: usize = 256;
 /// Most payload bytes one group publish carries (a group always takes its first batch):
 /// the server stages a whole batch in memory before its commit.
 pub const MAX_GROUP_BYTES: usize = 1024 * 1024;
+/// Most sessions whose tail checkpoint one heartbeat writes (one manifest CAS each); the
+/// others wait for the next heartbeats.
+pub const MAX_CHECKPOINTS_PER_TICK: usize = 256;
 /// Lease TTL of `DSH_NODES` entries, in milliseconds (FLEET.md: 10 s).
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 
@@ -175,6 +178,8 @@ pub struct NodeMetrics {
     /// Microseconds spent in fenced publishes, summed (over `fenced_publishes`: the mean
     /// time one takes, the JetStream part of a replicated append).
     pub publish_micros: AtomicU64,
+    /// Tail checkpoints written to manifests by heartbeats.
+    pub tail_checkpoints: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -197,6 +202,8 @@ struct SessionSlot {
     next_seq: u64,
     /// Stream sequence of the last tail message of this session the node knows.
     last_stream_seq: u64,
+    /// The tail position last recorded in the manifest (`tail_checkpoint`) by this node.
+    checkpointed_stream_seq: u64,
 }
 
 /// The node's `DSH_NODES` entry as this process last knew it.
@@ -659,7 +666,81 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 self.reclaim.lock().remove(&shard);
             }
         }
+        self.checkpoint_tails().await;
         Ok(taken)
+    }
+
+    /// Records in the manifests of sessions whose tail moved since the last record the
+    /// acknowledged tail position (`tail_checkpoint`), at most [`MAX_CHECKPOINTS_PER_TICK`]
+    /// per heartbeat. What it guarantees: a rebuild never silently serves a history shorter
+    /// than the last checkpoint (one heartbeat behind the acknowledgements at most while the
+    /// node lives); events acknowledged after it are covered only by the replay's own checks
+    /// (the subject's last message). Failures are left to the next heartbeat.
+    async fn checkpoint_tails(&self) {
+        let slots: Vec<(String, Arc<tokio::sync::Mutex<SessionSlot>>)> = self
+            .sessions
+            .lock()
+            .iter()
+            .map(|(session, slot)| (session.clone(), slot.clone()))
+            .collect();
+        let mut written = 0;
+        for (session, slot) in slots {
+            if written >= MAX_CHECKPOINTS_PER_TICK {
+                break;
+            }
+            let Ok(mut slot) = slot.try_lock() else {
+                // An append, read or seal holds it; the next heartbeat comes back.
+                continue;
+            };
+            if slot.validated_epoch == 0 || slot.last_stream_seq <= slot.checkpointed_stream_seq {
+                continue;
+            }
+            let shard = self.shard_of(&session);
+            let owned = self.shards.lock().get(&shard).copied();
+            let Some(owned) = owned.filter(|owned| owned.epoch == slot.validated_epoch) else {
+                continue;
+            };
+            if self
+                .write_checkpoint(&session, shard, owned, &slot)
+                .await
+                .is_ok()
+            {
+                slot.checkpointed_stream_seq = slot.last_stream_seq;
+                written += 1;
+                bump(&self.metrics.tail_checkpoints, 1);
+            }
+        }
+    }
+
+    async fn write_checkpoint(
+        &self,
+        session: &str,
+        shard: u32,
+        owned: OwnedShard,
+        slot: &SessionSlot,
+    ) -> FleetResult<()> {
+        let (mut manifest, revision) = self.claim_manifest(session, shard, owned).await?;
+        let checkpoint = TailCheckpoint {
+            end_seq: slot.next_seq,
+            stream_seq: slot.last_stream_seq,
+        };
+        if manifest
+            .tail_checkpoint
+            .is_some_and(|recorded| recorded.stream_seq >= checkpoint.stream_seq)
+        {
+            return Ok(());
+        }
+        manifest.tail_checkpoint = Some(checkpoint);
+        self.coordinator
+            .update(
+                Bucket::Sessions,
+                &session_key(session),
+                to_json(&manifest),
+                revision,
+            )
+            .await
+            .map_err(backend)?;
+        Ok(())
     }
 
     /// Whether `DSH_SHARDS` names this process as the shard's owner.
@@ -886,6 +967,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             sealed_end: 0,
             tail_from_stream_seq: 1,
             runs: Vec::new(),
+            tail_checkpoint: None,
         };
         let slot = self.slot(session);
         let mut slot = slot.lock().await;
@@ -909,6 +991,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             header: header.to_string(),
             next_seq: 0,
             last_stream_seq: 0,
+            checkpointed_stream_seq: 0,
         };
         Ok(())
     }
@@ -1560,6 +1643,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 last_stream_seq = message.stream_seq;
             }
         }
+        Self::check_checkpoint(session, &manifest, events.len() as u64, last_stream_seq)?;
         let length = events.len() as u64;
         let local_matches = self.local.length(session) == Some(length)
             && self.local.read(session, 0, length)? == events;
@@ -1571,6 +1655,9 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             header: manifest.header,
             next_seq: length,
             last_stream_seq,
+            checkpointed_stream_seq: manifest
+                .tail_checkpoint
+                .map_or(0, |checkpoint| checkpoint.stream_seq),
         };
         bump(&self.metrics.rebuilds, 1);
         bump(&self.metrics.rebuilt_events, length);
@@ -1647,6 +1734,34 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             return Err((format!("gap: seq {} follows {}", event.seq, have), have));
         }
         Ok(())
+    }
+
+    /// A rebuilt history must reach the manifest's tail checkpoint: events and the stream
+    /// sequence of the last message carrying them. Shorter means acknowledged events are
+    /// missing from the replicated tail (a replica that drops a corrupted message serves the
+    /// read silently): refused loudly, naming the session and the missing seqs.
+    fn check_checkpoint(
+        session: &str,
+        manifest: &SessionManifest,
+        rebuilt_end: u64,
+        last_stream_seq: u64,
+    ) -> FleetResult<()> {
+        let Some(checkpoint) = manifest.tail_checkpoint else {
+            return Ok(());
+        };
+        if rebuilt_end >= checkpoint.end_seq && last_stream_seq >= checkpoint.stream_seq {
+            return Ok(());
+        }
+        Err(FleetError::Rebuild {
+            session: session.to_string(),
+            from: rebuilt_end,
+            reason: format!(
+                "the replicated tail ends at seq {rebuilt_end} (stream seq {last_stream_seq}) but \
+                 the manifest records seqs up to {} acknowledged at stream seq {}: seqs \
+                 {rebuilt_end}..{} are missing from the tail",
+                checkpoint.end_seq, checkpoint.stream_seq, checkpoint.end_seq
+            ),
+        })
     }
 
     async fn load_runs(
@@ -1761,6 +1876,10 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         });
         manifest.sealed_end = slot.next_seq;
         manifest.tail_from_stream_seq = slot.last_stream_seq + 1;
+        manifest.tail_checkpoint = Some(TailCheckpoint {
+            end_seq: slot.next_seq,
+            stream_seq: slot.last_stream_seq,
+        });
         match self
             .coordinator
             .update(
@@ -1779,6 +1898,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             }
             Err(error) => return Err(backend(error)),
         }
+        slot.checkpointed_stream_seq = slot.last_stream_seq;
         report.events = manifest.sealed_end - first_seq;
         bump(&self.metrics.seals, 1);
         bump(&self.metrics.sealed_events, report.events);

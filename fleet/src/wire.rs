@@ -72,6 +72,20 @@ pub struct SessionManifest {
     /// have been purged; replay starts here.
     pub tail_from_stream_seq: u64,
     pub runs: Vec<RunRef>,
+    /// The last acknowledged tail position the owner recorded (at each seal, and by its
+    /// heartbeat for sessions whose tail moved): a rebuild must reach it, so a replica that
+    /// silently drops a session's last messages cannot shorten the history below it.
+    /// Absent in manifests written before it existed (F-09-42).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_checkpoint: Option<TailCheckpoint>,
+}
+
+/// An acknowledged tail position: seqs below `end_seq` are acknowledged, the last of them
+/// in the tail message at stream sequence `stream_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailCheckpoint {
+    pub end_seq: u64,
+    pub stream_seq: u64,
 }
 
 /// One sealed run named by a manifest.

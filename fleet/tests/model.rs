@@ -462,7 +462,9 @@ impl World {
                 Ok(ack) => self.record_ack(which, index, &payloads, ack, was_owner.as_ref()),
                 Err(FleetError::Moved { .. }) => {
                     let harness = &self.nodes[index];
-                    if was_owner.as_ref().map(|(owner, generation, _)| (owner.as_str(), *generation))
+                    if was_owner
+                        .as_ref()
+                        .map(|(owner, generation, _)| (owner.as_str(), *generation))
                         != Some((harness.id.as_str(), harness.generation))
                     {
                         self.totals.zombie_attempts += 1;
@@ -1078,13 +1080,13 @@ fn group_publishes_carry_many_sessions_through_a_takeover() {
     }
     const ROUNDS: usize = 20;
     for round in 0..ROUNDS {
-        let results = world.runtime.block_on(futures::future::join_all(
-            sessions.iter().map(|session| {
+        let results = world
+            .runtime
+            .block_on(futures::future::join_all(sessions.iter().map(|session| {
                 let batch = vec![IncomingEvent::new("message", &format!("{round}-{session}"))];
                 let n1 = &n1;
                 async move { n1.append(session, &batch).await }
-            }),
-        ));
+            })));
         for (session, result) in sessions.iter().zip(results) {
             let ack = result.unwrap_or_else(|error| panic!("{session} round {round}: {error}"));
             assert_eq!(ack.first_seq, round as u64);
@@ -1095,8 +1097,14 @@ fn group_publishes_carry_many_sessions_through_a_takeover() {
     let messages = read(&n1.metrics.published_messages);
     let batches = read(&n1.metrics.published_batches);
     assert_eq!(batches, (ROUNDS * sessions.len()) as u64);
-    assert!(messages < batches, "no group message: {messages} of {batches}");
-    assert!(publishes < messages, "no atomic publish: {publishes} of {messages}");
+    assert!(
+        messages < batches,
+        "no group message: {messages} of {batches}"
+    );
+    assert!(
+        publishes < messages,
+        "no atomic publish: {publishes} of {messages}"
+    );
     assert!(!world.tail.messages_on(&group_subject(0)).is_empty());
     assert!(!world.tail.messages_on(&group_subject(16)).is_empty());
 
@@ -1107,7 +1115,9 @@ fn group_publishes_carry_many_sessions_through_a_takeover() {
     world.runtime.block_on(n2.tick()).expect("tick");
     assert_eq!(n2.owned_shards().len(), SHARDS as usize);
     let expected = |session: &str| -> Vec<String> {
-        (0..ROUNDS).map(|round| format!("{round}-{session}")).collect()
+        (0..ROUNDS)
+            .map(|round| format!("{round}-{session}"))
+            .collect()
     };
     for session in &sessions {
         assert_eq!(world.datas(&n2, session), expected(session), "{session}");
@@ -1116,13 +1126,13 @@ fn group_publishes_carry_many_sessions_through_a_takeover() {
     // The zombie, back before its next tick, still thinks it owns the shards: its grouped
     // writes are refused by the fences, each as `Moved`, and change no history.
     link1.set(Link::Up);
-    let results = world.runtime.block_on(futures::future::join_all(
-        sessions.iter().map(|session| {
+    let results = world
+        .runtime
+        .block_on(futures::future::join_all(sessions.iter().map(|session| {
             let batch = vec![IncomingEvent::new("message", "zombie")];
             let n1 = &n1;
             async move { n1.append(session, &batch).await }
-        }),
-    ));
+        })));
     for (session, result) in sessions.iter().zip(results) {
         assert!(
             matches!(result, Err(FleetError::Moved { .. })),
@@ -1133,4 +1143,76 @@ fn group_publishes_carry_many_sessions_through_a_takeover() {
     for session in &sessions {
         assert_eq!(world.datas(&n2, session), expected(session), "{session}");
     }
+}
+
+/// F7's `.blk` half on the fakes: a replica that silently drops a session's last tail
+/// message while it leads. The owner's heartbeat recorded the acknowledged tail position in
+/// the manifest (`tail_checkpoint`), so the new owner's rebuild refuses the shorter history
+/// loudly, naming the session and the missing seqs. What the checkpoint does not cover (a
+/// message acknowledged after the last heartbeat) is shown too: the documented limit.
+#[test]
+fn a_silently_dropped_last_message_is_refused_by_the_tail_checkpoint() {
+    use dshdb_fleet::shard::{shard_of_in, stream_name};
+    use std::sync::atomic::Ordering;
+    let world = LeaseWorld::new();
+    let link1 = LinkControl::default();
+    let n1 = world.node("n1", &link1);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    let (checked, unchecked) = ("k0", "k1");
+    for session in [checked, unchecked] {
+        let header = format!(r#"{{"id":"{session}"}}"#);
+        world
+            .runtime
+            .block_on(n1.create_session(session, &header))
+            .expect("create");
+    }
+    let mut last_acks = std::collections::HashMap::new();
+    for session in [checked, unchecked] {
+        for index in 0..3 {
+            let ack = world
+                .runtime
+                .block_on(n1.append(
+                    session,
+                    &[IncomingEvent::new("message", &index.to_string())],
+                ))
+                .expect("append");
+            last_acks.insert(session, ack.stream_seq);
+        }
+    }
+    // The heartbeat records both tails (3 events each).
+    world.runtime.block_on(n1.tick()).expect("tick");
+    assert_eq!(n1.metrics.tail_checkpoints.load(Ordering::Relaxed), 2);
+    // One more event of `unchecked` after the heartbeat: not in its checkpoint.
+    let late = world
+        .runtime
+        .block_on(n1.append(unchecked, &[IncomingEvent::new("message", "3")]))
+        .expect("append");
+    // A replica drops each session's last message and then serves the reads.
+    let stream = |session: &str| stream_name(shard_of_in(session, SHARDS));
+    world
+        .tail
+        .drop_message_silently(&stream(checked), last_acks[checked]);
+    world
+        .tail
+        .drop_message_silently(&stream(unchecked), late.stream_seq);
+
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let n2 = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(n2.tick()).expect("tick");
+    match world.runtime.block_on(n2.read(checked, 0, u64::MAX)) {
+        Err(FleetError::Rebuild {
+            session,
+            from,
+            reason,
+        }) => {
+            assert_eq!(session, checked);
+            assert_eq!(from, 2, "{reason}");
+            assert!(reason.contains("seqs 2..3 are missing"), "{reason}");
+        }
+        other => panic!("a shorter history was served: {other:?}"),
+    }
+    // The limit: an event acknowledged after the last checkpoint can still vanish silently
+    // when its message was the session's last (FLEET.md's scrub would find it).
+    assert_eq!(world.datas(&n2, unchecked), ["0", "1", "2"]);
 }
