@@ -443,9 +443,24 @@ impl TailLog for Nats {
             .await
             .map_err(|error| unavailable("replay", error))?;
         while pending > 0 {
+            // A message the stream counts but does not deliver (a replica that drops a
+            // corrupted message serves the consumer) ends here: name where.
+            let after = messages
+                .last()
+                .map_or(from_stream_seq.max(1) - 1, |message: &TailMessage| {
+                    message.stream_seq
+                });
             let next = tokio::time::timeout(REPLAY_MESSAGE_TIMEOUT, delivered.next())
                 .await
-                .map_err(|_| unavailable("replay", "no message in time"))?
+                .map_err(|_| {
+                    unavailable(
+                        "replay",
+                        format!(
+                            "{subject}: no message in time after stream seq {after} \
+                             ({pending} pending)"
+                        ),
+                    )
+                })?
                 .ok_or_else(|| unavailable("replay", "the consumer ended"))?
                 .map_err(|error| unavailable("replay", error))?;
             let info = next.info().map_err(|error| other("replay", error))?;
