@@ -50,9 +50,13 @@ pub const FENCE_COLLISION_PAUSE: Duration = Duration::from_millis(1);
 /// Most session batches one group publish carries (nats-server takes up to 1,000 messages
 /// in an atomic batch; a smaller group bounds the wait of the batches at its end).
 pub const MAX_GROUP_MESSAGES: usize = 256;
-/// Most payload bytes one group publish carries (a group always takes its first batch):
-/// the server stages a whole batch in memory before its commit.
-pub const MAX_GROUP_BYTES: usize = 1024 * 1024;
+/// Most bytes of session batches one group publish carries, each counted with its 4-byte
+/// length prefix (a group always takes its first batch): so a shard's group message
+/// (F-09-23, a 21-byte header more) stays within [`MAX_TAIL_PAYLOAD_BYTES`] plus that
+/// header, below NATS's `max_payload` (1 MiB), and the server stages a bounded batch.
+pub const MAX_GROUP_BYTES: usize = MAX_TAIL_PAYLOAD_BYTES;
+/// The length prefix of each batch inside a group message, in bytes.
+const GROUP_ENTRY_BYTES: usize = 4;
 /// Most sessions whose tail checkpoint one heartbeat writes (one manifest CAS each); the
 /// others wait for the next heartbeats.
 pub const MAX_CHECKPOINTS_PER_TICK: usize = 256;
@@ -1224,14 +1228,15 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             let same_fence = fences
                 .get(&next.shard)
                 .is_none_or(|fence_seq| *fence_seq == next.owned.fence_seq);
+            let next_bytes = next.message.payload.len() + GROUP_ENTRY_BYTES;
             let fits = group.is_empty()
                 || (same_fence
                     && group.len() < MAX_GROUP_MESSAGES
-                    && bytes + next.message.payload.len() <= MAX_GROUP_BYTES);
+                    && bytes + next_bytes <= MAX_GROUP_BYTES);
             if !fits {
                 break;
             }
-            bytes += next.message.payload.len();
+            bytes += next_bytes;
             fences.insert(next.shard, next.owned.fence_seq);
             if let Some(write) = queue.queued.pop_front() {
                 group.push(write);

@@ -112,6 +112,25 @@ fn leader_and_last_seqs(stream: &str) -> (Option<u16>, Vec<u64>) {
     (leader, last_seqs)
 }
 
+/// Each server's (messages, last_seq) of `stream`, for the servers that answer.
+fn replica_views(stream: &str) -> Vec<(u64, u64)> {
+    (1..=3u16)
+        .filter_map(|server| {
+            let jsz = monitor_json(nats_monitor_port(server), "jsz?streams=true")?;
+            let detail = jsz["account_details"]
+                .as_array()?
+                .iter()
+                .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
+                .find(|detail| detail["name"] == stream)?
+                .clone();
+            Some((
+                detail["state"]["messages"].as_u64()?,
+                detail["state"]["last_seq"].as_u64()?,
+            ))
+        })
+        .collect()
+}
+
 /// Flips one byte inside `marker` in the block files of `stream` under `store`; returns
 /// how many copies were found (each flipped).
 fn flip_in_block_files(store: &Path, stream: &str, marker: &[u8]) -> usize {
@@ -272,8 +291,25 @@ fn f7_corrupt_block_file_never_yields_a_shorter_history() {
             }
             other => panic!("neither the history nor a loud refusal: {other:?}"),
         }
-        // Leave the stream led by an intact replica for the tests that follow.
+        // Leave the stream led by an intact replica, and the damaged replica rebuilt from
+        // the others (its copy of the stream removed while it is down): later tests compare
+        // the replicas (F2, F6) and read from any leader.
         let other = (1..=3u16).find(|server| *server != victim).unwrap();
         move_leader(&nats, &stream, other).await;
+        servers_script(&["stop-one", &format!("nats{victim}")]);
+        std::fs::remove_dir_all(store.join("jetstream/$G/streams").join(&stream)).unwrap();
+        servers_script(&["restart", &format!("nats{victim}")]);
+        let started = Instant::now();
+        loop {
+            let views = replica_views(&stream);
+            if views.len() == 3 && views.iter().all(|view| *view == views[0]) {
+                break;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{stream}: n{victim} did not catch up again: {views:?}"
+            );
+            tokio::time::sleep(common::POLL).await;
+        }
     });
 }
