@@ -51,6 +51,17 @@ pub trait TailLog: Send + Sync + 'static {
         message: TailPublish,
     ) -> impl Future<Output = BackendResult<PublishAck>> + Send;
 
+    /// Appends several messages of one stream as one atomic group: all are stored, in
+    /// order, at consecutive stream sequences, or none is (JetStream atomic batch publish,
+    /// server ≥ 2.12). Every fence is checked against the stream as it was before the group.
+    /// A message id already stored (within the window) refuses the whole group with
+    /// [`crate::error::BackendError::DuplicateInBatch`]; the caller then sends the messages
+    /// one by one, where each duplicate is acknowledged with its stored sequence.
+    fn publish_batch(
+        &self,
+        messages: Vec<TailPublish>,
+    ) -> impl Future<Output = BackendResult<Vec<PublishAck>>> + Send;
+
     /// The last message stored on `subject` of `stream`, if any.
     fn last_on_subject(
         &self,

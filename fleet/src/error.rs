@@ -19,6 +19,10 @@ pub enum BackendError {
     /// The stream refused the write because a limit is reached (`discard: new`).
     #[error("stream full: {reason}")]
     Full { reason: String },
+    /// An atomic group publish carried a message id already stored: nothing of the group
+    /// was stored (JetStream `err_code 10201`).
+    #[error("group publish holds a duplicate message id: {reason}")]
+    DuplicateInBatch { reason: String },
     /// Anything else the server said.
     #[error("backend: {reason}")]
     Other { reason: String },

@@ -16,7 +16,8 @@
 //! then fails as unavailable: the outcome the caller cannot tell from a lost request).
 
 use crate::backend::{
-    Bucket, Clock, ColdStore, Coordinator, KvEntry, PublishAck, TailLog, TailMessage, TailPublish,
+    Bucket, Clock, ColdStore, Coordinator, Fence, KvEntry, PublishAck, TailLog, TailMessage,
+    TailPublish,
 };
 use crate::error::{BackendError, BackendResult};
 use parking_lot::Mutex;
@@ -210,6 +211,29 @@ impl FakeTail {
             .collect()
     }
 
+    /// Loses the stored message at `stream_seq` of `stream` silently, as a replica that
+    /// drops a corrupted message while it leads (F7): reads no longer see it, and the last
+    /// message of its subject becomes the one before it.
+    pub fn drop_message_silently(&self, stream: &str, stream_seq: u64) {
+        let mut state = self.state.lock();
+        let Some(stream) = state.streams.get_mut(stream) else {
+            return;
+        };
+        let Some(dropped) = stream.messages.remove(&stream_seq) else {
+            return;
+        };
+        let previous = stream
+            .messages
+            .range(..stream_seq)
+            .rev()
+            .find(|(_, message)| message.subject == dropped.subject)
+            .map(|(seq, _)| *seq);
+        match previous {
+            Some(seq) => stream.last_by_subject.insert(dropped.subject, seq),
+            None => stream.last_by_subject.remove(&dropped.subject),
+        };
+    }
+
     /// Fenced publishes refused so far.
     pub fn fenced_count(&self) -> u64 {
         self.state.lock().fenced
@@ -271,30 +295,135 @@ impl FakeTail {
     }
 }
 
+impl FakeTail {
+    /// An atomic group: every check (dedup, fences against the stream before the group,
+    /// limits) passes for all messages, then all are stored; else nothing is.
+    fn publish_batch_now(&self, messages: Vec<TailPublish>) -> BackendResult<Vec<PublishAck>> {
+        let now = self.clock.now_ms();
+        let Some(first) = messages.first() else {
+            return Ok(Vec::new());
+        };
+        let stream_name = stream_of(&first.subject)?;
+        for message in &messages {
+            if stream_of(&message.subject)? != stream_name {
+                return Err(BackendError::Other {
+                    reason: "a group publish spans two streams".to_string(),
+                });
+            }
+        }
+        let mut state = self.state.lock();
+        let TailState {
+            streams,
+            max_messages,
+            fenced,
+        } = &mut *state;
+        let stream = streams.entry(stream_name).or_default();
+        let window = self.dedup_window_ms;
+        stream
+            .dedup
+            .retain(|_, (_, stored_at)| now.saturating_sub(*stored_at) < window);
+        let mut ids = HashSet::new();
+        for message in &messages {
+            if stream.dedup.contains_key(&message.msg_id) || !ids.insert(&message.msg_id) {
+                return Err(BackendError::DuplicateInBatch {
+                    reason: message.msg_id.clone(),
+                });
+            }
+        }
+        for fence in messages.iter().filter_map(|message| message.fence.as_ref()) {
+            let last = stream
+                .last_by_subject
+                .get(&fence.subject)
+                .copied()
+                .unwrap_or(0);
+            if last != fence.last_seq {
+                *fenced += 1;
+                return Err(BackendError::Fenced {
+                    subject: fence.subject.clone(),
+                    expected: fence.last_seq,
+                });
+            }
+        }
+        if max_messages.is_some_and(|limit| stream.messages.len() + messages.len() > limit) {
+            return Err(BackendError::Full {
+                reason: "maximum messages exceeded".to_string(),
+            });
+        }
+        let mut acks = Vec::with_capacity(messages.len());
+        for message in messages {
+            stream.last_seq += 1;
+            let stream_seq = stream.last_seq;
+            stream
+                .last_by_subject
+                .insert(message.subject.clone(), stream_seq);
+            stream.dedup.insert(message.msg_id, (stream_seq, now));
+            stream.messages.insert(
+                stream_seq,
+                TailMessage {
+                    stream_seq,
+                    subject: message.subject,
+                    payload: message.payload,
+                },
+            );
+            acks.push(PublishAck {
+                stream_seq,
+                duplicate: false,
+            });
+        }
+        Ok(acks)
+    }
+}
+
+impl FakeTailClient {
+    /// Marks the fence subjects of a publish as in flight across one yield to the runtime;
+    /// refuses it as fenced if one of them already is (as nats-server 2.15.1 does).
+    async fn enter_flight<'a>(
+        &self,
+        fences: impl Iterator<Item = &'a Fence>,
+    ) -> BackendResult<Vec<InFlight>> {
+        let mut held = Vec::new();
+        for fence in fences {
+            if held
+                .iter()
+                .any(|in_flight: &InFlight| in_flight.subject == fence.subject)
+            {
+                continue;
+            }
+            if !self.tail.in_flight.lock().insert(fence.subject.clone()) {
+                self.tail.state.lock().fenced += 1;
+                return Err(BackendError::Fenced {
+                    subject: fence.subject.clone(),
+                    expected: fence.last_seq,
+                });
+            }
+            held.push(InFlight {
+                subjects: self.tail.in_flight.clone(),
+                subject: fence.subject.clone(),
+            });
+        }
+        if !held.is_empty() {
+            // In flight across one yield: a concurrent publish fenced on the same subject
+            // meets it.
+            tokio::task::yield_now().await;
+        }
+        Ok(held)
+    }
+}
+
 impl TailLog for FakeTailClient {
     async fn publish(&self, message: TailPublish) -> BackendResult<PublishAck> {
         self.link.before()?;
-        let _in_flight = match &message.fence {
-            Some(fence) => {
-                if !self.tail.in_flight.lock().insert(fence.subject.clone()) {
-                    self.tail.state.lock().fenced += 1;
-                    return Err(BackendError::Fenced {
-                        subject: fence.subject.clone(),
-                        expected: fence.last_seq,
-                    });
-                }
-                let in_flight = InFlight {
-                    subjects: self.tail.in_flight.clone(),
-                    subject: fence.subject.clone(),
-                };
-                // In flight across one yield: a concurrent publish fenced on the same subject
-                // meets it.
-                tokio::task::yield_now().await;
-                Some(in_flight)
-            }
-            None => None,
-        };
+        let _in_flight = self.enter_flight(message.fence.iter()).await?;
         let result = self.tail.publish_now(message);
+        self.link.after(result)
+    }
+
+    async fn publish_batch(&self, messages: Vec<TailPublish>) -> BackendResult<Vec<PublishAck>> {
+        self.link.before()?;
+        let _in_flight = self
+            .enter_flight(messages.iter().filter_map(|message| message.fence.as_ref()))
+            .await?;
+        let result = self.tail.publish_batch_now(messages);
         self.link.after(result)
     }
 

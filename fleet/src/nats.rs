@@ -41,6 +41,15 @@ pub fn request_timeout(node_ttl: Duration) -> Duration {
 /// Longest wait for the next message of a replay before it is declared unavailable.
 pub const REPLAY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Header naming the atomic batch a message belongs to (ADR-50, server ≥ 2.12).
+pub const BATCH_ID_HEADER: &str = "Nats-Batch-Id";
+/// Header numbering a message within its batch, from 1.
+pub const BATCH_SEQUENCE_HEADER: &str = "Nats-Batch-Sequence";
+/// Header marking the batch's last message, which commits it (value `1`).
+pub const BATCH_COMMIT_HEADER: &str = "Nats-Batch-Commit";
+/// Most messages nats-server accepts in one atomic batch.
+pub const SERVER_MAX_BATCH_MESSAGES: usize = 1000;
+
 /// Attempts at creating or opening the streams and buckets on connect.
 pub const SETUP_ATTEMPTS: u32 = 5;
 /// Pause between those attempts.
@@ -61,6 +70,9 @@ pub struct NatsConfig {
 #[derive(Clone)]
 pub struct Nats {
     context: jetstream::Context,
+    /// Distinguishes this connection's batch ids from other processes' (time of connect).
+    batch_prefix: u64,
+    next_batch: std::sync::Arc<std::sync::atomic::AtomicU64>,
     nodes: kv::Store,
     shards: kv::Store,
     sessions: kv::Store,
@@ -89,6 +101,9 @@ fn tail_stream_config(index: u32, replicas: usize) -> stream::Config {
         max_age: TAIL_MAX_AGE,
         duplicate_window: DEDUP_WINDOW,
         deny_delete: true,
+        // Group publishes (ADR-50 atomic batches): one fenced write per shard in flight
+        // carries many sessions' batches.
+        allow_atomic_publish: true,
         ..Default::default()
     }
 }
@@ -157,12 +172,20 @@ impl Nats {
 
     async fn set_up(context: jetstream::Context, config: &NatsConfig) -> BackendResult<Nats> {
         for index in 0..STREAM_COUNT {
+            // Create, or update a stream created before group publishes were allowed.
             context
-                .get_or_create_stream(tail_stream_config(index, config.replicas))
+                .create_or_update_stream(tail_stream_config(index, config.replicas))
                 .await
                 .map_err(|error| unavailable(&format!("stream DSH_{index:02}"), error))?;
         }
+        let batch_prefix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|elapsed| elapsed.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ u64::from(std::process::id()).rotate_left(40);
         Ok(Nats {
+            batch_prefix,
+            next_batch: std::sync::Arc::default(),
             nodes: open_bucket(&context, Bucket::Nodes, config).await?,
             shards: open_bucket(&context, Bucket::Shards, config).await?,
             sessions: open_bucket(&context, Bucket::Sessions, config).await?,
@@ -252,6 +275,24 @@ fn publish_error(
     }
 }
 
+/// Maps a group publish failure: as [`publish_error`], plus a duplicate message id in the
+/// group (`err_code 10201`), after which nothing of the group is stored.
+fn batch_error(
+    subject: &str,
+    expected: u64,
+    error: jetstream::context::PublishError,
+) -> BackendError {
+    let text = error.to_string();
+    if text.contains("duplicate") {
+        return BackendError::DuplicateInBatch { reason: text };
+    }
+    if text.contains("incomplete") || text.contains("batch") && text.contains("unknown") {
+        // A staged message was lost on the way: nothing stored, send the group again.
+        return unavailable("group publish", text);
+    }
+    publish_error(subject, expected, error)
+}
+
 impl TailLog for Nats {
     async fn publish(&self, message: TailPublish) -> BackendResult<PublishAck> {
         let headers = publish_headers(&message);
@@ -271,6 +312,71 @@ impl TailLog for Nats {
             stream_seq: ack.sequence,
             duplicate: ack.duplicate,
         })
+    }
+
+    async fn publish_batch(&self, messages: Vec<TailPublish>) -> BackendResult<Vec<PublishAck>> {
+        let count = messages.len();
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        if count > SERVER_MAX_BATCH_MESSAGES {
+            return Err(other(
+                "group publish",
+                format!("{count} messages (limit {SERVER_MAX_BATCH_MESSAGES})"),
+            ));
+        }
+        let (fence_subject, expected) = messages
+            .iter()
+            .find_map(|message| message.fence.as_ref())
+            .map_or((String::new(), 0), |fence| {
+                (fence.subject.clone(), fence.last_seq)
+            });
+        let batch_id = format!(
+            "{:016x}-{:x}",
+            self.batch_prefix,
+            self.next_batch
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let client = self.context.client();
+        let mut commit = None;
+        for (index, message) in messages.into_iter().enumerate() {
+            let mut headers = publish_headers(&message);
+            headers.insert(BATCH_ID_HEADER, batch_id.as_str());
+            headers.insert(BATCH_SEQUENCE_HEADER, (index + 1).to_string().as_str());
+            if index + 1 == count {
+                headers.insert(BATCH_COMMIT_HEADER, "1");
+                commit = Some((message.subject, headers, message.payload));
+            } else {
+                // Staged by the server without an answer; the commit's answer covers them
+                // (a lost one makes the batch incomplete, refused as a whole).
+                client
+                    .publish_with_headers(message.subject, headers, message.payload.into())
+                    .await
+                    .map_err(|error| unavailable("group publish", error))?;
+            }
+        }
+        let Some((subject, headers, payload)) = commit else {
+            return Ok(Vec::new());
+        };
+        let pending = self
+            .context
+            .publish_with_headers(subject, headers, payload.into())
+            .await
+            .map_err(|error| batch_error(&fence_subject, expected, error))?;
+        let ack = pending
+            .await
+            .map_err(|error| batch_error(&fence_subject, expected, error))?;
+        // The ack names the last message; the batch holds the ones just before it.
+        let first = ack
+            .sequence
+            .checked_sub(count as u64 - 1)
+            .ok_or_else(|| other("group publish", format!("ack at {}", ack.sequence)))?;
+        Ok((0..count as u64)
+            .map(|offset| PublishAck {
+                stream_seq: first + offset,
+                duplicate: false,
+            })
+            .collect())
     }
 
     async fn last_on_subject(
@@ -337,9 +443,24 @@ impl TailLog for Nats {
             .await
             .map_err(|error| unavailable("replay", error))?;
         while pending > 0 {
+            // A message the stream counts but does not deliver (a replica that drops a
+            // corrupted message serves the consumer) ends here: name where.
+            let after = messages
+                .last()
+                .map_or(from_stream_seq.max(1) - 1, |message: &TailMessage| {
+                    message.stream_seq
+                });
             let next = tokio::time::timeout(REPLAY_MESSAGE_TIMEOUT, delivered.next())
                 .await
-                .map_err(|_| unavailable("replay", "no message in time"))?
+                .map_err(|_| {
+                    unavailable(
+                        "replay",
+                        format!(
+                            "{subject}: no message in time after stream seq {after} \
+                             ({pending} pending)"
+                        ),
+                    )
+                })?
                 .ok_or_else(|| unavailable("replay", "the consumer ended"))?
                 .map_err(|error| unavailable("replay", error))?;
             let info = next.info().map_err(|error| other("replay", error))?;

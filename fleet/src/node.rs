@@ -13,17 +13,18 @@
 //!   purge) either lands before the claim (and is seen) or fails.
 
 use crate::backend::{
-    Bucket, Clock, ColdStore, Coordinator, Fence, KvEntry, PublishAck, TailLog, TailPublish,
+    Bucket, Clock, ColdStore, Coordinator, Fence, KvEntry, PublishAck, TailLog, TailMessage,
+    TailPublish,
 };
 use crate::error::{BackendError, FleetError, FleetResult};
 use crate::shard::{
-    epoch_subject, manifest_copy_key, rendezvous_owner, run_key, session_key, session_subject,
-    shard_key, stream_name, valid_session_id,
+    epoch_subject, group_subject, manifest_copy_key, rendezvous_owner, run_key, session_key,
+    session_subject, shard_key, stream_name, valid_session_id,
 };
 use crate::tier::{LocalPending, LocalTier};
 use crate::wire::{
-    blake3_hex, from_json, to_json, EpochMarker, NodeRecord, RunObject, RunRef, SessionManifest,
-    ShardRecord, TailBatch,
+    blake3_hex, decode_tail_message, from_json, to_json, EpochMarker, NodeRecord, RunObject,
+    RunRef, SessionManifest, ShardRecord, TailBatch, TailCheckpoint, TailGroup,
 };
 use dshdb::Event;
 use parking_lot::Mutex;
@@ -46,6 +47,19 @@ pub const MANIFEST_CAS_ATTEMPTS: u32 = 8;
 pub const FENCE_COLLISION_ATTEMPTS: u32 = 500;
 /// Pause before sending such a write again.
 pub const FENCE_COLLISION_PAUSE: Duration = Duration::from_millis(1);
+/// Most session batches one group publish carries (nats-server takes up to 1,000 messages
+/// in an atomic batch; a smaller group bounds the wait of the batches at its end).
+pub const MAX_GROUP_MESSAGES: usize = 256;
+/// Most bytes of session batches one group publish carries, each counted with its 4-byte
+/// length prefix (a group always takes its first batch): so a shard's group message
+/// (F-09-23, a 21-byte header more) stays within [`MAX_TAIL_PAYLOAD_BYTES`] plus that
+/// header, below NATS's `max_payload` (1 MiB), and the server stages a bounded batch.
+pub const MAX_GROUP_BYTES: usize = MAX_TAIL_PAYLOAD_BYTES;
+/// The length prefix of each batch inside a group message, in bytes.
+const GROUP_ENTRY_BYTES: usize = 4;
+/// Most sessions whose tail checkpoint one heartbeat writes (one manifest CAS each); the
+/// others wait for the next heartbeats.
+pub const MAX_CHECKPOINTS_PER_TICK: usize = 256;
 /// Lease TTL of `DSH_NODES` entries, in milliseconds (FLEET.md: 10 s).
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 
@@ -157,6 +171,19 @@ pub struct NodeMetrics {
     /// Fenced writes refused while the fence still held (another write of the shard was
     /// in flight) and sent again.
     pub fence_collisions: AtomicU64,
+    /// Fenced publishes sent (a single session batch, or one atomic group of several).
+    pub fenced_publishes: AtomicU64,
+    /// Messages those publishes stored (one per shard of a group).
+    pub published_messages: AtomicU64,
+    /// Session batches carried by those messages (their ratio is the batching factor).
+    pub published_batches: AtomicU64,
+    /// Groups refused for a duplicate message id and then sent one batch at a time.
+    pub group_duplicate_fallbacks: AtomicU64,
+    /// Microseconds spent in fenced publishes, summed (over `fenced_publishes`: the mean
+    /// time one takes, the JetStream part of a replicated append).
+    pub publish_micros: AtomicU64,
+    /// Tail checkpoints written to manifests by heartbeats.
+    pub tail_checkpoints: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -179,6 +206,8 @@ struct SessionSlot {
     next_seq: u64,
     /// Stream sequence of the last tail message of this session the node knows.
     last_stream_seq: u64,
+    /// The tail position last recorded in the manifest (`tail_checkpoint`) by this node.
+    checkpointed_stream_seq: u64,
 }
 
 /// The node's `DSH_NODES` entry as this process last knew it.
@@ -205,6 +234,107 @@ enum NodeEntry {
     Other,
 }
 
+/// What a queued session write learns from the task that sends its shard's group.
+enum Turn {
+    /// Its outcome.
+    Done(Result<PublishAck, BackendError>),
+    /// It is first in the queue and no publish of the shard is in flight: it sends the next
+    /// group itself.
+    Lead,
+}
+
+/// A session write waiting for its stream's group publish.
+struct QueuedWrite {
+    ticket: u64,
+    shard: u32,
+    owned: OwnedShard,
+    message: TailPublish,
+    /// Taken when the write is told to lead (its task then takes its outcome directly).
+    reply: Option<tokio::sync::oneshot::Sender<Turn>>,
+}
+
+/// One write of a group publish.
+struct GroupWrite {
+    shard: u32,
+    owned: OwnedShard,
+    message: TailPublish,
+}
+
+/// One message of a group publish and the writes it carries (indices into the group).
+struct Outgoing {
+    shard: u32,
+    owned: OwnedShard,
+    message: TailPublish,
+    writes: Vec<usize>,
+}
+
+/// The writes of one tail stream not yet sent; `leading` while a task sends a group of it.
+#[derive(Default)]
+struct StreamQueue {
+    queued: std::collections::VecDeque<QueuedWrite>,
+    leading: bool,
+}
+
+/// A task's turn at sending its stream's group. Dropped unfinished (the task was
+/// cancelled), it tells the group's writes their outcome is unknown and hands the turn on,
+/// so that the shard's queue never stalls.
+struct GroupTurn<'node, T: TailLog, C: Coordinator, S: ColdStore> {
+    node: &'node Node<T, C, S>,
+    stream: u32,
+    group: Vec<QueuedWrite>,
+    finished: bool,
+}
+
+impl<T: TailLog, C: Coordinator, S: ColdStore> GroupTurn<'_, T, C, S> {
+    /// Gives every write of the group its outcome, hands the turn on, and returns the
+    /// outcome of the write `own_ticket`.
+    fn finish(
+        mut self,
+        own_ticket: u64,
+        mut outcomes: Vec<Result<PublishAck, BackendError>>,
+    ) -> Result<PublishAck, BackendError> {
+        let mut own = None;
+        let group = std::mem::take(&mut self.group);
+        outcomes.resize(
+            group.len(),
+            Err(BackendError::Other {
+                reason: "group publish returned too few outcomes".to_string(),
+            }),
+        );
+        for (write, outcome) in group.into_iter().zip(outcomes) {
+            if write.ticket == own_ticket {
+                own = Some(outcome);
+            } else if let Some(reply) = write.reply {
+                // A write whose task is gone needs no answer.
+                let _ = reply.send(Turn::Done(outcome));
+            }
+        }
+        self.finished = true;
+        self.node.hand_on_turn(self.stream);
+        own.unwrap_or_else(|| {
+            Err(BackendError::Other {
+                reason: "a group publish lost its own write".to_string(),
+            })
+        })
+    }
+}
+
+impl<T: TailLog, C: Coordinator, S: ColdStore> Drop for GroupTurn<'_, T, C, S> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        for write in std::mem::take(&mut self.group) {
+            if let Some(reply) = write.reply {
+                let _ = reply.send(Turn::Done(Err(BackendError::Unavailable {
+                    reason: "the task sending the group publish was cancelled".to_string(),
+                })));
+            }
+        }
+        self.node.hand_on_turn(self.stream);
+    }
+}
+
 /// One fleet node over a tail log `T`, a coordinator `C` and a cold store `S`.
 pub struct Node<T, C, S> {
     config: NodeConfig,
@@ -221,8 +351,10 @@ pub struct Node<T, C, S> {
     /// takes a shard from a live recorded owner.
     reclaim: Mutex<BTreeSet<u32>>,
     /// One fenced write in flight per shard: the server refuses a second one while the
-    /// first is in flight (see [`Node::publish_fenced`]), so the node queues them itself.
-    shard_publish: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
+    /// first is in flight (see [`Node::publish_grouped`]), so the node queues the others
+    /// and sends them together as the next group publish of the shard's tail stream.
+    stream_queues: Mutex<HashMap<u32, StreamQueue>>,
+    next_ticket: AtomicU64,
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionSlot>>>>,
     lease: Mutex<Lease>,
     stopped: AtomicBool,
@@ -284,7 +416,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             clock,
             shards: Mutex::new(BTreeMap::new()),
             reclaim: Mutex::new(BTreeSet::new()),
-            shard_publish: Mutex::new(HashMap::new()),
+            stream_queues: Mutex::new(HashMap::new()),
+            next_ticket: AtomicU64::new(0),
             sessions: Mutex::new(HashMap::new()),
             lease: Mutex::new(Lease::default()),
             stopped: AtomicBool::new(false),
@@ -537,7 +670,81 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 self.reclaim.lock().remove(&shard);
             }
         }
+        self.checkpoint_tails().await;
         Ok(taken)
+    }
+
+    /// Records in the manifests of sessions whose tail moved since the last record the
+    /// acknowledged tail position (`tail_checkpoint`), at most [`MAX_CHECKPOINTS_PER_TICK`]
+    /// per heartbeat. What it guarantees: a rebuild never silently serves a history shorter
+    /// than the last checkpoint (one heartbeat behind the acknowledgements at most while the
+    /// node lives); events acknowledged after it are covered only by the replay's own checks
+    /// (the subject's last message). Failures are left to the next heartbeat.
+    async fn checkpoint_tails(&self) {
+        let slots: Vec<(String, Arc<tokio::sync::Mutex<SessionSlot>>)> = self
+            .sessions
+            .lock()
+            .iter()
+            .map(|(session, slot)| (session.clone(), slot.clone()))
+            .collect();
+        let mut written = 0;
+        for (session, slot) in slots {
+            if written >= MAX_CHECKPOINTS_PER_TICK {
+                break;
+            }
+            let Ok(mut slot) = slot.try_lock() else {
+                // An append, read or seal holds it; the next heartbeat comes back.
+                continue;
+            };
+            if slot.validated_epoch == 0 || slot.last_stream_seq <= slot.checkpointed_stream_seq {
+                continue;
+            }
+            let shard = self.shard_of(&session);
+            let owned = self.shards.lock().get(&shard).copied();
+            let Some(owned) = owned.filter(|owned| owned.epoch == slot.validated_epoch) else {
+                continue;
+            };
+            if self
+                .write_checkpoint(&session, shard, owned, &slot)
+                .await
+                .is_ok()
+            {
+                slot.checkpointed_stream_seq = slot.last_stream_seq;
+                written += 1;
+                bump(&self.metrics.tail_checkpoints, 1);
+            }
+        }
+    }
+
+    async fn write_checkpoint(
+        &self,
+        session: &str,
+        shard: u32,
+        owned: OwnedShard,
+        slot: &SessionSlot,
+    ) -> FleetResult<()> {
+        let (mut manifest, revision) = self.claim_manifest(session, shard, owned).await?;
+        let checkpoint = TailCheckpoint {
+            end_seq: slot.next_seq,
+            stream_seq: slot.last_stream_seq,
+        };
+        if manifest
+            .tail_checkpoint
+            .is_some_and(|recorded| recorded.stream_seq >= checkpoint.stream_seq)
+        {
+            return Ok(());
+        }
+        manifest.tail_checkpoint = Some(checkpoint);
+        self.coordinator
+            .update(
+                Bucket::Sessions,
+                &session_key(session),
+                to_json(&manifest),
+                revision,
+            )
+            .await
+            .map_err(backend)?;
+        Ok(())
     }
 
     /// Whether `DSH_SHARDS` names this process as the shard's owner.
@@ -764,6 +971,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             sealed_end: 0,
             tail_from_stream_seq: 1,
             runs: Vec::new(),
+            tail_checkpoint: None,
         };
         let slot = self.slot(session);
         let mut slot = slot.lock().await;
@@ -787,6 +995,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             header: header.to_string(),
             next_seq: 0,
             last_stream_seq: 0,
+            checkpointed_stream_seq: 0,
         };
         Ok(())
     }
@@ -854,10 +1063,10 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 ("Dsh-Last-Seq".to_string(), (end_seq - 1).to_string()),
             ],
         };
-        let published = self.publish_fenced(shard, owned, &message).await;
+        let published = self.publish_grouped(shard, owned, message.clone()).await;
         let local = wait_local(pending);
         let ack = match published {
-            Ok(ack) if ack.duplicate => match self.check_deduplicated(shard, &message, ack).await {
+            Ok(ack) if ack.duplicate => match self.check_deduplicated(shard, &batch, ack).await {
                 Ok(()) => ack,
                 Err(error) => {
                     bump(&self.metrics.not_acknowledged, 1);
@@ -895,13 +1104,14 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     }
 
     /// A deduplicated publish is acknowledged only if the message it was deduplicated
-    /// against is this batch: a different batch under the same msg id (same session, first
-    /// seq and epoch) means the local copy missed an acknowledged batch, and acknowledging
-    /// this one would hand out a seq twice.
+    /// against carries this batch (alone on the session's subject, or in a group message of
+    /// the shard): a different batch under the same msg id (same session, first seq and
+    /// epoch) means the local copy missed an acknowledged batch, and acknowledging this one
+    /// would hand out a seq twice.
     async fn check_deduplicated(
         &self,
         shard: u32,
-        message: &TailPublish,
+        batch: &TailBatch,
         ack: PublishAck,
     ) -> FleetResult<()> {
         let stored = self
@@ -909,31 +1119,342 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             .message_at(&stream_name(shard), ack.stream_seq)
             .await
             .map_err(|error| FleetError::NotAcknowledged {
-                reason: format!("checking the duplicate of {}: {error}", message.msg_id),
-            })?;
-        match stored {
-            Some(stored)
-                if stored.subject == message.subject && stored.payload == message.payload =>
-            {
-                Ok(())
-            }
-            _ => Err(FleetError::NotAcknowledged {
                 reason: format!(
-                    "msg id {} already holds another batch (stream seq {}): the local copy is \
-                     behind the replicated history",
-                    message.msg_id, ack.stream_seq
+                    "checking the duplicate of {}/{}: {error}",
+                    batch.session,
+                    batch.first_seq()
                 ),
-            }),
+            })?;
+        let carries_batch = stored.is_some_and(|stored| {
+            let subject_fits = stored.subject == session_subject(&batch.session, shard)
+                || stored.subject == group_subject(shard);
+            subject_fits
+                && decode_tail_message(&stored.payload)
+                    .is_ok_and(|batches| batches.iter().any(|stored| stored == batch))
+        });
+        if carries_batch {
+            Ok(())
+        } else {
+            Err(FleetError::NotAcknowledged {
+                reason: format!(
+                    "the message at stream seq {} deduplicated against does not carry batch \
+                     {}/{} of epoch {}: the local copy is behind the replicated history",
+                    ack.stream_seq,
+                    batch.session,
+                    batch.first_seq(),
+                    batch.epoch
+                ),
+            })
         }
     }
 
-    /// Publishes a fenced session write. nats-server (2.15.1, clustered) refuses a write
-    /// whose expected-last-subject-sequence check names a subject that another such write
-    /// is still in flight on, with the same "wrong last sequence" answer as a failed check
-    /// (measured: of N concurrent writes fenced on one shard's epoch subject, N - 1 are
-    /// refused). So the node sends one fenced write per shard at a time, and a refusal
-    /// means the shard is lost only if the shard's last epoch marker is no longer this
-    /// node's; otherwise (another node's marker write in flight) nothing was stored and the
+    /// Publishes a fenced session write, grouped with the other queued writes of the
+    /// shard's tail stream. nats-server (2.15.1, clustered) refuses a write whose
+    /// expected-last-subject-sequence check names a subject that another such write is still
+    /// in flight on, with the same "wrong last sequence" answer as a failed check (measured:
+    /// of N concurrent writes fenced on one shard's epoch subject, N - 1 are refused). So the
+    /// node sends one fenced publish per stream at a time (so at most one per shard); the
+    /// writes that arrive meanwhile wait in the stream's queue and go out together as the
+    /// next publish: an atomic group in which each session batch stays its own message on
+    /// its own subject, fenced on its shard's epoch.
+    async fn publish_grouped(
+        &self,
+        shard: u32,
+        owned: OwnedShard,
+        message: TailPublish,
+    ) -> Result<PublishAck, BackendError> {
+        let stream = crate::shard::stream_index(shard);
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let (reply, turn) = tokio::sync::oneshot::channel();
+        let lead_now = {
+            let mut queues = self.stream_queues.lock();
+            let queue = queues.entry(stream).or_default();
+            queue.queued.push_back(QueuedWrite {
+                ticket,
+                shard,
+                owned,
+                message,
+                reply: Some(reply),
+            });
+            !std::mem::replace(&mut queue.leading, true)
+        };
+        if !lead_now {
+            match turn.await {
+                Ok(Turn::Done(outcome)) => return outcome,
+                Ok(Turn::Lead) => {}
+                Err(_) => {
+                    return Err(BackendError::Unavailable {
+                        reason: "the stream's publishing task ended".to_string(),
+                    })
+                }
+            }
+        }
+        let group = GroupTurn {
+            node: self,
+            stream,
+            group: self.take_group(stream),
+            finished: false,
+        };
+        let writes: Vec<GroupWrite> = group
+            .group
+            .iter()
+            .map(|write| GroupWrite {
+                shard: write.shard,
+                owned: write.owned,
+                message: write.message.clone(),
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let outcomes = self.publish_group(writes).await;
+        bump(
+            &self.metrics.publish_micros,
+            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        );
+        group.finish(ticket, outcomes)
+    }
+
+    /// The writes at the front of the stream's queue that go out together: one fence per
+    /// shard (a write made under an older epoch of a shard waits for the next group, and is
+    /// refused), within [`MAX_GROUP_MESSAGES`] and [`MAX_GROUP_BYTES`].
+    fn take_group(&self, stream: u32) -> Vec<QueuedWrite> {
+        let mut queues = self.stream_queues.lock();
+        let Some(queue) = queues.get_mut(&stream) else {
+            return Vec::new();
+        };
+        let mut group: Vec<QueuedWrite> = Vec::new();
+        let mut fences: HashMap<u32, u64> = HashMap::new();
+        let mut bytes = 0;
+        while let Some(next) = queue.queued.front() {
+            let same_fence = fences
+                .get(&next.shard)
+                .is_none_or(|fence_seq| *fence_seq == next.owned.fence_seq);
+            let next_bytes = next.message.payload.len() + GROUP_ENTRY_BYTES;
+            let fits = group.is_empty()
+                || (same_fence
+                    && group.len() < MAX_GROUP_MESSAGES
+                    && bytes + next_bytes <= MAX_GROUP_BYTES);
+            if !fits {
+                break;
+            }
+            bytes += next_bytes;
+            fences.insert(next.shard, next.owned.fence_seq);
+            if let Some(write) = queue.queued.pop_front() {
+                group.push(write);
+            }
+        }
+        group
+    }
+
+    /// Ends a task's turn at the stream: the first queued write whose task still waits
+    /// sends the next group; with none, the stream is idle.
+    fn hand_on_turn(&self, stream: u32) {
+        let mut queues = self.stream_queues.lock();
+        let Some(queue) = queues.get_mut(&stream) else {
+            return;
+        };
+        while let Some(front) = queue.queued.front_mut() {
+            let told = front
+                .reply
+                .take()
+                .is_some_and(|reply| reply.send(Turn::Lead).is_ok());
+            if told {
+                return;
+            }
+            // Its task is gone (cancelled): nobody waits for this write.
+            queue.queued.pop_front();
+        }
+        queue.leading = false;
+    }
+
+    /// The messages that carry a group's writes: a shard with one write sends it alone on
+    /// its session subject (F-09-20); a shard with several sends them as one group message
+    /// on the shard's group subject (F-09-23), fenced like any write of the shard. Its msg
+    /// id names its content (blake3), so a retry of the same group is deduplicated.
+    fn outgoing(writes: &[GroupWrite]) -> Vec<Outgoing> {
+        let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (index, write) in writes.iter().enumerate() {
+            by_shard.entry(write.shard).or_default().push(index);
+        }
+        by_shard
+            .into_iter()
+            .map(|(shard, indices)| {
+                let first = &writes[indices[0]];
+                if indices.len() == 1 {
+                    return Outgoing {
+                        shard,
+                        owned: first.owned,
+                        message: first.message.clone(),
+                        writes: indices,
+                    };
+                }
+                let payloads: Vec<&[u8]> = indices
+                    .iter()
+                    .map(|index| writes[*index].message.payload.as_slice())
+                    .collect();
+                let payload = TailGroup::encode_from(shard, first.owned.epoch, &payloads);
+                let digest = blake3::hash(&payload).to_hex();
+                Outgoing {
+                    shard,
+                    owned: first.owned,
+                    message: TailPublish {
+                        subject: group_subject(shard),
+                        msg_id: format!("g/{shard}/e{}/{}", first.owned.epoch, &digest[..32]),
+                        payload,
+                        fence: first.message.fence.clone(),
+                        headers: vec![
+                            ("Dsh-Epoch".to_string(), first.owned.epoch.to_string()),
+                            ("Dsh-Batches".to_string(), indices.len().to_string()),
+                        ],
+                    },
+                    writes: indices,
+                }
+            })
+            .collect()
+    }
+
+    /// Sends one group of writes of a stream: one message per shard ([`Node::outgoing`]),
+    /// a single message as a plain fenced publish, several as one atomic publish.
+    async fn publish_group(
+        &self,
+        writes: Vec<GroupWrite>,
+    ) -> Vec<Result<PublishAck, BackendError>> {
+        let outgoing = Self::outgoing(&writes);
+        bump(&self.metrics.fenced_publishes, 1);
+        bump(&self.metrics.published_messages, outgoing.len() as u64);
+        bump(&self.metrics.published_batches, writes.len() as u64);
+        let message_outcomes = if let [single] = outgoing.as_slice() {
+            vec![
+                self.publish_fenced(single.shard, single.owned, &single.message)
+                    .await,
+            ]
+        } else {
+            self.publish_atomic(&outgoing).await
+        };
+        let mut outcomes: Vec<Result<PublishAck, BackendError>> = vec![
+            Err(BackendError::Other {
+                reason: "a write of the group was not sent".to_string(),
+            });
+            writes.len()
+        ];
+        for (message, outcome) in outgoing.iter().zip(message_outcomes) {
+            for index in &message.writes {
+                outcomes[*index] = outcome.clone();
+            }
+        }
+        outcomes
+    }
+
+    /// Sends several messages as atomic publishes. A publish refused by a fence loses the
+    /// messages of the shards whose last epoch marker is no longer this node's (they are
+    /// fenced); the others go out again (the refusal was a collision with another node's
+    /// marker write in flight, or came from a lost shard's message). A publish refused for a
+    /// duplicate message id (a retry of messages stored before) goes out again one message
+    /// at a time, where each duplicate is acknowledged with its stored sequence and checked
+    /// by the caller.
+    async fn publish_atomic(&self, outgoing: &[Outgoing]) -> Vec<Result<PublishAck, BackendError>> {
+        let mut outcomes: Vec<Option<Result<PublishAck, BackendError>>> =
+            vec![None; outgoing.len()];
+        for _ in 0..FENCE_COLLISION_ATTEMPTS {
+            let open: Vec<usize> = (0..outgoing.len())
+                .filter(|index| outcomes[*index].is_none())
+                .collect();
+            if open.is_empty() {
+                break;
+            }
+            let messages: Vec<TailPublish> = open
+                .iter()
+                .map(|index| outgoing[*index].message.clone())
+                .collect();
+            match self.publish_batch_with_retries(messages).await {
+                Ok(acks) => {
+                    for (index, ack) in open.iter().zip(acks) {
+                        outcomes[*index] = Some(Ok(ack));
+                    }
+                }
+                Err(fenced @ BackendError::Fenced { .. }) => {
+                    let lost = match self.lost_shards(outgoing, &open).await {
+                        Ok(lost) => lost,
+                        Err(error) => {
+                            for index in &open {
+                                outcomes[*index] = Some(Err(error.clone()));
+                            }
+                            break;
+                        }
+                    };
+                    if lost.is_empty() {
+                        bump(&self.metrics.fence_collisions, 1);
+                        tokio::time::sleep(FENCE_COLLISION_PAUSE).await;
+                    }
+                    for index in &open {
+                        if lost.contains(&outgoing[*index].shard) {
+                            outcomes[*index] = Some(Err(fenced.clone()));
+                        }
+                    }
+                }
+                Err(BackendError::DuplicateInBatch { .. }) => {
+                    bump(&self.metrics.group_duplicate_fallbacks, 1);
+                    for index in &open {
+                        let message = &outgoing[*index];
+                        outcomes[*index] = Some(
+                            self.publish_fenced(message.shard, message.owned, &message.message)
+                                .await,
+                        );
+                    }
+                }
+                Err(error) => {
+                    for index in &open {
+                        outcomes[*index] = Some(Err(error.clone()));
+                    }
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| {
+                outcome.unwrap_or_else(|| {
+                    Err(BackendError::Unavailable {
+                        reason: format!(
+                            "an atomic publish refused {FENCE_COLLISION_ATTEMPTS} times while \
+                             its fences held"
+                        ),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// The shards among the messages `open` whose last epoch marker is no longer this
+    /// node's.
+    async fn lost_shards(
+        &self,
+        outgoing: &[Outgoing],
+        open: &[usize],
+    ) -> Result<BTreeSet<u32>, BackendError> {
+        let shards: BTreeMap<u32, OwnedShard> = open
+            .iter()
+            .map(|index| (outgoing[*index].shard, outgoing[*index].owned))
+            .collect();
+        let mut lost = BTreeSet::new();
+        for (shard, owned) in shards {
+            if !self.fence_still_holds(shard, owned).await? {
+                lost.insert(shard);
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Whether a refusal by the fence may have been a collision with another node's
+    /// marker write in flight: the shard's last epoch marker is still this node's.
+    async fn fence_still_holds(&self, shard: u32, owned: OwnedShard) -> Result<bool, BackendError> {
+        let marker = self
+            .tail
+            .last_on_subject(&stream_name(shard), &epoch_subject(shard))
+            .await?;
+        Ok(marker.map(|marker| marker.stream_seq) == Some(owned.fence_seq))
+    }
+
+    /// Publishes one fenced write; a refusal means the shard is lost only if the shard's
+    /// last epoch marker is no longer this node's, otherwise nothing was stored and the
     /// write is sent again.
     async fn publish_fenced(
         &self,
@@ -941,16 +1462,10 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         owned: OwnedShard,
         message: &TailPublish,
     ) -> Result<PublishAck, BackendError> {
-        let turn = self.shard_publish.lock().entry(shard).or_default().clone();
-        let _turn = turn.lock().await;
         for _ in 0..FENCE_COLLISION_ATTEMPTS {
             match self.publish_with_retries(message).await {
                 Err(fenced @ BackendError::Fenced { .. }) => {
-                    let marker = self
-                        .tail
-                        .last_on_subject(&stream_name(shard), &epoch_subject(shard))
-                        .await?;
-                    if marker.map(|marker| marker.stream_seq) != Some(owned.fence_seq) {
+                    if !self.fence_still_holds(shard, owned).await? {
                         return Err(fenced);
                     }
                     bump(&self.metrics.fence_collisions, 1);
@@ -965,6 +1480,33 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 message.msg_id
             ),
         })
+    }
+
+    /// Sends an atomic group, again as a whole (same message ids) while its outcome is
+    /// unknown.
+    async fn publish_batch_with_retries(
+        &self,
+        messages: Vec<TailPublish>,
+    ) -> Result<Vec<PublishAck>, BackendError> {
+        let attempts = self.config.publish_attempts.max(1);
+        let mut last_error = None;
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                bump(&self.metrics.publish_retries, 1);
+                if self.config.publish_retry_backoff_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(self.config.publish_retry_backoff_ms))
+                        .await;
+                }
+            }
+            match self.tail.publish_batch(messages.clone()).await {
+                Ok(acks) => return Ok(acks),
+                Err(error @ BackendError::Unavailable { .. }) => last_error = Some(error),
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or(BackendError::Unavailable {
+            reason: "no attempt made".to_string(),
+        }))
     }
 
     /// Publishes, retrying with the same msg id while the answer is unknown.
@@ -1068,33 +1610,9 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         let (manifest, _) = self.claim_manifest(session, shard, owned).await?;
         let mut events = self.load_runs(session, &manifest).await?;
         let tail_from = manifest.tail_from_stream_seq.max(1);
-        let stream = stream_name(shard);
-        let subject = session_subject(session, shard);
-        // The replay must reach the subject's last message, and the last message this node
-        // saw acknowledged: a replay served from a state that lags (a stream that just
-        // elected its leader) would rebuild a shorter history and hand out seqs again.
-        let last_on_subject = self
-            .tail
-            .last_on_subject(&stream, &subject)
-            .await
-            .map_err(backend)?
-            .map_or(0, |message| message.stream_seq);
-        let must_reach = last_on_subject.max(slot.last_stream_seq);
         let messages = self
-            .tail
-            .replay(&stream, &subject, tail_from)
-            .await
-            .map_err(backend)?;
-        let replayed_to = messages
-            .last()
-            .map_or(tail_from - 1, |message| message.stream_seq);
-        if replayed_to < must_reach {
-            return Err(backend(BackendError::Unavailable {
-                reason: format!(
-                    "replay of {session} ended at stream seq {replayed_to}, before {must_reach}"
-                ),
-            }));
-        }
+            .replay_tail(session, shard, tail_from, slot.last_stream_seq)
+            .await?;
         let mut last_stream_seq = tail_from - 1;
         for message in messages {
             let rebuild_error = |reason: String, from: u64| FleetError::Rebuild {
@@ -1102,40 +1620,35 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 from,
                 reason,
             };
-            let batch = TailBatch::decode(&message.payload).map_err(|error| {
+            let batches = decode_tail_message(&message.payload).map_err(|error| {
                 rebuild_error(
                     format!("tail message at stream seq {}: {error}", message.stream_seq),
                     events.len() as u64,
                 )
             })?;
-            if batch.session != session {
+            let in_group = message.subject == group_subject(shard);
+            if !in_group && batches.iter().any(|batch| batch.session != session) {
                 return Err(rebuild_error(
-                    format!("tail message names session {}", batch.session),
+                    format!(
+                        "tail message at stream seq {} names another session",
+                        message.stream_seq
+                    ),
                     events.len() as u64,
                 ));
             }
-            for event in batch.events {
-                let have = events.len() as u64;
-                if event.seq < have {
-                    // Already rebuilt (a sealed range not yet purged): must be the same event.
-                    let index = usize::try_from(event.seq).unwrap_or(usize::MAX);
-                    if events.get(index) != Some(&event) {
-                        return Err(rebuild_error(
-                            "two different events with one seq".to_string(),
-                            event.seq,
-                        ));
-                    }
-                } else if event.seq == have {
-                    events.push(event);
-                } else {
-                    return Err(rebuild_error(
-                        format!("gap: seq {} follows {}", event.seq, have),
-                        have,
-                    ));
+            let mut carried = false;
+            for batch in batches.into_iter().filter(|batch| batch.session == session) {
+                carried = true;
+                for event in batch.events {
+                    Self::rebuild_one(&mut events, event)
+                        .map_err(|(reason, from)| rebuild_error(reason, from))?;
                 }
             }
-            last_stream_seq = message.stream_seq;
+            if carried {
+                last_stream_seq = message.stream_seq;
+            }
         }
+        Self::check_checkpoint(session, &manifest, events.len() as u64, last_stream_seq)?;
         let length = events.len() as u64;
         let local_matches = self.local.length(session) == Some(length)
             && self.local.read(session, 0, length)? == events;
@@ -1147,10 +1660,113 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             header: manifest.header,
             next_seq: length,
             last_stream_seq,
+            checkpointed_stream_seq: manifest
+                .tail_checkpoint
+                .map_or(0, |checkpoint| checkpoint.stream_seq),
         };
         bump(&self.metrics.rebuilds, 1);
         bump(&self.metrics.rebuilt_events, length);
         Ok(())
+    }
+
+    /// The tail messages that may carry the session's batches from `tail_from` on: its own
+    /// subject and its shard's group subject, merged in stream order. Each replay must
+    /// reach its subject's last message, and together they must reach the last message
+    /// this node saw acknowledged for the session: a replay served from a state that lags
+    /// (a stream that just elected its leader) would rebuild a shorter history and hand out
+    /// seqs again.
+    async fn replay_tail(
+        &self,
+        session: &str,
+        shard: u32,
+        tail_from: u64,
+        acknowledged_stream_seq: u64,
+    ) -> FleetResult<Vec<TailMessage>> {
+        let stream = stream_name(shard);
+        let mut merged = Vec::new();
+        let mut replayed_to = tail_from - 1;
+        for subject in [session_subject(session, shard), group_subject(shard)] {
+            let last_on_subject = self
+                .tail
+                .last_on_subject(&stream, &subject)
+                .await
+                .map_err(backend)?
+                .map_or(0, |message| message.stream_seq);
+            let messages = self
+                .tail
+                .replay(&stream, &subject, tail_from)
+                .await
+                .map_err(backend)?;
+            let reached = messages
+                .last()
+                .map_or(tail_from - 1, |message| message.stream_seq);
+            if reached < last_on_subject {
+                return Err(backend(BackendError::Unavailable {
+                    reason: format!(
+                        "replay of {subject} for {session} ended at stream seq {reached}, \
+                         before its last message {last_on_subject}"
+                    ),
+                }));
+            }
+            replayed_to = replayed_to.max(reached);
+            merged.extend(messages);
+        }
+        if replayed_to < acknowledged_stream_seq {
+            return Err(backend(BackendError::Unavailable {
+                reason: format!(
+                    "replay of {session} ended at stream seq {replayed_to}, before \
+                     {acknowledged_stream_seq}"
+                ),
+            }));
+        }
+        merged.sort_by_key(|message| message.stream_seq);
+        Ok(merged)
+    }
+
+    /// Adds one replayed event to the history rebuilt so far: the next seq is appended, a
+    /// seq already rebuilt (a sealed range not yet purged, a batch stored twice) must be the
+    /// same event, and a gap is an error (reason, first missing seq).
+    fn rebuild_one(events: &mut Vec<Event>, event: Event) -> Result<(), (String, u64)> {
+        let have = events.len() as u64;
+        if event.seq < have {
+            let index = usize::try_from(event.seq).unwrap_or(usize::MAX);
+            if events.get(index) != Some(&event) {
+                return Err(("two different events with one seq".to_string(), event.seq));
+            }
+        } else if event.seq == have {
+            events.push(event);
+        } else {
+            return Err((format!("gap: seq {} follows {}", event.seq, have), have));
+        }
+        Ok(())
+    }
+
+    /// A rebuilt history must reach the manifest's tail checkpoint: events and the stream
+    /// sequence of the last message carrying them. Shorter means acknowledged events are
+    /// missing from the replicated tail (a replica that drops a corrupted message serves the
+    /// read silently): refused loudly, naming the session and the missing seqs.
+    fn check_checkpoint(
+        session: &str,
+        manifest: &SessionManifest,
+        rebuilt_end: u64,
+        last_stream_seq: u64,
+    ) -> FleetResult<()> {
+        let Some(checkpoint) = manifest.tail_checkpoint else {
+            return Ok(());
+        };
+        if rebuilt_end >= checkpoint.end_seq && last_stream_seq >= checkpoint.stream_seq {
+            return Ok(());
+        }
+        Err(FleetError::Rebuild {
+            session: session.to_string(),
+            from: rebuilt_end,
+            reason: format!(
+                "the replicated tail ends at seq {rebuilt_end} (stream seq {last_stream_seq}) but \
+                 the manifest records seqs up to {} acknowledged at stream seq {}: seqs \
+                 {rebuilt_end}..{} are missing from the tail",
+                checkpoint.end_seq, checkpoint.stream_seq, checkpoint.end_seq
+            ),
+        })
     }
 
     async fn load_runs(
@@ -1265,6 +1881,10 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         });
         manifest.sealed_end = slot.next_seq;
         manifest.tail_from_stream_seq = slot.last_stream_seq + 1;
+        manifest.tail_checkpoint = Some(TailCheckpoint {
+            end_seq: slot.next_seq,
+            stream_seq: slot.last_stream_seq,
+        });
         match self
             .coordinator
             .update(
@@ -1283,6 +1903,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             }
             Err(error) => return Err(backend(error)),
         }
+        slot.checkpointed_stream_seq = slot.last_stream_seq;
         report.events = manifest.sealed_end - first_seq;
         bump(&self.metrics.seals, 1);
         bump(&self.metrics.sealed_events, report.events);

@@ -118,6 +118,11 @@ fn metrics_json(metrics: &crate::node::NodeMetrics) -> Value {
         "leases_lost": read(&metrics.leases_lost),
         "reregistrations": read(&metrics.reregistrations),
         "fence_collisions": read(&metrics.fence_collisions),
+        "fenced_publishes": read(&metrics.fenced_publishes),
+        "published_messages": read(&metrics.published_messages),
+        "published_batches": read(&metrics.published_batches),
+        "group_duplicate_fallbacks": read(&metrics.group_duplicate_fallbacks),
+        "publish_micros": read(&metrics.publish_micros),
     })
 }
 

@@ -45,6 +45,11 @@ pub fn epoch_subject(shard: u32) -> String {
     format!("dsh.{:02}.{shard}.e", stream_index(shard))
 }
 
+/// `dsh.<k>.<shard>.g`: group tail messages of the shard (several sessions' batches each).
+pub fn group_subject(shard: u32) -> String {
+    format!("dsh.{:02}.{shard}.g", stream_index(shard))
+}
+
 /// `dsh.<k>.<shard>.s.<sid>`: the session's tail.
 pub fn session_subject(sid: &str, shard: u32) -> String {
     format!("dsh.{:02}.{shard}.s.{sid}", stream_index(shard))

@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 pub const TAIL_MAGIC: [u8; 4] = *b"DSHT";
 /// First bytes of a sealed run object.
 pub const RUN_MAGIC: [u8; 4] = *b"DSHR";
+/// Magic of a group tail message: several sessions' commit batches of one shard
+/// (format-spec/09-fleet.md F-09-23).
+pub const TAIL_GROUP_MAGIC: [u8; 4] = *b"DSHG";
+/// Most batches a group tail message may hold (a reader refuses more).
+pub const MAX_GROUP_BATCHES: usize = 4096;
 /// Version of both binary layouts.
 pub const WIRE_VERSION: u8 = 1;
 /// Largest session id, in bytes (it is part of NATS subjects and S3 keys).
@@ -32,6 +37,15 @@ pub struct TailBatch {
     pub session: String,
     pub epoch: u64,
     pub events: Vec<Event>,
+}
+
+/// A group tail message: commit batches of distinct sessions of one shard, written under one
+/// epoch, stored as one message on the shard's group subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TailGroup {
+    pub shard: u32,
+    pub epoch: u64,
+    pub batches: Vec<TailBatch>,
 }
 
 /// A sealed run object: a session's events `first_seq..=last_seq`.
@@ -58,6 +72,20 @@ pub struct SessionManifest {
     /// have been purged; replay starts here.
     pub tail_from_stream_seq: u64,
     pub runs: Vec<RunRef>,
+    /// The last acknowledged tail position the owner recorded (at each seal, and by its
+    /// heartbeat for sessions whose tail moved): a rebuild must reach it, so a replica that
+    /// silently drops a session's last messages cannot shorten the history below it.
+    /// Absent in manifests written before it existed (F-09-42).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_checkpoint: Option<TailCheckpoint>,
+}
+
+/// An acknowledged tail position: seqs below `end_seq` are acknowledged, the last of them
+/// in the tail message at stream sequence `stream_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailCheckpoint {
+    pub end_seq: u64,
+    pub stream_seq: u64,
 }
 
 /// One sealed run named by a manifest.
@@ -328,6 +356,77 @@ impl TailBatch {
     }
 }
 
+impl TailGroup {
+    /// `DSHG | version | shard u32 | epoch u64 | count u32 | count × (len u32 | DSHT
+    /// message)`, from the batches' encoded `DSHT` messages (as published alone).
+    pub fn encode_from(shard: u32, epoch: u64, encoded_batches: &[&[u8]]) -> Vec<u8> {
+        let inner: usize = encoded_batches.iter().map(|batch| 4 + batch.len()).sum();
+        let mut out = Vec::with_capacity(4 + 1 + 4 + 8 + 4 + inner);
+        out.extend_from_slice(&TAIL_GROUP_MAGIC);
+        out.push(WIRE_VERSION);
+        out.extend_from_slice(&shard.to_le_bytes());
+        out.extend_from_slice(&epoch.to_le_bytes());
+        out.extend_from_slice(&len_u32(encoded_batches.len()).to_le_bytes());
+        for batch in encoded_batches {
+            out.extend_from_slice(&len_u32(batch.len()).to_le_bytes());
+            out.extend_from_slice(batch);
+        }
+        out
+    }
+
+    /// Decodes and checks a group: magic, version, 1..=[`MAX_GROUP_BATCHES`] batches each
+    /// checked as [`TailBatch::decode`] does, each of the group's epoch, no session twice,
+    /// no bytes after the last batch.
+    pub fn decode(bytes: &[u8]) -> FleetResult<TailGroup> {
+        let what = "group tail message";
+        let mut reader = Reader::new(bytes, what);
+        if reader.array::<4>()? != TAIL_GROUP_MAGIC {
+            return Err(corrupt(what, "bad magic"));
+        }
+        let version = reader.u8()?;
+        if version != WIRE_VERSION {
+            return Err(corrupt(what, format!("unknown version {version}")));
+        }
+        let shard = reader.u32()?;
+        let epoch = reader.u64()?;
+        let count = reader.usize_from_u32()?;
+        if count == 0 || count > MAX_GROUP_BATCHES {
+            return Err(corrupt(what, format!("{count} batches")));
+        }
+        let mut batches: Vec<TailBatch> = Vec::with_capacity(count);
+        let mut sessions = std::collections::HashSet::with_capacity(count);
+        for _ in 0..count {
+            let length = reader.usize_from_u32()?;
+            let batch = TailBatch::decode(reader.take(length)?)?;
+            if batch.epoch != epoch {
+                return Err(corrupt(what, "a batch of another epoch"));
+            }
+            if !sessions.insert(batch.session.clone()) {
+                return Err(corrupt(what, format!("session {} twice", batch.session)));
+            }
+            batches.push(batch);
+        }
+        if !reader.done() {
+            return Err(corrupt(what, "bytes after the last batch"));
+        }
+        Ok(TailGroup {
+            shard,
+            epoch,
+            batches,
+        })
+    }
+}
+
+/// Decodes a tail message of either form: a single batch (`DSHT`, F-09-20) or a group
+/// (`DSHG`, F-09-23). Readers accept both; a writer sends a single batch alone.
+pub fn decode_tail_message(bytes: &[u8]) -> FleetResult<Vec<TailBatch>> {
+    if bytes.starts_with(&TAIL_GROUP_MAGIC) {
+        Ok(TailGroup::decode(bytes)?.batches)
+    } else {
+        Ok(vec![TailBatch::decode(bytes)?])
+    }
+}
+
 impl RunObject {
     /// `DSHR | version | session | first_seq | count | zstd(records)`.
     pub fn encode(&self) -> FleetResult<Vec<u8>> {
@@ -411,6 +510,59 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(TailBatch::decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn tail_group_round_trips_and_detects_every_flipped_byte() {
+        let batches = vec![
+            TailBatch {
+                session: "s-1".to_string(),
+                epoch: 3,
+                events: vec![event(4, "{\"a\":1}"), event(5, "[]")],
+            },
+            TailBatch {
+                session: "s-2".to_string(),
+                epoch: 3,
+                events: vec![event(0, "{}")],
+            },
+        ];
+        let encoded: Vec<Vec<u8>> = batches.iter().map(TailBatch::encode).collect();
+        let slices: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+        let bytes = TailGroup::encode_from(9, 3, &slices);
+        let group = TailGroup {
+            shard: 9,
+            epoch: 3,
+            batches: batches.clone(),
+        };
+        assert_eq!(TailGroup::decode(&bytes).ok(), Some(group.clone()));
+        assert_eq!(decode_tail_message(&bytes).ok(), Some(batches.clone()));
+        // The single form still decodes through the same entry point.
+        assert_eq!(
+            decode_tail_message(&encoded[0]).ok(),
+            Some(vec![batches[0].clone()])
+        );
+        for index in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[index] ^= 0x40;
+            assert_ne!(
+                TailGroup::decode(&damaged).ok(),
+                Some(group.clone()),
+                "flip at byte {index}"
+            );
+        }
+        for cut in 0..bytes.len() {
+            assert!(TailGroup::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let twice = TailGroup::encode_from(9, 3, &[slices[0], slices[0]]);
+        assert!(matches!(
+            TailGroup::decode(&twice),
+            Err(FleetError::Corrupt { .. })
+        ));
+        let other_epoch = TailGroup::encode_from(9, 4, &slices);
+        assert!(matches!(
+            TailGroup::decode(&other_epoch),
+            Err(FleetError::Corrupt { .. })
+        ));
     }
 
     #[test]

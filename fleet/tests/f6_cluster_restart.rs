@@ -22,8 +22,8 @@ use common::{
     Router, ServersBack, SessionModel, Writer, NATS_SERVERS,
 };
 use dshdb_fleet::backend::TailLog;
-use dshdb_fleet::shard::{session_subject, shard_of_in, stream_name};
-use dshdb_fleet::wire::TailBatch;
+use dshdb_fleet::shard::{group_subject, session_subject, shard_of_in, stream_name};
+use dshdb_fleet::wire::decode_tail_message;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,20 +61,27 @@ fn tail_events(
     session: &str,
 ) -> Option<BTreeMap<u64, String>> {
     let shard = shard_of_in(session, SHARDS);
-    let messages = runtime
-        .block_on(nats.replay(&stream_name(shard), &session_subject(session, shard), 1))
-        .ok()?;
+    let mut messages = Vec::new();
+    // A batch is stored alone on the session's subject, or in a group message of its shard.
+    for subject in [session_subject(session, shard), group_subject(shard)] {
+        messages.extend(
+            runtime
+                .block_on(nats.replay(&stream_name(shard), &subject, 1))
+                .ok()?,
+        );
+    }
     let mut events = BTreeMap::new();
     for message in messages {
-        let batch = TailBatch::decode(&message.payload).unwrap();
-        assert_eq!(batch.session, session);
-        for event in batch.events {
-            if let Some(before) = events.insert(event.seq, event.data.clone()) {
-                assert_eq!(
-                    before, event.data,
-                    "{session}: two events at seq {}",
-                    event.seq
-                );
+        let batches = decode_tail_message(&message.payload).unwrap();
+        for batch in batches.into_iter().filter(|batch| batch.session == session) {
+            for event in batch.events {
+                if let Some(before) = events.insert(event.seq, event.data.clone()) {
+                    assert_eq!(
+                        before, event.data,
+                        "{session}: two events at seq {}",
+                        event.seq
+                    );
+                }
             }
         }
     }

@@ -254,6 +254,11 @@ async fn ingest(process: &InProcess, token: &str, replicated: bool) -> Value {
     json!({
         "fence_collisions_total": metrics.fence_collisions.load(Ordering::Relaxed),
         "fenced_writes_total": metrics.fenced_writes.load(Ordering::Relaxed),
+        "fenced_publishes_total": metrics.fenced_publishes.load(Ordering::Relaxed),
+        "published_messages_total": metrics.published_messages.load(Ordering::Relaxed),
+        "published_batches_total": metrics.published_batches.load(Ordering::Relaxed),
+        "group_duplicate_fallbacks_total": metrics.group_duplicate_fallbacks.load(Ordering::Relaxed),
+        "publish_micros_total": metrics.publish_micros.load(Ordering::Relaxed),
         "sessions": INGEST_SESSIONS,
         "events_per_append": INGEST_BATCH_EVENTS,
         "seconds": seconds,

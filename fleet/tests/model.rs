@@ -18,16 +18,18 @@ use dshdb_fleet::fake::{
 };
 use dshdb_fleet::tier::{EngineTier, LocalTier, MemoryTier};
 use dshdb_fleet::wire::{from_json, ShardRecord};
-use dshdb_fleet::{FleetError, IncomingEvent, Node, NodeConfig, SealStep};
+use dshdb_fleet::{AppendAck, FleetError, IncomingEvent, Node, NodeConfig, SealStep};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
 const NODE_TTL_MS: u64 = 10_000;
 const REFRESH_MS: u64 = 2_000;
-const SHARDS: u32 = 6;
+/// 18 shards: shards 0 and 16, 1 and 17 share a tail stream (16 streams), so concurrent
+/// appends form atomic publishes of several shards as well as group messages.
+const SHARDS: u32 = 18;
 const NODES: usize = 3;
-const SESSIONS: usize = 5;
+const SESSIONS: usize = 6;
 const STEPS: usize = 60;
 const DEFAULT_SCHEDULES: u64 = 10_000;
 /// Schedules run with the real engine (on simulated storage) as the local tier.
@@ -137,6 +139,12 @@ struct Totals {
     reregistrations: u64,
     /// Nodes that stopped for good (their id taken): never, as every id has one process.
     stops: u64,
+    /// Appends sent together by [`World::append_concurrently`].
+    concurrent_appends: u64,
+    /// Session batches that shared a group message with another (batches - messages).
+    grouped_batches: u64,
+    /// Messages that shared an atomic publish with another (messages - publishes).
+    atomic_companions: u64,
 }
 
 impl Totals {
@@ -151,6 +159,10 @@ impl Totals {
         self.seals += read(&metrics.seals);
         self.leases_lost += read(&metrics.leases_lost);
         self.reregistrations += read(&metrics.reregistrations);
+        self.grouped_batches +=
+            read(&metrics.published_batches) - read(&metrics.published_messages);
+        self.atomic_companions +=
+            read(&metrics.published_messages) - read(&metrics.fenced_publishes);
     }
 }
 
@@ -169,7 +181,28 @@ struct World {
 }
 
 fn session_id(index: usize) -> String {
-    format!("s{index}")
+    static IDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    IDS.get_or_init(pick_session_ids)[index].clone()
+}
+
+/// The model's session ids, chosen so that concurrent appends can group (the first write
+/// of a stream goes out alone, the ones queued behind it together): sessions 0, 1 and 2
+/// share shard 2 (group messages); sessions 3 and 4 are in shard 0 and session 5 in shard
+/// 16, which share tail stream 0 (atomic publishes of several shards).
+fn pick_session_ids() -> Vec<String> {
+    use dshdb_fleet::shard::{shard_of_in, STREAM_COUNT};
+    let of_shard = |shard: u32, count: usize| -> Vec<String> {
+        (0..10_000)
+            .map(|index| format!("s{index}"))
+            .filter(|id| shard_of_in(id, SHARDS) == shard)
+            .take(count)
+            .collect()
+    };
+    let mut ids = of_shard(2, 3);
+    ids.extend(of_shard(0, 2));
+    ids.extend(of_shard(STREAM_COUNT, 1));
+    assert_eq!(ids.len(), SESSIONS, "session ids of the model");
+    ids
 }
 
 impl World {
@@ -328,29 +361,7 @@ impl World {
             let was_owner = self.recorded_owner(&session);
             match self.runtime.block_on(node.append(&session, &events)) {
                 Ok(ack) => {
-                    let model = &mut self.sessions[which];
-                    for (offset, data) in payloads.iter().enumerate() {
-                        let previous = model
-                            .acked
-                            .insert(ack.first_seq + offset as u64, data.clone());
-                        assert!(
-                            previous.is_none(),
-                            "seq {} acknowledged twice",
-                            ack.first_seq
-                        );
-                    }
-                    self.totals.acked_events += count as u64;
-                    let harness = &self.nodes[target];
-                    if was_owner
-                        .as_ref()
-                        .map(|(owner, generation, _)| (owner.as_str(), *generation))
-                        != Some((harness.id.as_str(), harness.generation))
-                    {
-                        // Acknowledged by a node the record does not name: allowed only for
-                        // a retry the stream had stored before the takeover (a duplicate).
-                        assert!(ack.duplicate, "a zombie's new write was acknowledged");
-                        self.totals.zombie_acks_after_takeover += 1;
-                    }
+                    self.record_ack(which, target, &payloads, ack, was_owner.as_ref());
                     return;
                 }
                 Err(FleetError::Moved { owner, .. }) => {
@@ -368,6 +379,98 @@ impl World {
                     }
                 }
                 Err(_) => return,
+            }
+        }
+    }
+
+    /// Records an acknowledged append in the model: each seq acknowledged once; a node the
+    /// shard record did not name may acknowledge only a duplicate (a retry the stream had
+    /// stored before the takeover).
+    fn record_ack(
+        &mut self,
+        which: usize,
+        target: usize,
+        payloads: &[String],
+        ack: AppendAck,
+        was_owner: Option<&(String, u64, u64)>,
+    ) {
+        let model = &mut self.sessions[which];
+        for (offset, data) in payloads.iter().enumerate() {
+            let previous = model
+                .acked
+                .insert(ack.first_seq + offset as u64, data.clone());
+            assert!(
+                previous.is_none(),
+                "seq {} acknowledged twice",
+                ack.first_seq
+            );
+        }
+        self.totals.acked_events += payloads.len() as u64;
+        let harness = &self.nodes[target];
+        if was_owner.map(|(owner, generation, _)| (owner.as_str(), *generation))
+            != Some((harness.id.as_str(), harness.generation))
+        {
+            assert!(ack.duplicate, "a zombie's new write was acknowledged");
+            self.totals.zombie_acks_after_takeover += 1;
+        }
+    }
+
+    /// Clients append to several created sessions at once through node `index`, without
+    /// following `Moved`: the node's stream queues group them (group messages of a shard,
+    /// atomic publishes of a stream's shards).
+    fn append_concurrently(&mut self, index: usize) {
+        let Some(node) = self.nodes[index].node.clone() else {
+            return;
+        };
+        if self.nodes[index].paused {
+            return;
+        }
+        let chosen: Vec<usize> = (0..SESSIONS)
+            .filter(|which| self.sessions[*which].created)
+            .filter(|_| self.rng.chance(80))
+            .collect();
+        if chosen.len() < 2 {
+            return;
+        }
+        let mut work = Vec::new();
+        for which in chosen {
+            let count = 1 + self.rng.below(3) as usize;
+            let payloads: Vec<String> = (0..count).map(|_| self.new_payload()).collect();
+            self.sessions[which].sent.extend(payloads.iter().cloned());
+            let was_owner = self.recorded_owner(&session_id(which));
+            work.push((which, payloads, was_owner));
+        }
+        let results = self
+            .runtime
+            .block_on(futures::future::join_all(work.iter().map(
+                |(which, payloads, _)| {
+                    let node = node.clone();
+                    let session = session_id(*which);
+                    let events: Vec<IncomingEvent> = payloads
+                        .iter()
+                        .map(|data| IncomingEvent {
+                            time: Some(1_700_000_000_000),
+                            ..IncomingEvent::new("assistant/chunk", data)
+                        })
+                        .collect();
+                    async move { node.append(&session, &events).await }
+                },
+            )));
+        self.totals.concurrent_appends += results.len() as u64;
+        for ((which, payloads, was_owner), result) in work.into_iter().zip(results) {
+            match result {
+                Ok(ack) => self.record_ack(which, index, &payloads, ack, was_owner.as_ref()),
+                Err(FleetError::Moved { .. }) => {
+                    let harness = &self.nodes[index];
+                    if was_owner
+                        .as_ref()
+                        .map(|(owner, generation, _)| (owner.as_str(), *generation))
+                        != Some((harness.id.as_str(), harness.generation))
+                    {
+                        self.totals.zombie_attempts += 1;
+                    }
+                }
+                Err(_) => {}
             }
         }
     }
@@ -456,7 +559,8 @@ impl World {
         let index = self.rng.below(NODES as u64) as usize;
         let roll = self.rng.below(100);
         match roll {
-            0..=39 => {
+            0..=5 => self.append_concurrently(index),
+            6..=39 => {
                 let which = self.rng.below(SESSIONS as u64) as usize;
                 // Clients mostly route by the shard record; some use a stale cache.
                 let recorded = self
@@ -616,6 +720,9 @@ fn add(total: &mut Totals, one: Totals) {
     total.leases_lost += one.leases_lost;
     total.reregistrations += one.reregistrations;
     total.stops += one.stops;
+    total.concurrent_appends += one.concurrent_appends;
+    total.grouped_batches += one.grouped_batches;
+    total.atomic_companions += one.atomic_companions;
 }
 
 fn run_many(count: u64, kind: TierKind) -> Totals {
@@ -667,6 +774,14 @@ fn random_schedules_lose_no_acknowledged_event() {
         );
         assert!(
             totals.zombie_attempts > 0 && totals.fenced > 0,
+            "{totals:?}"
+        );
+        // Concurrent appends form group messages (sessions of one shard) and atomic
+        // publishes (shards of one stream).
+        assert!(
+            totals.concurrent_appends > 0
+                && totals.grouped_batches > 0
+                && totals.atomic_companions > 0,
             "{totals:?}"
         );
         // Leases run out during partitions and pauses; the nodes register again rather
@@ -933,4 +1048,171 @@ fn concurrent_writes_of_one_shard_are_not_taken_for_a_fence() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
+}
+
+/// Group commit on the fakes, step by step: concurrent appends to three sessions of shard 0
+/// and two of shard 16 (one tail stream) go out as group messages inside atomic publishes;
+/// a takeover rebuilds every history from them; the zombie's grouped writes are all fenced.
+#[test]
+fn group_publishes_carry_many_sessions_through_a_takeover() {
+    use dshdb_fleet::shard::{group_subject, shard_of_in};
+    use std::sync::atomic::Ordering;
+    let world = LeaseWorld::new();
+    let pick = |shard: u32, count: usize| -> Vec<String> {
+        (0..2_000)
+            .map(|index| format!("g{index}"))
+            .filter(|session| shard_of_in(session, SHARDS) == shard)
+            .take(count)
+            .collect()
+    };
+    let mut sessions = pick(0, 3);
+    sessions.extend(pick(16, 2));
+    assert_eq!(sessions.len(), 5);
+    let link1 = LinkControl::default();
+    let n1 = world.node("n1", &link1);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    for session in &sessions {
+        let header = format!(r#"{{"id":"{session}"}}"#);
+        world
+            .runtime
+            .block_on(n1.create_session(session, &header))
+            .expect("create");
+    }
+    const ROUNDS: usize = 20;
+    for round in 0..ROUNDS {
+        let results = world
+            .runtime
+            .block_on(futures::future::join_all(sessions.iter().map(|session| {
+                let batch = vec![IncomingEvent::new("message", &format!("{round}-{session}"))];
+                let n1 = &n1;
+                async move { n1.append(session, &batch).await }
+            })));
+        for (session, result) in sessions.iter().zip(results) {
+            let ack = result.unwrap_or_else(|error| panic!("{session} round {round}: {error}"));
+            assert_eq!(ack.first_seq, round as u64);
+        }
+    }
+    let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+    let publishes = read(&n1.metrics.fenced_publishes);
+    let messages = read(&n1.metrics.published_messages);
+    let batches = read(&n1.metrics.published_batches);
+    assert_eq!(batches, (ROUNDS * sessions.len()) as u64);
+    assert!(
+        messages < batches,
+        "no group message: {messages} of {batches}"
+    );
+    assert!(
+        publishes < messages,
+        "no atomic publish: {publishes} of {messages}"
+    );
+    assert!(!world.tail.messages_on(&group_subject(0)).is_empty());
+    assert!(!world.tail.messages_on(&group_subject(16)).is_empty());
+
+    // n1 is cut off past its lease; n2 takes every shard and rebuilds from the tail.
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let n2 = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(n2.tick()).expect("tick");
+    assert_eq!(n2.owned_shards().len(), SHARDS as usize);
+    let expected = |session: &str| -> Vec<String> {
+        (0..ROUNDS)
+            .map(|round| format!("{round}-{session}"))
+            .collect()
+    };
+    for session in &sessions {
+        assert_eq!(world.datas(&n2, session), expected(session), "{session}");
+    }
+
+    // The zombie, back before its next tick, still thinks it owns the shards: its grouped
+    // writes are refused by the fences, each as `Moved`, and change no history.
+    link1.set(Link::Up);
+    let results = world
+        .runtime
+        .block_on(futures::future::join_all(sessions.iter().map(|session| {
+            let batch = vec![IncomingEvent::new("message", "zombie")];
+            let n1 = &n1;
+            async move { n1.append(session, &batch).await }
+        })));
+    for (session, result) in sessions.iter().zip(results) {
+        assert!(
+            matches!(result, Err(FleetError::Moved { .. })),
+            "{session}: {result:?}"
+        );
+    }
+    assert_eq!(read(&n1.metrics.fenced_writes), sessions.len() as u64);
+    for session in &sessions {
+        assert_eq!(world.datas(&n2, session), expected(session), "{session}");
+    }
+}
+
+/// F7's `.blk` half on the fakes: a replica that silently drops a session's last tail
+/// message while it leads. The owner's heartbeat recorded the acknowledged tail position in
+/// the manifest (`tail_checkpoint`), so the new owner's rebuild refuses the shorter history
+/// loudly, naming the session and the missing seqs. What the checkpoint does not cover (a
+/// message acknowledged after the last heartbeat) is shown too: the documented limit.
+#[test]
+fn a_silently_dropped_last_message_is_refused_by_the_tail_checkpoint() {
+    use dshdb_fleet::shard::{shard_of_in, stream_name};
+    use std::sync::atomic::Ordering;
+    let world = LeaseWorld::new();
+    let link1 = LinkControl::default();
+    let n1 = world.node("n1", &link1);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    let (checked, unchecked) = ("k0", "k1");
+    for session in [checked, unchecked] {
+        let header = format!(r#"{{"id":"{session}"}}"#);
+        world
+            .runtime
+            .block_on(n1.create_session(session, &header))
+            .expect("create");
+    }
+    let mut last_acks = std::collections::HashMap::new();
+    for session in [checked, unchecked] {
+        for index in 0..3 {
+            let ack = world
+                .runtime
+                .block_on(n1.append(
+                    session,
+                    &[IncomingEvent::new("message", &index.to_string())],
+                ))
+                .expect("append");
+            last_acks.insert(session, ack.stream_seq);
+        }
+    }
+    // The heartbeat records both tails (3 events each).
+    world.runtime.block_on(n1.tick()).expect("tick");
+    assert_eq!(n1.metrics.tail_checkpoints.load(Ordering::Relaxed), 2);
+    // One more event of `unchecked` after the heartbeat: not in its checkpoint.
+    let late = world
+        .runtime
+        .block_on(n1.append(unchecked, &[IncomingEvent::new("message", "3")]))
+        .expect("append");
+    // A replica drops each session's last message and then serves the reads.
+    let stream = |session: &str| stream_name(shard_of_in(session, SHARDS));
+    world
+        .tail
+        .drop_message_silently(&stream(checked), last_acks[checked]);
+    world
+        .tail
+        .drop_message_silently(&stream(unchecked), late.stream_seq);
+
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let n2 = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(n2.tick()).expect("tick");
+    match world.runtime.block_on(n2.read(checked, 0, u64::MAX)) {
+        Err(FleetError::Rebuild {
+            session,
+            from,
+            reason,
+        }) => {
+            assert_eq!(session, checked);
+            assert_eq!(from, 2, "{reason}");
+            assert!(reason.contains("seqs 2..3 are missing"), "{reason}");
+        }
+        other => panic!("a shorter history was served: {other:?}"),
+    }
+    // The limit: an event acknowledged after the last checkpoint can still vanish silently
+    // when its message was the session's last (FLEET.md's scrub would find it).
+    assert_eq!(world.datas(&n2, unchecked), ["0", "1", "2"]);
 }
