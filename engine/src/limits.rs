@@ -83,6 +83,10 @@ pub const FOLLOW_POLL: Duration = Duration::from_millis(50);
 /// (F-08-18): long enough for an append of this process that holds the tail (and so keeps
 /// the catch-up from running) to finish.
 pub const FOLLOW_REPLACED_PAUSE: Duration = Duration::from_millis(1);
+/// Tries of a read that finds files replaced by another process (F-08-18), each after a
+/// [`FOLLOW_REPLACED_PAUSE`]: about one second of patience for this process's own appends
+/// to leave the tail so that its catalog can follow.
+pub const MAX_FOLLOW_ATTEMPTS: usize = 1000;
 /// How often a follower of a store no other process writes looks for new events.
 pub const FOLLOW_POLL_ALONE: Duration = Duration::from_millis(5);
 /// How long a writable open keeps asking for the store's `LOCK` before it reports

@@ -359,6 +359,7 @@ fn rebuild(
         inner.options.use_checkpoint,
         &processes.tail,
     )?;
+    keep_segments_open(inner, &manifest);
     swap_catalog(inner, recovered.catalog, &manifest);
     *known = manifest;
     processes
@@ -387,6 +388,21 @@ fn swap_catalog(inner: &Inner, mut rebuilt: Catalog, manifest: &Manifest) {
     let mut runs = inner.run_entries.write();
     for run in &manifest.runs {
         runs.insert(run.id, *run);
+    }
+}
+
+/// Opens the segments `manifest` names that the process does not hold open yet, so that a
+/// later seal by another process cannot take them from under its catalog (F-08-18): only
+/// the few segments not sealed yet. One already gone is left to the next follow.
+pub(super) fn keep_segments_open(inner: &Inner, manifest: &Manifest) {
+    let mut files = inner.files.lock();
+    for segment in &manifest.segments {
+        if files.contains_key(&segment.id) {
+            continue;
+        }
+        if let Ok(file) = inner.storage.open_read(&segment_path(segment.id)) {
+            files.insert(segment.id, file);
+        }
     }
 }
 

@@ -1,9 +1,9 @@
 //! The read path: collecting a session's extents, walking their frames (segments and run
 //! blocks), `visit_events`, `read`, `read_json_lines` and `get`.
 
-use super::processes::MAX_REBUILD_ATTEMPTS;
 use super::{io_error, line::push_json_line, Event, EventView, Store};
 use crate::error::{Error, Result};
+use crate::limits::MAX_FOLLOW_ATTEMPTS;
 use crate::storage::catalog::{collect_slices, Extent, ExtentSlice, Position};
 use crate::storage::coding::{checked_u32, checked_usize, widen};
 use crate::storage::frame::{decode_frame, decode_run_frame, peek_frame, EventRecord, Record};
@@ -356,10 +356,18 @@ impl Store {
             // process's seal or rewrite cannot take a file from under the walk (F-08-18).
             match self.open_files_of(&slices) {
                 Ok(()) => break (gate, slices, types),
-                Err(error) if self.is_shared() && attempts < MAX_REBUILD_ATTEMPTS => {
+                Err(error) if self.is_shared() => {
                     drop(gate);
                     if !self.follow_replaced_file(&error)? {
                         return Err(error);
+                    }
+                    if attempts >= MAX_FOLLOW_ATTEMPTS {
+                        // Not damage (F-08-12): this process's own appends kept it from
+                        // following for the whole patience; a later read succeeds.
+                        return Err(Error::io(
+                            "file replaced by another process",
+                            std::io::Error::new(std::io::ErrorKind::NotFound, error.to_string()),
+                        ));
                     }
                 }
                 Err(error) => return Err(error),
