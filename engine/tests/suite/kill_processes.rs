@@ -93,7 +93,7 @@ fn multi_writer_process() {
         writeln!(out, "ack {seq}").expect("report ack");
         out.flush().expect("flush ack");
         appended += 1;
-        if maintains && appended % MAINTAIN_EVERY_APPENDS == 0 {
+        if maintains && appended.is_multiple_of(MAINTAIN_EVERY_APPENDS) {
             let report = store.maintain().expect("maintain beside the others");
             writeln!(out, "sealed {}", report.segments_sealed).expect("report seal");
         }
