@@ -393,3 +393,60 @@ fn every_crash_point_of_maintenance_beside_an_appending_process_keeps_what_was_a
     eprintln!("maintenance-beside-writers crash images checked: {checked}");
     assert!(checked >= 500, "only {checked} crash images");
 }
+
+#[test]
+fn appenders_readers_and_a_maintainer_on_threads_never_fail_and_agree() {
+    let disk = SimStorage::new();
+    let appending = open_sim(&disk, shared()).expect("appending process");
+    let maintaining = open_sim(&disk, shared()).expect("maintaining process");
+    const ROUNDS: u64 = 60;
+    let sealed = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        // Two appender threads in one process, each re-reading its whole session (old
+        // events included, which the other process seals away meanwhile).
+        for session in 0..2 {
+            let store = &appending;
+            scope.spawn(move || {
+                let id = format!("t{session}");
+                for round in 0..ROUNDS {
+                    append(store, session, &id, 2);
+                    assert_reads(store, session, &id, 2 * (round + 1), "appender");
+                }
+            });
+        }
+        let store = &maintaining;
+        let sealed = &sealed;
+        scope.spawn(move || {
+            for _ in 0..ROUNDS / 2 {
+                let report = store.maintain().expect("maintain beside the appenders");
+                sealed.fetch_add(report.segments_sealed, std::sync::atomic::Ordering::Relaxed);
+                store.refresh().expect("refresh");
+                for session in 0..2 {
+                    let id = format!("t{session}");
+                    if let Ok(summary) = store.session(&id) {
+                        assert_reads(store, session, &id, summary.events, "maintainer");
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+    });
+    maintaining.maintain().expect("last pass");
+    assert!(
+        sealed.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "nothing was sealed beside the appenders"
+    );
+    appending.refresh().expect("refresh");
+    for session in 0..2 {
+        assert_reads(
+            &appending,
+            session,
+            &format!("t{session}"),
+            2 * ROUNDS,
+            "appender at the end",
+        );
+    }
+    appending.close().expect("close");
+    drop(appending);
+    maintaining.close().expect("close");
+}
