@@ -201,12 +201,14 @@ impl Store {
             // Makes the seal of every rolled segment durable (it is queued with the roll).
             log.flush()?;
             while let Some(segment) = log.oldest_sealed_segment() {
-                self.seal_segment(log, segment, &mut report)?;
+                let retained = self.inner.catalog.read().retained_prefixes();
+                self.seal_segment(log, segment, &retained, &mut report)?;
             }
         }
         // Tombstones are durable before the catalog marks a session deleted, so dropping
         // its sealed events here never outruns its deletion.
-        self.reclaim_runs(log, &mut reclaimed_at, &mut report)?;
+        let retained = self.inner.catalog.read().retained_prefixes();
+        self.reclaim_runs(log, &mut reclaimed_at, &retained, &mut report)?;
         if report.segments_sealed > 0 || report.runs_rewritten > 0 {
             // Once per maintain, not per segment: the checkpoint covers the whole catalog,
             // and an older one stays valid for the runs it names (F-06-21). Derived data
@@ -247,6 +249,12 @@ impl Store {
             // the next pass, after its next catch-up, does the work.
             return Ok(MaintenanceReport::default());
         }
+        // The catch-up applied other processes' tombstones that are published but maybe
+        // not durable yet: made durable before any event they delete is dropped, or a power
+        // cut could take the tombstone back and leave its session without those events.
+        // Tombstones applied after this point are not used by this pass.
+        let retained = self.inner.catalog.read().retained_prefixes();
+        log.sync_published()?;
         let mut report = MaintenanceReport::default();
         loop {
             let manifest = log.manifest_in_force()?;
@@ -257,9 +265,9 @@ impl Store {
             if oldest.id >= published_segment {
                 break;
             }
-            self.seal_segment(log, oldest, &mut report)?;
+            self.seal_segment(log, oldest, &retained, &mut report)?;
         }
-        self.reclaim_runs(log, &mut reclaimed_at, &mut report)?;
+        self.reclaim_runs(log, &mut reclaimed_at, &retained, &mut report)?;
         if report.segments_sealed > 0 || report.runs_rewritten > 0 {
             self.write_runs_checkpoint()?;
         }
@@ -270,20 +278,20 @@ impl Store {
         &self,
         log: &Log,
         segment: SegmentEntry,
+        retained: &Retained,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
         let storage = self.inner.storage.as_ref();
         let bytes = read_segment(storage, segment.id)?;
         check_header(&bytes, segment.id, segment.salt)?;
         let run_id = log.allocate_file_id()?;
-        let retained = self.inner.catalog.read().retained_prefixes();
         let built = build_run(
             &bytes,
             segment.id,
             segment.salt,
             run_id,
             new_salt(),
-            &retained,
+            retained,
         )?;
         // A segment without any record (a clean reopen's fresh segment, closed unused)
         // needs no run: it is dropped from the manifest (F-06-14).
@@ -293,7 +301,7 @@ impl Store {
             path: segment_path(segment.id),
             dir: WAL_DIR,
         };
-        self.put_run_in_place_of(replaced, run, &built, &retained, || {
+        self.put_run_in_place_of(replaced, run, &built, retained, || {
             log.replace_segment_with_run(segment.id, run, |manifest| {
                 self.adopt_own_manifest(manifest.clone());
             })
@@ -314,9 +322,9 @@ impl Store {
         &self,
         log: &Log,
         reclaimed_at: &mut Option<usize>,
+        retained: &Retained,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
-        let retained = self.inner.catalog.read().retained_prefixes();
         if retained.is_empty() || *reclaimed_at == Some(retained.len()) {
             return Ok(());
         }
@@ -324,18 +332,18 @@ impl Store {
             let Some(reader) = self.run_reader(old.id)? else {
                 continue;
             };
-            if !holds_dropped_events(&reader.index, &retained) {
+            if !holds_dropped_events(&reader.index, retained) {
                 continue;
             }
             let run_id = log.allocate_file_id()?;
-            let built = rebuild_run(&reader, run_id, new_salt(), &retained)?;
+            let built = rebuild_run(&reader, run_id, new_salt(), retained)?;
             drop(reader);
             let replaced = Replaced {
                 file: old.id,
                 path: run_path(old.id),
                 dir: RUNS_DIR,
             };
-            self.put_run_in_place_of(replaced, Some(built.entry), &built, &retained, || {
+            self.put_run_in_place_of(replaced, Some(built.entry), &built, retained, || {
                 log.replace_run(old.id, built.entry, |manifest| {
                     self.adopt_own_manifest(manifest.clone());
                 })

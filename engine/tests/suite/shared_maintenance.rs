@@ -250,11 +250,39 @@ fn a_deletion_and_run_rewrite_in_one_process_while_another_holds_the_old_extents
     assert_reads(&reopened, 1, "kept", 45, "reopened");
 }
 
-/// Per session: what was acknowledged durable, and every batch end attempted.
+/// Per session: what was acknowledged durable, and every batch end attempted; and what
+/// became of the session `gone`, which process 0 creates and later deletes.
 #[derive(Default, Debug)]
 struct Ledger {
     durable: BTreeMap<String, u64>,
     attempted: BTreeMap<String, Vec<u64>>,
+    gone_created: bool,
+    gone_delete_tried: bool,
+    gone_deleted: bool,
+}
+
+/// Events of the session `gone`, and the steps at which it is created and deleted.
+const GONE_EVENTS: u64 = 6;
+const GONE_CREATED_AT_STEP: u64 = 0;
+const GONE_DELETED_AT_STEP: u64 = 13;
+
+/// Process 0's part with the session `gone`: created at one step, deleted at a later one
+/// (so that maintenance drops its events from a run, or rewrites a run without them).
+fn create_or_delete_gone(store: &Store, step: u64, ledger: &mut Ledger) {
+    if step == GONE_CREATED_AT_STEP {
+        let texts: Vec<String> = (0..GONE_EVENTS)
+            .map(|seq| crash_data("gone", seq))
+            .collect();
+        let events: Vec<_> = texts.iter().map(|text| chunk(text)).collect();
+        let created = store
+            .create_session_with_id("gone")
+            .and_then(|mut writer| writer.append_batch(&events));
+        ledger.gone_created = created.is_ok();
+    }
+    if step == GONE_DELETED_AT_STEP {
+        ledger.gone_delete_tried = true;
+        ledger.gone_deleted = store.delete_session("gone").is_ok();
+    }
 }
 
 /// The crash workload: process 0 appends and deletes, process 1 appends and maintains,
@@ -266,6 +294,7 @@ fn run_workload(disk: &SimStorage) -> Ledger {
     };
     let processes = [&first, &second];
     for step in 0..24u64 {
+        create_or_delete_gone(&first, step, &mut ledger);
         for (index, store) in processes.iter().enumerate() {
             let id = format!("s{}", (step as usize + index) % 3);
             let _ = store.refresh();
@@ -305,6 +334,36 @@ fn run_workload(disk: &SimStorage) -> Ledger {
     ledger
 }
 
+/// The session `gone` after a cut: gone once its deletion was acknowledged, whole while its
+/// creation was acknowledged and no deletion tried, else gone or whole.
+fn check_gone(store: &Store, ledger: &Ledger) -> Result<(), String> {
+    let events = match store.read("gone", 0, u64::MAX) {
+        Ok(events) => Some(events),
+        Err(Error::UnknownSession { .. }) => None,
+        Err(error) => return Err(format!("read gone: {error}")),
+    };
+    match events {
+        Some(_) if ledger.gone_deleted => Err("gone is back after its deletion".to_string()),
+        None if ledger.gone_created && !ledger.gone_delete_tried => {
+            Err("gone lost before any deletion".to_string())
+        }
+        // Created in two batches (the header, then the events): a cut between them.
+        Some(events) if events.is_empty() && !ledger.gone_created => Ok(()),
+        Some(events) => {
+            let whole = events.len() as u64 == GONE_EVENTS
+                && events
+                    .iter()
+                    .enumerate()
+                    .all(|(seq, event)| event.data == crash_data("gone", seq as u64));
+            match whole {
+                true => Ok(()),
+                false => Err(format!("gone holds {} events, not its own", events.len())),
+            }
+        }
+        None => Ok(()),
+    }
+}
+
 fn crash_data(id: &str, seq: u64) -> String {
     format!(
         "{{\"id\":\"{id}\",\"seq\":{seq},\"pad\":\"{}\"}}",
@@ -316,6 +375,7 @@ fn check_image(image: &dshdb::storage::io::sim::CrashImage, ledger: &Ledger) -> 
     let label = &image.label;
     let disk = SimStorage::from_image(image);
     let store = open_sim(&disk, shared()).map_err(|error| format!("{label}: reopen: {error}"))?;
+    check_gone(&store, ledger).map_err(|violation| format!("{label}: {violation}"))?;
     let mut contents = Vec::new();
     for (id, ends) in &ledger.attempted {
         let durable = ledger.durable.get(id).copied().unwrap_or(0);
@@ -376,6 +436,7 @@ fn every_crash_point_of_maintenance_beside_an_appending_process_keeps_what_was_a
         store.stats(None).expect("stats").runs
     };
     assert!(sealed >= 2, "the workload sealed only {sealed} runs");
+    assert!(ledger.gone_created && ledger.gone_deleted, "{ledger:?}");
     assert!(ledger.durable.values().sum::<u64>() > 0);
     let operations = reference.operation_count();
     let mut checked = 0;
