@@ -79,6 +79,14 @@ pub const MAX_GROUP_GATHER: Duration = Duration::from_micros(100);
 /// Longest a follower of another process's commits sleeps on the shared futex before it
 /// looks again: bounds the cost of a missed wake-up (F-08-11).
 pub const FOLLOW_POLL: Duration = Duration::from_millis(50);
+/// Pause before a read tries again after following another process's seal or run rewrite
+/// (F-08-18): long enough for an append of this process that holds the tail (and so keeps
+/// the catch-up from running) to finish.
+pub const FOLLOW_REPLACED_PAUSE: Duration = Duration::from_millis(1);
+/// Tries of a read that finds files replaced by another process (F-08-18), each after a
+/// [`FOLLOW_REPLACED_PAUSE`]: about one second of patience for this process's own appends
+/// to leave the tail so that its catalog can follow.
+pub const MAX_FOLLOW_ATTEMPTS: usize = 1000;
 /// How often a follower of a store no other process writes looks for new events.
 pub const FOLLOW_POLL_ALONE: Duration = Duration::from_millis(5);
 /// How long a writable open keeps asking for the store's `LOCK` before it reports

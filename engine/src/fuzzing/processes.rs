@@ -110,6 +110,9 @@ pub(super) struct Tally {
     delivered_events: u64,
     deletes: u64,
     images_checked: u64,
+    /// Segments sealed and runs rewritten by maintenance beside other processes (F-08-16).
+    segments_sealed: u64,
+    runs_rewritten: u64,
 }
 
 struct Model {
@@ -440,8 +443,15 @@ impl Model {
 
     fn maintain(&mut self, slot: usize) -> Flow {
         let store = &self.process(slot).store;
-        match store.maintain().and_then(|_| store.checkpoint()) {
-            Ok(_) => Flow::Continue,
+        match store
+            .maintain()
+            .and_then(|report| Ok((report, store.checkpoint()?)))
+        {
+            Ok((report, _)) => {
+                self.tally.segments_sealed += report.segments_sealed as u64;
+                self.tally.runs_rewritten += report.runs_rewritten as u64;
+                Flow::Continue
+            }
             Err(error) => self.failed(slot, "maintenance", &error),
         }
     }
@@ -712,6 +722,8 @@ mod tests {
             total.delivered_events += tally.delivered_events;
             total.deletes += tally.deletes;
             total.images_checked += tally.images_checked;
+            total.segments_sealed += tally.segments_sealed;
+            total.runs_rewritten += tally.runs_rewritten;
         }
         assert!(total.acknowledged_batches > 100, "{total:?}");
         assert!(total.busy_refusals > 0, "{total:?}");
@@ -719,5 +731,6 @@ mod tests {
         assert!(total.delivered_events > 0, "{total:?}");
         assert!(total.deletes > 0, "{total:?}");
         assert!(total.images_checked > 8, "{total:?}");
+        assert!(total.segments_sealed > 0, "{total:?}");
     }
 }

@@ -126,8 +126,12 @@ struct State {
 }
 
 /// Applies to the process's catalog what other processes published after `from`, up to
-/// the tail (F-08-6 step 3, F-08-11); returns how far it applied.
-pub type CatchUp = dyn Fn(LogPosition, &Tail) -> Result<LogPosition> + Send + Sync;
+/// the tail (F-08-6 step 3, F-08-11); returns how far it applied, and the manifest the
+/// catalog reflects now when it changed (another process rolled, sealed or rewrote a run,
+/// F-08-12): the log takes it as its own, so that its manifest never names files the
+/// catalog does not point into.
+pub type CatchUp =
+    dyn Fn(LogPosition, &Tail) -> Result<(LogPosition, Option<Manifest>)> + Send + Sync;
 
 /// The log's side of many-process mode (format-spec/08-many-processes.md).
 pub struct SharedLog {
@@ -582,6 +586,15 @@ impl Log {
         self.shared.state.lock().manifest.clone()
     }
 
+    /// The manifest in force: alone the cached copy; with other processes the one on disk
+    /// (they roll and seal meanwhile, F-08-16).
+    pub fn manifest_in_force(&self) -> Result<Manifest> {
+        match &self.shared.multi {
+            Some(_) => read_manifest_in_force(self.shared.storage.as_ref()),
+            None => Ok(self.manifest()),
+        }
+    }
+
     /// The oldest live segment if it is not the one taking appends (so it is sealed; its
     /// seal is durable once a `flush` returned after the roll that queued it).
     pub fn oldest_sealed_segment(&self) -> Option<SegmentEntry> {
@@ -591,9 +604,21 @@ impl Log {
             .then_some(oldest)
     }
 
-    /// Takes the next file id from the manifest's counter for a run file (F-06-10 step 1);
-    /// it reaches the disk with the next manifest write.
+    /// Takes the next file id from the manifest's counter for a run file (F-06-10 step 1).
+    /// Alone it reaches the disk with the next manifest write; with other processes the
+    /// counter is theirs too (a roll takes the next id), so the id is reserved at once by a
+    /// manifest written under `MANIFEST` (F-08-16).
     pub fn allocate_file_id(&self) -> Result<u64> {
+        if self.shared.multi.is_some() {
+            return self.replace_manifest(
+                |manifest, _| {
+                    let id = manifest.next_segment_id;
+                    manifest.next_segment_id += 1;
+                    Ok(id)
+                },
+                |_| {},
+            );
+        }
         let mut state = self.shared.state.lock();
         state.check_usable()?;
         let id = state.manifest.next_segment_id;
@@ -603,36 +628,94 @@ impl Log {
 
     /// Replaces the manifest by one where the oldest segment `segment` is replaced by `run`
     /// (F-06-10 step 3), or just dropped when it held no record (`None`, F-06-14). A failure
-    /// after the rename poisons the log like a failed roll.
-    pub fn replace_segment_with_run(&self, segment: u64, run: Option<RunEntry>) -> Result<()> {
-        let mut state = self.shared.state.lock();
-        state.check_usable()?;
-        if state.manifest.segments.first().map(|entry| entry.id) != Some(segment)
-            || segment == state.active.context.segment
-        {
-            return Err(Error::invalid(
-                "only the oldest sealed segment can become a run",
-            ));
-        }
-        let mut manifest = state.manifest.clone();
-        manifest.segments.remove(0);
-        manifest.runs.extend(run);
-        self.install_manifest(&mut state, manifest)
+    /// after the rename poisons the log like a failed roll. Never the segment taking
+    /// appends: with other processes, never the published tail or a segment after it (a
+    /// roll in progress, F-08-16).
+    /// `adopt` is given the new manifest under the log's lock, before anything else of
+    /// this process can see it (F-08-17: the process's catalog follows it).
+    pub fn replace_segment_with_run(
+        &self,
+        segment: u64,
+        run: Option<RunEntry>,
+        adopt: impl FnOnce(&Manifest),
+    ) -> Result<()> {
+        let published_tail = self
+            .shared
+            .multi
+            .as_ref()
+            .map(|multi| multi.tail.read().segment);
+        self.replace_manifest(
+            |manifest, active| {
+                if manifest.segments.first().map(|entry| entry.id) != Some(segment)
+                    || segment == active
+                    || published_tail.is_some_and(|tail| segment >= tail)
+                {
+                    return Err(Error::invalid(
+                        "only the oldest sealed segment can become a run",
+                    ));
+                }
+                manifest.segments.remove(0);
+                manifest.runs.extend(run);
+                Ok(())
+            },
+            adopt,
+        )
     }
 
     /// Makes a manifest naming `new` where it named run `old` (same place in the log
-    /// order) durable and in force (F-06-26).
-    pub fn replace_run(&self, old: u64, new: RunEntry) -> Result<()> {
+    /// order) durable and in force (F-06-26); `adopt` as for
+    /// [`Log::replace_segment_with_run`].
+    pub fn replace_run(
+        &self,
+        old: u64,
+        new: RunEntry,
+        adopt: impl FnOnce(&Manifest),
+    ) -> Result<()> {
+        self.replace_manifest(
+            |manifest, _| {
+                let slot = manifest
+                    .runs
+                    .iter_mut()
+                    .find(|run| run.id == old)
+                    .ok_or_else(|| Error::invalid("the run to replace is not in the manifest"))?;
+                *slot = new;
+                Ok(())
+            },
+            adopt,
+        )
+    }
+
+    /// Writes the manifest `edit` makes of the one in force and puts it in force. With
+    /// other processes (F-08-16) under `MANIFEST`, from the manifest on disk (they roll
+    /// meanwhile), and followed by an increment of `manifest_generation` and of
+    /// `store_generation`, so that their next refresh re-reads it. `edit` is also given the
+    /// segment this process appends to.
+    fn replace_manifest<T>(
+        &self,
+        edit: impl FnOnce(&mut Manifest, u64) -> Result<T>,
+        adopt: impl FnOnce(&Manifest),
+    ) -> Result<T> {
         let mut state = self.shared.state.lock();
         state.check_usable()?;
+        let _manifest_lock = match &self.shared.multi {
+            Some(multi) => {
+                let lock = ByteLock::wait(&multi.file, MANIFEST_LOCK, LockMode::Exclusive)
+                    .map_err(|error| Error::io("manifest lock", error))?;
+                state.manifest = read_manifest_in_force(self.shared.storage.as_ref())?;
+                Some(lock)
+            }
+            None => None,
+        };
         let mut manifest = state.manifest.clone();
-        let slot = manifest
-            .runs
-            .iter_mut()
-            .find(|run| run.id == old)
-            .ok_or_else(|| Error::invalid("the run to replace is not in the manifest"))?;
-        *slot = new;
-        self.install_manifest(&mut state, manifest)
+        let outcome = edit(&mut manifest, state.active.context.segment)?;
+        self.install_manifest(&mut state, manifest)?;
+        adopt(&state.manifest);
+        if let Some(multi) = &self.shared.multi {
+            multi.tail.bump_manifest_generation();
+            multi.tail.bump_store_generation();
+            multi.tail.notify();
+        }
+        Ok(outcome)
     }
 
     /// Writes `manifest` and puts it in force; a failure after its rename poisons the log
@@ -701,7 +784,11 @@ impl Log {
             return Ok(());
         }
         let tail = multi.tail.read();
-        state.applied = (multi.catch_up)(state.applied, &tail)?;
+        let (applied, manifest) = (multi.catch_up)(state.applied, &tail)?;
+        state.applied = applied;
+        if let Some(manifest) = manifest {
+            state.manifest = manifest;
+        }
         let published = (tail.segment, tail.written_end);
         if published > state.written_position {
             state.written_position = published;
@@ -1281,7 +1368,11 @@ impl Shared {
         if published > state.written_position {
             state.written_position = published;
         }
-        state.applied = (multi.catch_up)(state.applied, &tail)?;
+        let (applied, manifest) = (multi.catch_up)(state.applied, &tail)?;
+        state.applied = applied;
+        if let Some(manifest) = manifest {
+            state.manifest = manifest;
+        }
         state.write_lock = Some(lock);
         Ok(())
     }

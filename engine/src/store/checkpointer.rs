@@ -149,6 +149,19 @@ impl Store {
         Ok(Some((cut.segment, cut.end)))
     }
 
+    /// Waits until no append or deletion of this process is between queueing and indexing,
+    /// at most [`CHECKPOINT_CUT_ATTEMPTS`] times [`CHECKPOINT_CUT_PAUSE`]; returns whether
+    /// that instant came. Every batch queued before the call is in the catalog after it.
+    pub(super) fn wait_appends_indexed(&self) -> bool {
+        for _ in 0..CHECKPOINT_CUT_ATTEMPTS {
+            if self.inner.checkpoints.in_flight.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            std::thread::sleep(CHECKPOINT_CUT_PAUSE);
+        }
+        false
+    }
+
     /// [`Self::cut_catalog`] until an instant with no append in flight, at most
     /// [`CHECKPOINT_CUT_ATTEMPTS`] times, [`CHECKPOINT_CUT_PAUSE`] apart: an appender is in
     /// flight only while it encodes and queues, so such instants come often.
@@ -185,6 +198,11 @@ impl Store {
             return Ok(CutAttempt::Nothing);
         }
         let manifest = log.manifest();
+        if !self.catalog_runs_are(&manifest.runs) {
+            // The log read a manifest with another process's runs (a roll re-reads it,
+            // F-08-8) that the catalog does not follow yet (F-08-17): not now.
+            return Ok(CutAttempt::InFlight);
+        }
         let Some(index) = manifest
             .segments
             .iter()

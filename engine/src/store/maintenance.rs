@@ -12,6 +12,8 @@ use crate::storage::commit::{new_salt, start_thread, Log};
 use crate::storage::index::{encode_checkpoint, write_checkpoint, CoveredSegment};
 use crate::storage::io::Storage;
 use crate::storage::manifest::{RunEntry, SegmentEntry};
+use crate::storage::multi::lock::{ByteLock, MAINTENANCE_LOCK};
+use crate::storage::multi::LockMode;
 use crate::storage::run::{
     build_run, holds_dropped_events, rebuild_run, run_path, BuiltRun, Retained, RUNS_DIR,
 };
@@ -178,13 +180,10 @@ impl Store {
     /// One maintenance pass (what `maintain` and the background thread run). Damage it finds
     /// in the log makes the writable store refuse further writes (F-05-12).
     fn maintain_pass(&self) -> Result<MaintenanceReport> {
-        if self.is_shared() {
-            // Sealing and run rewriting beside other live writer processes (F-08-12) are not
-            // implemented: a shared-mode store leaves them to an exclusive open.
-            self.open_log()?;
-            return Ok(MaintenanceReport::default());
-        }
-        let outcome = self.maintain_log();
+        let outcome = match self.is_shared() {
+            true => self.maintain_shared(),
+            false => self.maintain_log(),
+        };
         match &outcome {
             Err(error) => self.note_damage(error),
             // Space the pass freed refills a reserve a full disk used up (F-01-9).
@@ -202,12 +201,14 @@ impl Store {
             // Makes the seal of every rolled segment durable (it is queued with the roll).
             log.flush()?;
             while let Some(segment) = log.oldest_sealed_segment() {
-                self.seal_segment(log, segment, &mut report)?;
+                let retained = self.inner.catalog.read().retained_prefixes();
+                self.seal_segment(log, segment, &retained, &mut report)?;
             }
         }
         // Tombstones are durable before the catalog marks a session deleted, so dropping
         // its sealed events here never outruns its deletion.
-        self.reclaim_runs(log, &mut reclaimed_at, &mut report)?;
+        let retained = self.inner.catalog.read().retained_prefixes();
+        self.reclaim_runs(log, &mut reclaimed_at, &retained, &mut report)?;
         if report.segments_sealed > 0 || report.runs_rewritten > 0 {
             // Once per maintain, not per segment: the checkpoint covers the whole catalog,
             // and an older one stays valid for the runs it names (F-06-21). Derived data
@@ -218,24 +219,79 @@ impl Store {
         Ok(report)
     }
 
+    /// A maintenance pass beside other writer processes (F-08-16): one process at a time,
+    /// the one that takes `MAINTENANCE` without waiting (the others skip the pass). It
+    /// catches up to the published end under `WRITE` first, so that every event of the
+    /// segments before the published tail is in its catalog and every tombstone before it
+    /// is known; then it seals those segments oldest first (their seals are durable: a roll
+    /// syncs the seal before it publishes the next segment, F-08-8), rewrites the runs
+    /// that hold deleted sessions' events, and checkpoints the runs.
+    fn maintain_shared(&self) -> Result<MaintenanceReport> {
+        let log = self.log()?;
+        let Some(processes) = &self.inner.processes else {
+            return Ok(MaintenanceReport::default());
+        };
+        let mut reclaimed_at = self.inner.maintaining.lock();
+        let Some(_maintenance) =
+            ByteLock::try_take(&processes.file, MAINTENANCE_LOCK, LockMode::Exclusive)
+                .map_err(io_error("maintenance lock"))?
+        else {
+            return Ok(MaintenanceReport::default());
+        };
+        let published_segment = {
+            let _turn = log.pin_tail()?;
+            processes.tail.read().segment
+        };
+        // A batch of this process queued before that read and not yet in the catalog would
+        // fail the check that every moved event is indexed in its segment.
+        if !self.wait_appends_indexed() || self.behind_replacements()? {
+            // This process has not followed another's seal yet (it keeps the tail busy):
+            // the next pass, after its next catch-up, does the work.
+            return Ok(MaintenanceReport::default());
+        }
+        // The catch-up applied other processes' tombstones that are published but maybe
+        // not durable yet: made durable before any event they delete is dropped, or a power
+        // cut could take the tombstone back and leave its session without those events.
+        // Tombstones applied after this point are not used by this pass.
+        let retained = self.inner.catalog.read().retained_prefixes();
+        log.sync_published()?;
+        let mut report = MaintenanceReport::default();
+        loop {
+            let manifest = log.manifest_in_force()?;
+            let Some(oldest) = manifest.segments.first().copied() else {
+                break;
+            };
+            // Never the segment taking appends, nor one a roll is creating (F-08-8).
+            if oldest.id >= published_segment {
+                break;
+            }
+            self.seal_segment(log, oldest, &retained, &mut report)?;
+        }
+        self.reclaim_runs(log, &mut reclaimed_at, &retained, &mut report)?;
+        if report.segments_sealed > 0 || report.runs_rewritten > 0 {
+            self.write_runs_checkpoint()?;
+        }
+        Ok(report)
+    }
+
     pub(super) fn seal_segment(
         &self,
         log: &Log,
         segment: SegmentEntry,
+        retained: &Retained,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
         let storage = self.inner.storage.as_ref();
         let bytes = read_segment(storage, segment.id)?;
         check_header(&bytes, segment.id, segment.salt)?;
         let run_id = log.allocate_file_id()?;
-        let retained = self.inner.catalog.read().retained_prefixes();
         let built = build_run(
             &bytes,
             segment.id,
             segment.salt,
             run_id,
             new_salt(),
-            &retained,
+            retained,
         )?;
         // A segment without any record (a clean reopen's fresh segment, closed unused)
         // needs no run: it is dropped from the manifest (F-06-14).
@@ -245,8 +301,10 @@ impl Store {
             path: segment_path(segment.id),
             dir: WAL_DIR,
         };
-        self.put_run_in_place_of(replaced, run, &built, &retained, || {
-            log.replace_segment_with_run(segment.id, run)
+        self.put_run_in_place_of(replaced, run, &built, retained, || {
+            log.replace_segment_with_run(segment.id, run, |manifest| {
+                self.adopt_own_manifest(manifest.clone());
+            })
         })?;
         report.segments_sealed += 1;
         report.events += built.events;
@@ -264,29 +322,31 @@ impl Store {
         &self,
         log: &Log,
         reclaimed_at: &mut Option<usize>,
+        retained: &Retained,
         report: &mut MaintenanceReport,
     ) -> Result<()> {
-        let retained = self.inner.catalog.read().retained_prefixes();
         if retained.is_empty() || *reclaimed_at == Some(retained.len()) {
             return Ok(());
         }
-        for old in log.manifest().runs {
+        for old in log.manifest_in_force()?.runs {
             let Some(reader) = self.run_reader(old.id)? else {
                 continue;
             };
-            if !holds_dropped_events(&reader.index, &retained) {
+            if !holds_dropped_events(&reader.index, retained) {
                 continue;
             }
             let run_id = log.allocate_file_id()?;
-            let built = rebuild_run(&reader, run_id, new_salt(), &retained)?;
+            let built = rebuild_run(&reader, run_id, new_salt(), retained)?;
             drop(reader);
             let replaced = Replaced {
                 file: old.id,
                 path: run_path(old.id),
                 dir: RUNS_DIR,
             };
-            self.put_run_in_place_of(replaced, Some(built.entry), &built, &retained, || {
-                log.replace_run(old.id, built.entry)
+            self.put_run_in_place_of(replaced, Some(built.entry), &built, retained, || {
+                log.replace_run(old.id, built.entry, |manifest| {
+                    self.adopt_own_manifest(manifest.clone());
+                })
             })?;
             report.runs_rewritten += 1;
             report.events_dropped += built.dropped_events;

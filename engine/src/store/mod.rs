@@ -525,8 +525,13 @@ impl Store {
         );
         // The log's catch-up reaches the catalog through this (the log exists first).
         let _ = opened.inner_cell.set(Arc::downgrade(&store.inner));
+        processes::keep_segments_open(&store.inner, &opened.manifest);
         create::keep_reserve(store.inner.storage.as_ref());
         store.drop_stages(leftover_stages)?;
+        if let Some(interval) = store.inner.options.maintenance_interval {
+            // Its passes run beside the other processes' (F-08-16): one at a time.
+            store.start_maintenance_thread(interval)?;
+        }
         store.start_checkpoints()?;
         Ok(store)
     }

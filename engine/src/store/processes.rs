@@ -5,6 +5,7 @@
 use super::create::{create_store, remove_orphans, start_log};
 use super::{io_error, Event, EventView, Inner, Options, Store, LOCK_FILE};
 use crate::error::{Error, Result};
+use crate::storage::catalog::Catalog;
 use crate::storage::commit::{CatchUp, Log, LogOptions, SharedLog};
 use crate::storage::io::snapshot::SnapshotStorage;
 use crate::storage::io::{LockGuard, MemoryFile, Storage, StorageFile};
@@ -35,6 +36,8 @@ pub(super) struct Processes {
     seen_generation: AtomicU64,
     /// The manifest the catalog reflects.
     known: Mutex<Manifest>,
+    /// The `manifest_generation` that `known` was read at (F-08-17).
+    seen_manifest_generation: AtomicU64,
     /// Held shared while open (F-08-4), and `LOCK` shared (F-08-2); both given back at close.
     presence: Mutex<Option<(ByteLock, Box<dyn LockGuard>)>>,
 }
@@ -92,6 +95,7 @@ pub(super) fn open_shared_writer(
         }
     };
     let seen_generation = AtomicU64::new(tail.store_generation());
+    let seen_manifest_generation = AtomicU64::new(tail.manifest_generation());
     Ok(SharedOpen {
         manifest: manifest.clone(),
         recovered,
@@ -103,6 +107,7 @@ pub(super) fn open_shared_writer(
             leases: Mutex::new(HashMap::new()),
             seen_generation,
             known: Mutex::new(manifest),
+            seen_manifest_generation,
             presence: Mutex::new(Some((presence, flock))),
         },
         inner_cell,
@@ -173,11 +178,13 @@ fn join(
             reason: "live writers but an uninitialized shared index".to_string(),
         });
     }
-    let published = tail.read();
-    let manifest = Manifest::read(storage.as_ref())?.ok_or_else(|| Error::NotAStore {
-        path: label.to_path_buf(),
-    })?;
-    let recovered = recover_until(storage, &manifest, options.use_checkpoint, &published)?;
+    if Manifest::read(storage.as_ref())?.is_none() {
+        return Err(Error::NotAStore {
+            path: label.to_path_buf(),
+        });
+    }
+    let (manifest, published, recovered) =
+        recover_published(storage, options.use_checkpoint, tail)?;
     let segment_file = storage
         .open(&segment_path(published.segment), false)
         .map_err(io_error("segment open"))?;
@@ -252,21 +259,176 @@ fn catch_up_hook(cell: Arc<OnceLock<Weak<Inner>>>) -> Box<CatchUp> {
     })
 }
 
+/// The catalog as a joiner builds it (F-08-4 step 3, F-08-17): the checkpoint and the log
+/// up to the published end, from the manifest in force. Another process may seal or
+/// rewrite a file between the read of the manifest and the opening of the file; the
+/// attempt is then made again from the new manifest, at most
+/// [`MAX_REBUILD_ATTEMPTS`] times.
+fn recover_published(
+    storage: &Arc<dyn Storage>,
+    use_checkpoint: bool,
+    tail: &TailIndex,
+) -> Result<(Manifest, Tail, Recovered)> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let generation = tail.manifest_generation();
+        // The tail before the manifest: a roll names its segment before publishing it.
+        let published = tail.read();
+        let manifest = read_manifest(storage.as_ref())?;
+        let names_tail = manifest
+            .segments
+            .iter()
+            .any(|entry| entry.id == published.segment);
+        let attempt = match names_tail {
+            true => recover_until(storage, &manifest, use_checkpoint, &published),
+            false => Err(Error::CorruptFile {
+                file: MANIFEST_FILE.to_string(),
+                reason: "does not name the published tail segment".to_string(),
+            }),
+        };
+        match attempt {
+            Ok(recovered) => return Ok((manifest, published, recovered)),
+            Err(error) => {
+                let replaced_meanwhile = tail.manifest_generation() != generation
+                    || tail.read().segment != published.segment;
+                if attempts >= MAX_REBUILD_ATTEMPTS || !replaced_meanwhile {
+                    return Err(error);
+                }
+            }
+        }
+    }
+}
+
+/// Times a process builds its catalog again from a newer manifest when files the one it
+/// read named were replaced meanwhile (F-08-17), before the failure stands.
+pub const MAX_REBUILD_ATTEMPTS: usize = 8;
+
+/// What applying the published log found.
+enum Applied {
+    /// Applied up to this position.
+    To(LogPosition),
+    /// A file it needed was sealed into a run or replaced by another process (F-08-12):
+    /// the catalog must be rebuilt.
+    Replaced,
+}
+
 /// Applies the published log between `from` and the tail to the catalog (F-08-11): the
-/// new bytes only, segment by segment along the manifest.
-fn catch_up(inner: &Inner, from: LogPosition, tail: &Tail) -> Result<LogPosition> {
+/// new bytes only, segment by segment along the manifest. When another process replaced
+/// files (F-08-12: a seal, a run rewrite), the catalog is rebuilt as a joiner's instead
+/// (F-08-17). Returns the position applied to and, when it changed, the manifest the
+/// catalog now reflects.
+fn catch_up(
+    inner: &Inner,
+    from: LogPosition,
+    tail: &Tail,
+) -> Result<(LogPosition, Option<Manifest>)> {
     let Some(processes) = &inner.processes else {
-        return Ok(from);
+        return Ok((from, None));
     };
     let mut known = processes.known.lock();
-    let target = end_of(tail);
+    let generation = processes.tail.manifest_generation();
+    let mut changed = false;
+    if generation != processes.seen_manifest_generation.load(Ordering::Acquire) {
+        let manifest = read_manifest(inner.storage.as_ref())?;
+        if !only_appended(&manifest, &known) {
+            return rebuild(inner, processes, &mut known);
+        }
+        processes
+            .seen_manifest_generation
+            .store(generation, Ordering::Release);
+        changed = manifest != *known;
+        *known = manifest;
+    }
+    match apply_range(inner, &mut known, from, end_of(tail), &mut changed)? {
+        Applied::To(position) => Ok((position, changed.then(|| known.clone()))),
+        Applied::Replaced => rebuild(inner, processes, &mut known),
+    }
+}
+
+/// Rebuilds the catalog from the checkpoint and the log up to the published end, as a
+/// joiner does (F-08-17), and swaps it in.
+fn rebuild(
+    inner: &Inner,
+    processes: &Processes,
+    known: &mut Manifest,
+) -> Result<(LogPosition, Option<Manifest>)> {
+    let generation = processes.tail.manifest_generation();
+    let (manifest, published, recovered) = recover_published(
+        &inner.storage,
+        inner.options.use_checkpoint,
+        &processes.tail,
+    )?;
+    keep_segments_open(inner, &manifest);
+    swap_catalog(inner, recovered.catalog, &manifest);
+    *known = manifest;
+    processes
+        .seen_manifest_generation
+        .store(generation, Ordering::Release);
+    Ok((end_of(&published), Some(known.clone())))
+}
+
+/// Puts a rebuilt catalog in place of the process's own. Writer handles this process holds
+/// stay taken. The handles of files the new manifest no longer names stay open (a reader
+/// may still be reading them, F-08-18) until [`Store::forget_replaced_files`] drops them.
+fn swap_catalog(inner: &Inner, mut rebuilt: Catalog, manifest: &Manifest) {
+    let mut catalog = inner.catalog.write();
+    for (number, entry) in &catalog.sessions {
+        if entry.has_writer {
+            if let Some(rebuilt_entry) = rebuilt.sessions.get_mut(number) {
+                rebuilt_entry.has_writer = true;
+            }
+        }
+    }
+    *catalog = rebuilt;
+    let mut salts = inner.salts.write();
+    for segment in &manifest.segments {
+        salts.insert(segment.id, segment.salt);
+    }
+    let mut runs = inner.run_entries.write();
+    for run in &manifest.runs {
+        runs.insert(run.id, *run);
+    }
+}
+
+/// Opens the segments `manifest` names that the process does not hold open yet, so that a
+/// later seal by another process cannot take them from under its catalog (F-08-18): only
+/// the few segments not sealed yet. One already gone is left to the next follow.
+pub(super) fn keep_segments_open(inner: &Inner, manifest: &Manifest) {
+    let mut files = inner.files.lock();
+    for segment in &manifest.segments {
+        if files.contains_key(&segment.id) {
+            continue;
+        }
+        if let Ok(file) = inner.storage.open_read(&segment_path(segment.id)) {
+            files.insert(segment.id, file);
+        }
+    }
+}
+
+/// Whether `manifest` differs from `known` in nothing but segments appended (rolls).
+fn only_appended(manifest: &Manifest, known: &Manifest) -> bool {
+    manifest.runs == known.runs && manifest.segments.starts_with(&known.segments)
+}
+
+/// The published log from `from` to `target`, applied segment by segment; sets `changed`
+/// when it had to re-read the manifest (another process rolled).
+fn apply_range(
+    inner: &Inner,
+    known: &mut Manifest,
+    from: LogPosition,
+    target: LogPosition,
+    changed: &mut bool,
+) -> Result<Applied> {
     let mut position = from;
     while position < target {
-        let entry = match segment_entry(&known, position.segment) {
+        let entry = match segment_entry(known, position.segment) {
             Some(entry) => entry,
             None => {
-                *known = reread_manifest(inner, &known)?;
-                segment_entry(&known, position.segment).ok_or_else(|| Error::Corrupt {
+                if !reread_manifest(inner, known, changed)? {
+                    return Ok(Applied::Replaced);
+                }
+                segment_entry(known, position.segment).ok_or_else(|| Error::Corrupt {
                     segment: position.segment,
                     offset: position.offset,
                     reason: "a published segment the manifest does not name".to_string(),
@@ -274,17 +436,25 @@ fn catch_up(inner: &Inner, from: LogPosition, tail: &Tail) -> Result<LogPosition
             }
         };
         inner.salts.write().insert(entry.id, entry.salt);
-        if entry.id == target.segment {
-            apply_segment_range(inner, entry, position.offset, Some(target.offset))?;
-            return Ok(target);
-        }
+        let end = (entry.id == target.segment).then_some(target.offset);
         // A segment before the tail was rolled away from: read it to its seal.
-        apply_segment_range(inner, entry, position.offset, None)?;
-        let next = match next_segment(&known, entry.id) {
+        match apply_segment_range(inner, entry, position.offset, end) {
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                // Sealed into a run since this process last looked (it lagged).
+                return Ok(Applied::Replaced);
+            }
+            outcome => outcome?,
+        }
+        if end.is_some() {
+            return Ok(Applied::To(target));
+        }
+        let next = match next_segment(known, entry.id) {
             Some(next) => next,
             None => {
-                *known = reread_manifest(inner, &known)?;
-                next_segment(&known, entry.id).ok_or_else(|| Error::Corrupt {
+                if !reread_manifest(inner, known, changed)? {
+                    return Ok(Applied::Replaced);
+                }
+                next_segment(known, entry.id).ok_or_else(|| Error::Corrupt {
                     segment: entry.id,
                     offset: 0,
                     reason: "a rolled segment has no successor in the manifest".to_string(),
@@ -296,7 +466,7 @@ fn catch_up(inner: &Inner, from: LogPosition, tail: &Tail) -> Result<LogPosition
             offset: SEGMENT_HEADER_BYTES,
         };
     }
-    Ok(position)
+    Ok(Applied::To(position))
 }
 
 fn segment_entry(manifest: &Manifest, segment: u64) -> Option<SegmentEntry> {
@@ -315,22 +485,24 @@ fn next_segment(manifest: &Manifest, after: u64) -> Option<SegmentEntry> {
         .copied()
 }
 
-/// The manifest on disk after another process rolled. Shared-mode processes do not seal
-/// or rewrite runs while others are live (F-08-12 is not implemented yet), so a manifest
-/// that changed anything but appended segments is refused rather than half-applied.
-fn reread_manifest(inner: &Inner, known: &Manifest) -> Result<Manifest> {
-    let manifest = Manifest::read(inner.storage.as_ref())?.ok_or_else(|| Error::CorruptFile {
+/// The manifest on disk (never absent while the store is open).
+fn read_manifest(storage: &dyn Storage) -> Result<Manifest> {
+    Manifest::read(storage)?.ok_or_else(|| Error::CorruptFile {
         file: MANIFEST_FILE.to_string(),
         reason: "removed while the store is open".to_string(),
-    })?;
-    let only_appended =
-        manifest.runs == known.runs && manifest.segments.starts_with(&known.segments);
-    if !only_appended {
-        return Err(Error::invalid(
-            "another process replaced files this process reads; reopen the store",
-        ));
+    })
+}
+
+/// Takes the manifest on disk as `known` after another process rolled; returns `false`
+/// (leaving `known`) when it also replaced files (F-08-12), which a rebuild must follow.
+fn reread_manifest(inner: &Inner, known: &mut Manifest, changed: &mut bool) -> Result<bool> {
+    let manifest = read_manifest(inner.storage.as_ref())?;
+    if !only_appended(&manifest, known) {
+        return Ok(false);
     }
-    Ok(manifest)
+    *changed |= manifest != *known;
+    *known = manifest;
+    Ok(true)
 }
 
 /// Applies segment `entry` from `start` to `end`, or (`None`) to its seal.
@@ -340,8 +512,9 @@ fn apply_segment_range(
     start: u64,
     end: Option<u64>,
 ) -> Result<()> {
-    let file = match inner.files.lock().get(&entry.id) {
-        Some(file) => file.clone(),
+    let cached = inner.files.lock().get(&entry.id).cloned();
+    let file = match cached {
+        Some(file) => file,
         None => inner
             .storage
             .open_read(&segment_path(entry.id))
@@ -388,7 +561,59 @@ impl Store {
         processes
             .seen_generation
             .store(generation, Ordering::Release);
+        self.forget_replaced_files();
         Ok(true)
+    }
+
+    /// Drops the handles, salts and run entries of files the manifest the catalog reflects
+    /// no longer names (another process sealed or rewrote them, F-08-17), under the read
+    /// gate: no reader holds a position in them any more. Until then a reader that opened
+    /// such a file keeps reading it (F-08-18); afterwards the file's space is freed.
+    pub(super) fn forget_replaced_files(&self) {
+        let Some(processes) = &self.inner.processes else {
+            return;
+        };
+        let _no_readers = self.inner.read_gate.write();
+        let known = processes.known.lock();
+        let Some(first_segment) = known.segments.first().map(|entry| entry.id) else {
+            return;
+        };
+        let is_run = |id: &u64| known.runs.iter().any(|run| run.id == *id);
+        // Segments below the first one named were sealed away; later ones may be this
+        // process's own roll that `known` does not list yet.
+        let segment_named = |id: &u64| *id >= first_segment || is_run(id);
+        self.inner.files.lock().retain(|id, _| segment_named(id));
+        self.inner.salts.write().retain(|id, _| segment_named(id));
+        self.inner.run_entries.write().retain(|id, _| is_run(id));
+        self.inner.run_readers.lock().retain(|id, _| is_run(id));
+    }
+
+    /// Takes `manifest`, which this process just put in force (F-08-16), as the one its
+    /// catalog reflects: the caller re-points the catalog itself.
+    pub(super) fn adopt_own_manifest(&self, manifest: Manifest) {
+        if let Some(processes) = &self.inner.processes {
+            *processes.known.lock() = manifest;
+        }
+    }
+
+    /// Whether the catalog reflects a manifest with exactly these runs (a checkpoint must
+    /// not name runs the catalog does not point into, nor leave out runs it does).
+    pub(super) fn catalog_runs_are(&self, runs: &[crate::storage::manifest::RunEntry]) -> bool {
+        match &self.inner.processes {
+            Some(processes) => processes.known.lock().runs == runs,
+            None => true,
+        }
+    }
+
+    /// Whether the manifest on disk differs from the one the catalog reflects in anything
+    /// but appended segments: another process sealed or rewrote files, and this process
+    /// has not followed yet (F-08-17).
+    pub(super) fn behind_replacements(&self) -> Result<bool> {
+        let Some(processes) = &self.inner.processes else {
+            return Ok(false);
+        };
+        let manifest = read_manifest(self.inner.storage.as_ref())?;
+        Ok(!only_appended(&manifest, &processes.known.lock()))
     }
 
     /// Takes the lease of session `id` for this process (F-08-10) unless it holds it;

@@ -3,6 +3,7 @@
 
 use super::{io_error, line::push_json_line, Event, EventView, Store};
 use crate::error::{Error, Result};
+use crate::limits::MAX_FOLLOW_ATTEMPTS;
 use crate::storage::catalog::{collect_slices, Extent, ExtentSlice, Position};
 use crate::storage::coding::{checked_u32, checked_usize, widen};
 use crate::storage::frame::{decode_frame, decode_run_frame, peek_frame, EventRecord, Record};
@@ -341,16 +342,40 @@ impl Store {
         mut visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
         mut whole_rows: WholeRows<'_>,
     ) -> Result<()> {
-        let _positions_stay_valid = self.inner.read_gate.read();
-        let (slices, types) = {
-            let catalog = self.inner.catalog.read();
-            let number = *catalog
-                .by_id
-                .get(id)
-                .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
-            let mut slices = Vec::new();
-            collect_slices(&catalog, number, from, to, &mut slices);
-            (slices, catalog.type_names.clone())
+        let mut attempts = 0;
+        let (_positions_stay_valid, slices, types) = loop {
+            attempts += 1;
+            let gate = self.inner.read_gate.read();
+            let (slices, types) = {
+                let catalog = self.inner.catalog.read();
+                let number = *catalog
+                    .by_id
+                    .get(id)
+                    .ok_or_else(|| Error::UnknownSession { id: id.to_string() })?;
+                let mut slices = Vec::new();
+                collect_slices(&catalog, number, from, to, &mut slices);
+                (slices, catalog.type_names.clone())
+            };
+            // Every file opened before the first event is visited: from then on another
+            // process's seal or rewrite cannot take a file from under the walk (F-08-18).
+            match self.open_files_of(&slices) {
+                Ok(()) => break (gate, slices, types),
+                Err(error) if self.is_shared() => {
+                    drop(gate);
+                    if !self.follow_replaced_file(&error)? {
+                        return Err(error);
+                    }
+                    if attempts >= MAX_FOLLOW_ATTEMPTS {
+                        // Not damage (F-08-12): this process's own appends kept it from
+                        // following for the whole patience; a later read succeeds.
+                        return Err(Error::io(
+                            "file replaced by another process",
+                            std::io::Error::new(std::io::ErrorKind::NotFound, error.to_string()),
+                        ));
+                    }
+                }
+                Err(error) => return Err(error),
+            }
         };
         let mut blocks = WalkBlocks::default();
         for slice in &slices {
@@ -524,6 +549,38 @@ impl Store {
         file.read_exact_at(&mut bytes, start)
             .map_err(io_error("segment read"))?;
         Ok(bytes)
+    }
+
+    /// Opens every file the slices read (kept open in `files` and `run_readers`).
+    fn open_files_of(&self, slices: &[ExtentSlice]) -> Result<()> {
+        let mut opened = std::collections::HashSet::new();
+        for slice in slices {
+            let file = slice.extent.file;
+            if opened.insert(file) && self.run_reader(file)?.is_none() {
+                self.segment_file(file)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a read found a file gone that the catalog points into: when another process
+    /// replaced it (F-08-12), follows the manifest in force (F-08-17) and returns `true`
+    /// (the read is tried again); otherwise `false` (the error stands).
+    fn follow_replaced_file(&self, error: &Error) -> Result<bool> {
+        let vanished = match error {
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            Error::CorruptFile { .. } => true,
+            _ => false,
+        };
+        if !vanished || !self.behind_replacements()? {
+            return Ok(false);
+        }
+        // Another thread of this process may be appending (holding the tail): the catch-up
+        // then waits for its turn, and a later try follows.
+        self.open_log()?.catch_up()?;
+        self.forget_replaced_files();
+        std::thread::sleep(crate::limits::FOLLOW_REPLACED_PAUSE);
+        Ok(true)
     }
 
     /// The opened run `id`, or `None` when `id` is not a live run.

@@ -247,6 +247,12 @@ impl Store {
             }
             entry.defined_in.get_or_insert(submitted.segment);
         }
+        if self.is_shared() {
+            // Held open from now on: another process may seal the segment and remove its
+            // name before this one reads it (F-08-18); it cannot before this batch is
+            // indexed (this process holds the tail until then).
+            self.segment_file(submitted.segment)?;
+        }
         Ok(PendingReceipt {
             store: self.clone(),
             ticket: submitted.ticket,

@@ -30,6 +30,10 @@ const DONE_FILE: &str = "writers-done";
 const FOLLOWER_QUIET: Duration = Duration::from_secs(1);
 /// Pause between a writer's appends, so that eight of them leave the two cores to the rest.
 const APPEND_PAUSE: Duration = Duration::from_millis(2);
+/// Writers that also run maintenance passes (F-08-16), and how many appends apart: sealing
+/// and run rewriting then happen while the others append, follow and get killed.
+const MAINTAINING_WRITERS: usize = 3;
+const MAINTAIN_EVERY_APPENDS: u64 = 40;
 
 fn options() -> Options {
     Options {
@@ -76,6 +80,8 @@ fn multi_writer_process() {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
+    let maintains = (0..MAINTAINING_WRITERS).any(|writer| id == session_id(writer));
+    let mut appended = 0u64;
     let mut out = std::io::stdout().lock();
     while !dir.join(STOP_FILE).exists() {
         let seq = store.session(&id).expect("session").events;
@@ -86,6 +92,11 @@ fn multi_writer_process() {
         assert_eq!(receipt.first_seq, seq);
         writeln!(out, "ack {seq}").expect("report ack");
         out.flush().expect("flush ack");
+        appended += 1;
+        if maintains && appended.is_multiple_of(MAINTAIN_EVERY_APPENDS) {
+            let report = store.maintain().expect("maintain beside the others");
+            writeln!(out, "sealed {}", report.segments_sealed).expect("report seal");
+        }
         std::thread::sleep(APPEND_PAUSE);
     }
     drop(writer);
@@ -177,6 +188,14 @@ fn report<'line>(line: &'line str, tag: &str) -> Option<&'line str> {
     line.find(tag).map(|start| &line[start + tag.len()..])
 }
 
+/// Segments a writer's maintenance passes sealed, from its output.
+fn sealed(lines: &[String]) -> u64 {
+    lines
+        .iter()
+        .filter_map(|line| report(line, "sealed ")?.trim().parse::<u64>().ok())
+        .sum()
+}
+
 /// Acknowledged seqs from a writer's output (the test harness's lines skipped).
 fn acks(lines: &[String]) -> Vec<u64> {
     lines
@@ -228,6 +247,7 @@ fn writers_killed_again_and_again_lose_nothing_and_followers_see_everything_once
     let mut random = crate::common::Rng(0x0dd_ba11);
     let started = Instant::now();
     let mut kills = 0;
+    let mut segments_sealed = 0;
     while kills < kill_target && started.elapsed() < budget {
         std::thread::sleep(Duration::from_millis(50 + random.below(250)));
         let victim = random.below(WRITERS as u64) as usize;
@@ -235,10 +255,9 @@ fn writers_killed_again_and_again_lose_nothing_and_followers_see_everything_once
         worker.child.kill().expect("kill -9");
         let _ = worker.child.wait();
         let dead = std::mem::replace(worker, spawn("writer", &dir, Some(&session_id(victim))));
-        acked
-            .entry(victim)
-            .or_default()
-            .extend(acks(&dead.lines.join().expect("lines")));
+        let lines = dead.lines.join().expect("lines");
+        segments_sealed += sealed(&lines);
+        acked.entry(victim).or_default().extend(acks(&lines));
         kills += 1;
     }
     let killing = started.elapsed();
@@ -247,10 +266,9 @@ fn writers_killed_again_and_again_lose_nothing_and_followers_see_everything_once
         wait_bounded(worker, Duration::from_secs(60), &format!("writer {writer}"));
     }
     for (writer, worker) in writers.into_iter().enumerate() {
-        acked
-            .entry(writer)
-            .or_default()
-            .extend(acks(&worker.lines.join().expect("lines")));
+        let lines = worker.lines.join().expect("lines");
+        segments_sealed += sealed(&lines);
+        acked.entry(writer).or_default().extend(acks(&lines));
     }
     std::fs::write(dir.join(DONE_FILE), b"").expect("done file");
     for (index, worker) in followers.iter_mut().enumerate() {
@@ -326,7 +344,12 @@ fn writers_killed_again_and_again_lose_nothing_and_followers_see_everything_once
     let acknowledged: usize = acked.values().map(Vec::len).sum();
     eprintln!(
         "many-process kill test: {kills} kills of {WRITERS} writers in {killing:?}, \
-         {acknowledged} acknowledged, {total} events, {FOLLOWERS} followers saw all"
+         {acknowledged} acknowledged, {total} events, {FOLLOWERS} followers saw all, \
+         {segments_sealed} segments sealed beside them"
+    );
+    assert!(
+        segments_sealed > 0,
+        "no maintenance pass sealed a segment while the others ran"
     );
     assert!(kills >= 20, "only {kills} kills within {budget:?}");
 }

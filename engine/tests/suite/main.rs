@@ -35,6 +35,7 @@ mod run_rows;
 mod run_vectors;
 mod runs;
 mod session_fixtures;
+mod shared_maintenance;
 mod shared_open;
 mod spill;
 mod sqlite_import;
