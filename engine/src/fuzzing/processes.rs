@@ -126,6 +126,7 @@ struct Model {
 fn options() -> Options {
     Options {
         shared: true,
+        shared_maintenance: true,
         segment_bytes: FUZZ_SEGMENT_BYTES,
         durability: Durability::Sync,
         // Checkpoints only at the script's maintain steps: no background thread, so that a

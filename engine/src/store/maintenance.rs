@@ -180,9 +180,11 @@ impl Store {
     /// One maintenance pass (what `maintain` and the background thread run). Damage it finds
     /// in the log makes the writable store refuse further writes (F-05-12).
     fn maintain_pass(&self) -> Result<MaintenanceReport> {
-        let outcome = match self.is_shared() {
-            true => self.maintain_shared(),
-            false => self.maintain_log(),
+        let outcome = match (self.is_shared(), self.inner.options.shared_maintenance) {
+            (true, true) => self.maintain_shared(),
+            // Opt-in (`Options::shared_maintenance`): the store is only made usable.
+            (true, false) => self.open_log().map(|_| MaintenanceReport::default()),
+            (false, _) => self.maintain_log(),
         };
         match &outcome {
             Err(error) => self.note_damage(error),

@@ -38,6 +38,7 @@ const MAINTAIN_EVERY_APPENDS: u64 = 40;
 fn options() -> Options {
     Options {
         shared: true,
+        shared_maintenance: true,
         segment_bytes: 128 * 1024,
         ..Options::default()
     }

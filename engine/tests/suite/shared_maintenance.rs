@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 fn shared() -> Options {
     Options {
         shared: true,
+        shared_maintenance: true,
         ..sim_options(Durability::Sync)
     }
 }
