@@ -1488,25 +1488,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         &self,
         messages: Vec<TailPublish>,
     ) -> Result<Vec<PublishAck>, BackendError> {
-        let attempts = self.config.publish_attempts.max(1);
-        let mut last_error = None;
-        for attempt in 0..attempts {
-            if attempt > 0 {
-                bump(&self.metrics.publish_retries, 1);
-                if self.config.publish_retry_backoff_ms > 0 {
-                    tokio::time::sleep(Duration::from_millis(self.config.publish_retry_backoff_ms))
-                        .await;
-                }
-            }
-            match self.tail.publish_batch(messages.clone()).await {
-                Ok(acks) => return Ok(acks),
-                Err(error @ BackendError::Unavailable { .. }) => last_error = Some(error),
-                Err(error) => return Err(error),
-            }
-        }
-        Err(last_error.unwrap_or(BackendError::Unavailable {
-            reason: "no attempt made".to_string(),
-        }))
+        self.retrying_unavailable(|| self.tail.publish_batch(messages.clone()))
+            .await
     }
 
     /// Publishes, retrying with the same msg id while the answer is unknown.
@@ -1514,6 +1497,18 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         &self,
         message: &TailPublish,
     ) -> Result<PublishAck, BackendError> {
+        self.retrying_unavailable(|| self.tail.publish(message.clone()))
+            .await
+    }
+
+    /// Runs `send` up to `publish_attempts` times while it answers `Unavailable` (the
+    /// outcome unknown: the same message ids make a repeat safe), with the configured
+    /// backoff between attempts; any other answer is final.
+    async fn retrying_unavailable<Answer, F, Fut>(&self, send: F) -> Result<Answer, BackendError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Answer, BackendError>>,
+    {
         let attempts = self.config.publish_attempts.max(1);
         let mut last_error = None;
         for attempt in 0..attempts {
@@ -1524,8 +1519,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                         .await;
                 }
             }
-            match self.tail.publish(message.clone()).await {
-                Ok(ack) => return Ok(ack),
+            match send().await {
+                Ok(answer) => return Ok(answer),
                 Err(error @ BackendError::Unavailable { .. }) => last_error = Some(error),
                 Err(error) => return Err(error),
             }

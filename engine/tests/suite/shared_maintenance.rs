@@ -377,32 +377,13 @@ fn check_image(image: &dshdb::storage::io::sim::CrashImage, ledger: &Ledger) -> 
     let disk = SimStorage::from_image(image);
     let store = open_sim(&disk, shared()).map_err(|error| format!("{label}: reopen: {error}"))?;
     check_gone(&store, ledger).map_err(|violation| format!("{label}: {violation}"))?;
-    let mut contents = Vec::new();
-    for (id, ends) in &ledger.attempted {
-        let durable = ledger.durable.get(id).copied().unwrap_or(0);
-        let length = match store.session(id) {
-            Ok(summary) => summary.events,
-            Err(_) if durable == 0 => continue,
-            Err(error) => return Err(format!("{label}: {id} lost: {error}")),
-        };
-        if length < durable {
-            return Err(format!(
-                "{label}: {id} has {length}, {durable} acknowledged"
-            ));
-        }
-        if length > 0 && !ends.contains(&length) {
-            return Err(format!("{label}: {id} ends at {length}, inside a batch"));
-        }
-        let events = store
-            .read(id, 0, u64::MAX)
-            .map_err(|error| format!("{label}: read {id}: {error}"))?;
-        for (seq, event) in events.iter().enumerate() {
-            if event.seq != seq as u64 || event.data != crash_data(id, seq as u64) {
-                return Err(format!("{label}: {id} seq {seq} is not what was written"));
-            }
-        }
-        contents.push((id.clone(), events));
-    }
+    let contents = check_acknowledged(
+        &store,
+        label,
+        &ledger.durable,
+        &ledger.attempted,
+        crash_data,
+    )?;
     store
         .maintain()
         .map_err(|error| format!("{label}: maintain after recovery: {error}"))?;

@@ -152,3 +152,43 @@ pub fn closed_image(populate: impl FnOnce(&Store)) -> dshdb::storage::io::sim::C
     store.close().expect("close");
     disk.durable_image()
 }
+
+/// The crash invariants of many writers on one store, per session id: every acknowledged
+/// event is there (`durable`: how many), the session ends at the end of a batch it attempted
+/// (`attempted`), and each event is the one `data` says was written at its seq. Returns each
+/// session's events.
+pub fn check_acknowledged(
+    store: &Store,
+    label: &str,
+    durable: &std::collections::BTreeMap<String, u64>,
+    attempted: &std::collections::BTreeMap<String, Vec<u64>>,
+    data: fn(&str, u64) -> String,
+) -> Result<Vec<(String, Vec<dshdb::store::Event>)>, String> {
+    let mut contents = Vec::new();
+    for (id, ends) in attempted {
+        let acknowledged = durable.get(id).copied().unwrap_or(0);
+        let length = match store.session(id) {
+            Ok(summary) => summary.events,
+            Err(_) if acknowledged == 0 => continue,
+            Err(error) => return Err(format!("{label}: {id} lost: {error}")),
+        };
+        if length < acknowledged {
+            return Err(format!(
+                "{label}: {id} has {length}, {acknowledged} acknowledged"
+            ));
+        }
+        if length > 0 && !ends.contains(&length) {
+            return Err(format!("{label}: {id} ends at {length}, inside a batch"));
+        }
+        let events = store
+            .read(id, 0, u64::MAX)
+            .map_err(|error| format!("{label}: read {id}: {error}"))?;
+        for (seq, event) in events.iter().enumerate() {
+            if event.seq != seq as u64 || event.data != data(id, seq as u64) {
+                return Err(format!("{label}: {id} seq {seq} is not what was written"));
+            }
+        }
+        contents.push((id.clone(), events));
+    }
+    Ok(contents)
+}
