@@ -108,11 +108,10 @@ pub struct Options {
     /// Ignored by read-only opens, which read a snapshot.
     pub shared: bool,
     /// In the shared mode, let [`Store::maintain`] (and the background thread) seal and
-    /// rewrite files while other processes are live (F-08-16). Off (the default), a
+    /// rewrite files while other processes are live (F-08-16); on by default. Off, a
     /// shared-mode pass does nothing and sealing waits for an exclusive open or for the last
-    /// process's close: the fuzzer found one power-cut image, with this on, that the next
-    /// open refuses as damaged (`fuzz/pending/model/`, cause not yet found), so it stays
-    /// opt-in until that is understood. Other processes follow a pass either way (F-08-17).
+    /// process's close (for a process that should leave maintenance to others). Other
+    /// processes follow a pass either way (F-08-17).
     pub shared_maintenance: bool,
     /// Write a seq-index checkpoint on a background thread whenever this many bytes of
     /// log were committed since the last (F-06-27; more for a large catalog), so that a
@@ -134,7 +133,7 @@ impl Default for Options {
             use_checkpoint: true,
             maintenance_interval: None,
             shared: false,
-            shared_maintenance: false,
+            shared_maintenance: true,
             checkpoint_every_bytes: Some(DEFAULT_CHECKPOINT_EVERY_LOG_BYTES),
         }
     }
