@@ -113,6 +113,27 @@ struct FakeStream {
     dedup: HashMap<String, (u64, u64)>,
 }
 
+impl FakeStream {
+    /// Stores `message` at the next stream seq (checks done by the caller), remembering its
+    /// msg id for the dedup window from `now` (ms); returns the seq.
+    fn append(&mut self, message: TailPublish, now: u64) -> u64 {
+        self.last_seq += 1;
+        let stream_seq = self.last_seq;
+        self.last_by_subject
+            .insert(message.subject.clone(), stream_seq);
+        self.dedup.insert(message.msg_id, (stream_seq, now));
+        self.messages.insert(
+            stream_seq,
+            TailMessage {
+                stream_seq,
+                subject: message.subject,
+                payload: message.payload,
+            },
+        );
+        stream_seq
+    }
+}
+
 #[derive(Debug, Default)]
 struct TailState {
     streams: BTreeMap<String, FakeStream>,
@@ -274,20 +295,7 @@ impl FakeTail {
                 reason: "maximum messages exceeded".to_string(),
             });
         }
-        stream.last_seq += 1;
-        let stream_seq = stream.last_seq;
-        stream
-            .last_by_subject
-            .insert(message.subject.clone(), stream_seq);
-        stream.dedup.insert(message.msg_id, (stream_seq, now));
-        stream.messages.insert(
-            stream_seq,
-            TailMessage {
-                stream_seq,
-                subject: message.subject,
-                payload: message.payload,
-            },
-        );
+        let stream_seq = stream.append(message, now);
         Ok(PublishAck {
             stream_seq,
             duplicate: false,
@@ -351,20 +359,7 @@ impl FakeTail {
         }
         let mut acks = Vec::with_capacity(messages.len());
         for message in messages {
-            stream.last_seq += 1;
-            let stream_seq = stream.last_seq;
-            stream
-                .last_by_subject
-                .insert(message.subject.clone(), stream_seq);
-            stream.dedup.insert(message.msg_id, (stream_seq, now));
-            stream.messages.insert(
-                stream_seq,
-                TailMessage {
-                    stream_seq,
-                    subject: message.subject,
-                    payload: message.payload,
-                },
-            );
+            let stream_seq = stream.append(message, now);
             acks.push(PublishAck {
                 stream_seq,
                 duplicate: false,

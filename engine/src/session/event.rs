@@ -170,20 +170,7 @@ impl SessionEvent {
         time: i64,
         data_text: &str,
     ) -> Result<Self, SessionError> {
-        let data = RawValue::from_string(data_text.to_owned()).map_err(|error| {
-            SessionError::UnparsableLine {
-                reason: error.to_string(),
-            }
-        })?;
-        Ok(Self {
-            event_type: event_type.to_owned(),
-            seq,
-            time,
-            data,
-            ignorable: false,
-            surface_op: None,
-            source_event_seqs: None,
-        })
+        Self::with_data_text(event_type, seq, time, data_text.to_owned())
     }
 
     /// [`SessionEvent::new`] keeping `data_text` itself as the event's `data` (no copy).
