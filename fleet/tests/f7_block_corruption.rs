@@ -186,11 +186,7 @@ fn f7_corrupt_block_file_never_yields_a_shorter_history() {
         return;
     }
     let token = common::run_token();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::two_worker_runtime();
     runtime.block_on(async {
         let session = format!("f7bx{token}");
         let shard = shard_of_in(&session, SHARDS);

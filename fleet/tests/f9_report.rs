@@ -386,11 +386,7 @@ fn f9_report() {
         return;
     }
     let token = common::run_token();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::two_worker_runtime();
     set_up_streams(&runtime);
     let (latency, ingest_replicated, ingest_local, zombie) = runtime.block_on(async {
         let process = in_process_node(&format!("f9n{token}"), 1, Duration::from_secs(10)).await;

@@ -75,6 +75,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A runtime with two worker threads, for tests whose nodes run concurrently with their
+/// clients (one per core of the test machines).
+pub fn two_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Creates the streams and buckets before the nodes start, so that they start together.
 pub fn set_up_streams(runtime: &tokio::runtime::Runtime) -> dshdb_fleet::nats::Nats {
     runtime
