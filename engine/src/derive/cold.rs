@@ -64,7 +64,7 @@ use crate::session::{
 use crate::storage::frame::{
     EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM, EVENT_FLAG_VERBATIM_LINE,
 };
-use crate::store::{EntryView, Event, EventView, RowView, Store};
+use crate::store::{EntryView, Event, EventView, ReadScan, RowView, Store};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -152,9 +152,10 @@ fn stream(store: &Store, id: &str, form: Form) -> Result<Streamed<Kept>> {
     let mut row: Vec<Event> = Vec::new();
     let mut stopped = None;
     let mut from = 0;
+    let mut scan = ReadScan::default();
     while from < length {
         let to = length.min(from.saturating_add(READ_CHUNK_EVENTS));
-        store.visit_entries(id, from, to, |entry| {
+        store.visit_entries_in(&mut scan, id, from, to, |entry| {
             if stopped.is_some() {
                 return Ok(());
             }

@@ -13,7 +13,7 @@ use crate::storage::frame::{
     EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
     EVENT_FLAG_VERBATIM_LINE,
 };
-use crate::store::{EntryView, RowView};
+use crate::store::{EntryView, ReadScan, RowView};
 use crate::{EventView, Store};
 
 /// One DSH line (without its newline), whether it starts a batch DSH wrote as one unit, and
@@ -137,7 +137,9 @@ pub fn visit_dsh_lines(
     // failed write) is kept here and stops the walk through a placeholder the caller never
     // sees.
     let mut failure: Option<ExchangeError> = None;
-    let walked = store.visit_entries(id, from, to, |entry| {
+    // A scan: the blocks are read ahead on another thread and kept out of the shared cache.
+    let mut scan = ReadScan::default();
+    let walked = store.visit_entries_in(&mut scan, id, from, to, |entry| {
         let walked = match entry {
             EntryView::Event(event) => walk.event(event, &mut visit),
             EntryView::Row(row) => walk.row_entry(row, &mut visit),

@@ -31,7 +31,7 @@ mod writer;
 pub use crate::session::END_SEED_TYPE;
 pub use maintenance::{MaintenanceReport, MAINTENANCE_THREAD};
 pub use processes::{Subscription, FOLLOW_POLL};
-pub use read::{EntryView, RowMember, RowMembers, RowView};
+pub use read::{EntryView, ReadScan, RowMember, RowMembers, RowView};
 pub use staging::{is_stage_id, STAGE_PREFIX};
 pub use stats::Stats;
 pub use validate::check_data_depth;
@@ -668,6 +668,12 @@ impl Store {
     /// The store's directory (derived files above the log, `cache/` and `spill/`, live there).
     pub fn storage(&self) -> Arc<dyn Storage> {
         self.inner.storage.clone()
+    }
+
+    /// Bytes of decompressed run blocks this handle's shared read cache holds now (at most
+    /// [`Options::block_cache_bytes`]): a diagnostic of what reads keep resident.
+    pub fn cached_block_bytes(&self) -> usize {
+        self.inner.cache.held_bytes()
     }
 
     /// Whether the store was opened read-only (no writes of any kind, derived files included).

@@ -50,10 +50,40 @@ pub(super) struct WalkBlocks {
     scan: ScanBuffer,
 }
 
+/// The blocks of one whole-session scan that reads in steps ([`Store::visit_entries_in`]):
+/// one buffer for all its steps, so that the block a step ends in is not decompressed again
+/// by the next, and nothing of the scan goes into the shared cache. (A fresh walk per step
+/// put each step's first block in the cache: a cold resume of 1.3M events filled all
+/// 64 MiB of it, half its peak memory, and decompressed most blocks twice.)
+pub struct ReadScan {
+    blocks: WalkBlocks,
+}
+
+impl ReadScan {
+    /// The blocks of a single walk: its first missed block goes into the shared cache
+    /// ([`WalkBlocks`]).
+    fn default_walk() -> ReadScan {
+        ReadScan {
+            blocks: WalkBlocks::default(),
+        }
+    }
+}
+
+impl Default for ReadScan {
+    fn default() -> Self {
+        ReadScan {
+            blocks: WalkBlocks {
+                cached_a_miss: true,
+                scan: ScanBuffer::reading_ahead(),
+            },
+        }
+    }
+}
+
 impl WalkBlocks {
     fn block(
         &mut self,
-        reader: &RunReader,
+        reader: &Arc<RunReader>,
         block: usize,
         cache: &BlockCache,
     ) -> Result<Arc<Vec<u8>>> {
@@ -308,6 +338,19 @@ impl Store {
         id: &str,
         from: u64,
         to: u64,
+        visit: impl FnMut(EntryView<'_, '_>) -> Result<()>,
+    ) -> Result<()> {
+        self.visit_entries_in(&mut ReadScan::default_walk(), id, from, to, visit)
+    }
+
+    /// [`Store::visit_entries`] as one step of a scan that reads a session in steps:
+    /// `scan` carries the decompressed block from one step to the next.
+    pub fn visit_entries_in(
+        &self,
+        scan: &mut ReadScan,
+        id: &str,
+        from: u64,
+        to: u64,
         mut visit: impl FnMut(EntryView<'_, '_>) -> Result<()>,
     ) -> Result<()> {
         let walked = {
@@ -316,7 +359,8 @@ impl Store {
                 let view = RowView::new(*row, event_type, position)?;
                 (visit_cell.borrow_mut())(EntryView::Row(&view))
             };
-            self.walk_events(
+            self.walk_events_in(
+                &mut scan.blocks,
                 id,
                 from,
                 to,
@@ -336,6 +380,19 @@ impl Store {
 
     fn walk_events(
         &self,
+        id: &str,
+        from: u64,
+        to: u64,
+        visit: impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
+        whole_rows: WholeRows<'_>,
+    ) -> Result<()> {
+        let mut blocks = WalkBlocks::default();
+        self.walk_events_in(&mut blocks, id, from, to, visit, whole_rows)
+    }
+
+    fn walk_events_in(
+        &self,
+        blocks: &mut WalkBlocks,
         id: &str,
         from: u64,
         to: u64,
@@ -377,9 +434,8 @@ impl Store {
                 Err(error) => return Err(error),
             }
         };
-        let mut blocks = WalkBlocks::default();
         for slice in &slices {
-            self.walk_slice(slice, &types, &mut blocks, &mut visit, &mut whole_rows)?;
+            self.walk_slice(slice, &types, blocks, &mut visit, &mut whole_rows)?;
         }
         Ok(())
     }

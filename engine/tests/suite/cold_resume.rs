@@ -944,3 +944,41 @@ fn sealed_row_entries_export_and_stream_as_the_log_did() {
     }
     assert!(compared >= 2, "{compared} sessions compared");
 }
+
+/// A cold resume reads a sealed session in steps of [`READ_CHUNK_EVENTS`] through one scan:
+/// nothing of it goes into the store's shared block cache (filling it was half the peak
+/// memory of resuming a 1.3M-event session), while a single read still caches the block it
+/// missed, for the reads that repeat it.
+#[test]
+fn a_stepped_cold_resume_leaves_the_shared_block_cache_empty() {
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Buffered)).expect("open");
+    let jsonl = Generator::new(7, "stepped").session(4 * READ_CHUNK_EVENTS);
+    let id = import_dsh_jsonl(&store, &jsonl).expect("import").session_id;
+    store.close().expect("close");
+    let store = open_sim(&disk, sim_options(Durability::Buffered)).expect("reopen");
+    assert!(store.maintain().expect("maintain").segments_sealed > 0);
+    store.close().expect("close");
+    let store = open_sim(&disk, sim_options(Durability::Buffered)).expect("reopen sealed");
+    let length = store.session(&id).expect("session").events;
+    assert!(
+        length > 3 * READ_CHUNK_EVENTS,
+        "{length} events: several steps"
+    );
+    assert!(matches!(
+        stream_message_texts(&store, &id).expect("stream"),
+        Streamed::Messages(_)
+    ));
+    assert_eq!(
+        store.cached_block_bytes(),
+        0,
+        "the scan's blocks stay its own"
+    );
+    store
+        .visit_entries(&id, 1, 2, |_| Ok(()))
+        .expect("one short read");
+    assert!(
+        store.cached_block_bytes() > 0,
+        "a short read caches its block"
+    );
+}
