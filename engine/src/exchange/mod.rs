@@ -44,8 +44,9 @@ use crate::storage::frame::{
     EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
     EVENT_FLAG_VERBATIM_LINE,
 };
-use crate::store::{now_millis, Event, NewEvent, Store};
+use crate::store::{now_millis, Event, NewEvent, ParsedEvent, Store};
 use scan::{pack_row, Record, Scanned};
+use serde_json::value::RawValue;
 
 pub use bounded::{
     ImportLimits, IMPORT_LINE_ENVELOPE_BYTES, MAX_IMPORT_LINE_BYTES, MAX_IMPORT_PLAINTEXT_BYTES,
@@ -189,7 +190,7 @@ fn import_scanned(
     let batches = batch_ranges(
         owned
             .iter()
-            .map(|event| (event.data.len() + event.envelope.len(), event.flags)),
+            .map(|event| (event.stored_bytes(), event.flags)),
     );
     // The header travels with the first batch, so a log that fits one batch (all but the
     // largest) is imported atomically.
@@ -238,7 +239,7 @@ pub(crate) fn stored_line(
                 let mut stored = OwnedEvent {
                     event_type: event.event_type,
                     time: event.time,
-                    data: Box::<str>::from(event.data).into_string(),
+                    data: event.data,
                     envelope: String::new(),
                     flags: EVENT_FLAG_ROW_MEMBER,
                 };
@@ -287,7 +288,9 @@ pub(crate) fn batch_ranges(
 pub(crate) struct OwnedEvent {
     event_type: String,
     time: i64,
-    data: String,
+    /// Parsed when the line was read: the store need not parse it again
+    /// ([`OwnedEvent::as_parsed`]).
+    data: Box<RawValue>,
     envelope: String,
     pub(crate) flags: u8,
 }
@@ -295,17 +298,27 @@ pub(crate) struct OwnedEvent {
 impl OwnedEvent {
     /// Bytes the event stores, about (its payload and envelope).
     pub(crate) fn stored_bytes(&self) -> usize {
-        self.data.len() + self.envelope.len()
+        self.data.get().len() + self.envelope.len()
     }
 
     pub(crate) fn as_new(&self) -> NewEvent<'_> {
         NewEvent {
             event_type: &self.event_type,
             time: Some(self.time),
-            data: &self.data,
+            data: self.data.get(),
             envelope: &self.envelope,
             flags: self.flags,
         }
+    }
+
+    pub(crate) fn as_parsed(&self) -> ParsedEvent<'_> {
+        ParsedEvent::new(
+            &self.event_type,
+            self.time,
+            &self.data,
+            &self.envelope,
+            self.flags,
+        )
     }
 }
 
@@ -369,7 +382,7 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
             return OwnedEvent {
                 event_type: candidate.event_type,
                 time: candidate.time,
-                data: candidate.data,
+                data: event.data.clone(),
                 envelope: candidate.envelope,
                 flags: 0,
             };
@@ -378,7 +391,7 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
     OwnedEvent {
         event_type: event.event_type.clone(),
         time: event.time,
-        data: event.data.get().to_owned(),
+        data: event.data.clone(),
         envelope: verbatim_envelope(raw),
         flags: EVENT_FLAG_VERBATIM_LINE,
     }

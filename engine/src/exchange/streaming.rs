@@ -31,7 +31,7 @@ use super::{
 use crate::limits::{STREAM_DECODE_BYTES, STREAM_READ_BYTES};
 use crate::session::{RestoreCheck, TURN_END};
 use crate::storage::frame::EVENT_FLAG_BATCH_START;
-use crate::store::{is_stage_id, now_millis, NewEvent, SessionWriter, Store};
+use crate::store::{is_stage_id, now_millis, ParsedEvent, SessionWriter, Store};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::path::Path;
@@ -647,8 +647,8 @@ fn write_batches(
     batches: Receiver<Vec<OwnedEvent>>,
 ) -> crate::Result<()> {
     for batch in batches {
-        let events: Vec<NewEvent<'_>> = batch.iter().map(OwnedEvent::as_new).collect();
-        writer.append_batch(&events)?;
+        let events: Vec<ParsedEvent<'_>> = batch.iter().map(OwnedEvent::as_parsed).collect();
+        writer.append_parsed_batch(&events)?;
     }
     Ok(())
 }
