@@ -364,10 +364,21 @@ fn canonical_envelope(event: &SessionEvent, line: &str) -> Option<String> {
 
 /// How an event line is stored: split into fields when that re-renders exactly, else verbatim.
 pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
-    let envelope = std::str::from_utf8(raw)
-        .ok()
-        .and_then(|line| canonical_envelope(event, line).or_else(|| envelope_members(line)));
-    if let Some(envelope) = envelope {
+    let line = std::str::from_utf8(raw).ok();
+    // A line in DSH's own layout is the event re-rendered, by construction: it is the
+    // rendered head, `data` and the envelope members whose keys `canonical_envelope` read,
+    // which is all the check below would make again (and, for a long `sourceEventSeqs`,
+    // reading the keys costs as much as the rest of the line).
+    if let Some(envelope) = line.and_then(|line| canonical_envelope(event, line)) {
+        return OwnedEvent {
+            event_type: event.event_type.clone(),
+            time: event.time,
+            data: event.data.clone(),
+            envelope,
+            flags: 0,
+        };
+    }
+    if let Some(envelope) = line.and_then(envelope_members) {
         let candidate = Event {
             seq: event.seq,
             time: event.time,
@@ -551,4 +562,58 @@ pub fn session_events(store: &Store, id: &str) -> Result<Vec<SessionEvent>> {
         Ok(())
     })?;
     Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::parse_event_line;
+
+    fn rendered(stored: &OwnedEvent, seq: u64) -> String {
+        let new = stored.as_new();
+        Event {
+            seq,
+            time: stored.time,
+            event_type: new.event_type.to_owned(),
+            data: new.data.to_owned(),
+            envelope: new.envelope.to_owned(),
+            flags: stored.flags,
+        }
+        .to_json_line()
+    }
+
+    /// Lines in DSH's layout are split into fields (no verbatim copy) and re-render
+    /// exactly; lines laid out otherwise re-render exactly too, split or verbatim.
+    #[test]
+    fn a_plain_event_re_renders_its_line_exactly() {
+        let canonical = [
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1}}"#,
+            r#"{"type":"assistant/message","seq":3,"time":-5,"data":{"a":[1,2]},"sourceEventSeqs":[1,2],"surfaceOp":"append"}"#,
+            r#"{"type":"user/message","seq":7,"time":9,"data":{"text":"x"},"surfaceOp":"append"}"#,
+        ];
+        let other_layouts = [
+            r#"{"seq":0,"type":"turn/start","time":1,"data":{"turn":1}}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1} ,"surfaceOp":"append"}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"seq":0}"#,
+        ];
+        for (line, must_split) in canonical
+            .iter()
+            .map(|line| (line, true))
+            .chain(other_layouts.iter().map(|line| (line, false)))
+        {
+            let event = match parse_event_line(line) {
+                Ok(event) => event,
+                // A line of another layout may be no event at all; DSH's own layout must be.
+                Err(error) => {
+                    assert!(!must_split, "{line}: {error}");
+                    continue;
+                }
+            };
+            let stored = plain_event(&event, line.as_bytes());
+            if must_split {
+                assert_eq!(stored.flags, 0, "{line}");
+            }
+            assert_eq!(rendered(&stored, event.seq), *line, "{line}");
+        }
+    }
 }
