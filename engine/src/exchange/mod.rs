@@ -44,8 +44,9 @@ use crate::storage::frame::{
     EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
     EVENT_FLAG_VERBATIM_LINE,
 };
-use crate::store::{now_millis, Event, NewEvent, Store};
+use crate::store::{now_millis, Event, NewEvent, ParsedEvent, Store};
 use scan::{pack_row, Record, Scanned};
+use serde_json::value::RawValue;
 
 pub use bounded::{
     ImportLimits, IMPORT_LINE_ENVELOPE_BYTES, MAX_IMPORT_LINE_BYTES, MAX_IMPORT_PLAINTEXT_BYTES,
@@ -189,7 +190,7 @@ fn import_scanned(
     let batches = batch_ranges(
         owned
             .iter()
-            .map(|event| (event.data.len() + event.envelope.len(), event.flags)),
+            .map(|event| (event.stored_bytes(), event.flags)),
     );
     // The header travels with the first batch, so a log that fits one batch (all but the
     // largest) is imported atomically.
@@ -238,7 +239,7 @@ pub(crate) fn stored_line(
                 let mut stored = OwnedEvent {
                     event_type: event.event_type,
                     time: event.time,
-                    data: Box::<str>::from(event.data).into_string(),
+                    data: event.data,
                     envelope: String::new(),
                     flags: EVENT_FLAG_ROW_MEMBER,
                 };
@@ -287,7 +288,9 @@ pub(crate) fn batch_ranges(
 pub(crate) struct OwnedEvent {
     event_type: String,
     time: i64,
-    data: String,
+    /// Parsed when the line was read: the store need not parse it again
+    /// ([`OwnedEvent::as_parsed`]).
+    data: Box<RawValue>,
     envelope: String,
     pub(crate) flags: u8,
 }
@@ -295,17 +298,27 @@ pub(crate) struct OwnedEvent {
 impl OwnedEvent {
     /// Bytes the event stores, about (its payload and envelope).
     pub(crate) fn stored_bytes(&self) -> usize {
-        self.data.len() + self.envelope.len()
+        self.data.get().len() + self.envelope.len()
     }
 
     pub(crate) fn as_new(&self) -> NewEvent<'_> {
         NewEvent {
             event_type: &self.event_type,
             time: Some(self.time),
-            data: &self.data,
+            data: self.data.get(),
             envelope: &self.envelope,
             flags: self.flags,
         }
+    }
+
+    pub(crate) fn as_parsed(&self) -> ParsedEvent<'_> {
+        ParsedEvent::new(
+            &self.event_type,
+            self.time,
+            &self.data,
+            &self.envelope,
+            self.flags,
+        )
     }
 }
 
@@ -351,10 +364,21 @@ fn canonical_envelope(event: &SessionEvent, line: &str) -> Option<String> {
 
 /// How an event line is stored: split into fields when that re-renders exactly, else verbatim.
 pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
-    let envelope = std::str::from_utf8(raw)
-        .ok()
-        .and_then(|line| canonical_envelope(event, line).or_else(|| envelope_members(line)));
-    if let Some(envelope) = envelope {
+    let line = std::str::from_utf8(raw).ok();
+    // A line in DSH's own layout is the event re-rendered, by construction: it is the
+    // rendered head, `data` and the envelope members whose keys `canonical_envelope` read,
+    // which is all the check below would make again (and, for a long `sourceEventSeqs`,
+    // reading the keys costs as much as the rest of the line).
+    if let Some(envelope) = line.and_then(|line| canonical_envelope(event, line)) {
+        return OwnedEvent {
+            event_type: event.event_type.clone(),
+            time: event.time,
+            data: event.data.clone(),
+            envelope,
+            flags: 0,
+        };
+    }
+    if let Some(envelope) = line.and_then(envelope_members) {
         let candidate = Event {
             seq: event.seq,
             time: event.time,
@@ -369,7 +393,7 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
             return OwnedEvent {
                 event_type: candidate.event_type,
                 time: candidate.time,
-                data: candidate.data,
+                data: event.data.clone(),
                 envelope: candidate.envelope,
                 flags: 0,
             };
@@ -378,7 +402,7 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
     OwnedEvent {
         event_type: event.event_type.clone(),
         time: event.time,
-        data: event.data.get().to_owned(),
+        data: event.data.clone(),
         envelope: verbatim_envelope(raw),
         flags: EVENT_FLAG_VERBATIM_LINE,
     }
@@ -538,4 +562,58 @@ pub fn session_events(store: &Store, id: &str) -> Result<Vec<SessionEvent>> {
         Ok(())
     })?;
     Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::parse_event_line;
+
+    fn rendered(stored: &OwnedEvent, seq: u64) -> String {
+        let new = stored.as_new();
+        Event {
+            seq,
+            time: stored.time,
+            event_type: new.event_type.to_owned(),
+            data: new.data.to_owned(),
+            envelope: new.envelope.to_owned(),
+            flags: stored.flags,
+        }
+        .to_json_line()
+    }
+
+    /// Lines in DSH's layout are split into fields (no verbatim copy) and re-render
+    /// exactly; lines laid out otherwise re-render exactly too, split or verbatim.
+    #[test]
+    fn a_plain_event_re_renders_its_line_exactly() {
+        let canonical = [
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1}}"#,
+            r#"{"type":"assistant/message","seq":3,"time":-5,"data":{"a":[1,2]},"sourceEventSeqs":[1,2],"surfaceOp":"append"}"#,
+            r#"{"type":"user/message","seq":7,"time":9,"data":{"text":"x"},"surfaceOp":"append"}"#,
+        ];
+        let other_layouts = [
+            r#"{"seq":0,"type":"turn/start","time":1,"data":{"turn":1}}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1} ,"surfaceOp":"append"}"#,
+            r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"seq":0}"#,
+        ];
+        for (line, must_split) in canonical
+            .iter()
+            .map(|line| (line, true))
+            .chain(other_layouts.iter().map(|line| (line, false)))
+        {
+            let event = match parse_event_line(line) {
+                Ok(event) => event,
+                // A line of another layout may be no event at all; DSH's own layout must be.
+                Err(error) => {
+                    assert!(!must_split, "{line}: {error}");
+                    continue;
+                }
+            };
+            let stored = plain_event(&event, line.as_bytes());
+            if must_split {
+                assert_eq!(stored.flags, 0, "{line}");
+            }
+            assert_eq!(rendered(&stored, event.seq), *line, "{line}");
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //! events and packed chunk rows) and the committed-region / discardable-tail rule.
 
 use super::{DroppedTail, ExchangeError};
-use crate::session::json::{js_safe_integer, object_members, value_lossy};
+use crate::session::json::{js_safe_integer, object_members_borrowed, value_lossy};
 use crate::session::{parse_event_line, SessionEvent};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -289,7 +289,7 @@ fn decode_generally(text: &str) -> Result<Record, ()> {
 /// one parse of the line instead of two ([`record_tag`], then the row's members): `None`
 /// when that cannot decide, and [`decode_record`] goes the general way. When it decides it
 /// agrees with that way: the line parsed as an object, its last `type` member (which both
-/// [`record_tag`] and [`object_members`] take, a duplicate included) is that row tag, and
+/// [`record_tag`] and [`object_members_borrowed`] take, a duplicate included) is that row tag, and
 /// [`expand_row`] would parse the same members again.
 fn row_parsed_once(text: &str) -> Option<Result<Record, ()>> {
     const ROW_OPENING: &str = "{\"type\":\"";
@@ -302,24 +302,23 @@ fn row_parsed_once(text: &str) -> Option<Result<Record, ()>> {
     if !opens_as_row {
         return None;
     }
-    let top = object_members(text)?;
+    let top = object_members_borrowed(text)?;
     let tag_text: String = serde_json::from_str(raw_member(&top, "type")?).ok()?;
     let tag = RowTag::from_tag(&tag_text)?;
     Some(expand_row_members(tag, &top))
 }
 
-fn raw_member<'m>(members: &'m [(String, Box<RawValue>)], key: &str) -> Option<&'m str> {
+/// An object's members as [`object_members_borrowed`] gives them.
+type Members<'text> = [(String, &'text RawValue)];
+
+fn raw_member<'text>(members: &Members<'text>, key: &str) -> Option<&'text str> {
     members
         .iter()
         .find(|(name, _)| name == key)
         .map(|(_, value)| value.get())
 }
 
-fn has_exact_keys(
-    members: &[(String, Box<RawValue>)],
-    required: &[&str],
-    optional: &[&str],
-) -> bool {
+fn has_exact_keys(members: &Members<'_>, required: &[&str], optional: &[&str]) -> bool {
     required
         .iter()
         .all(|key| members.iter().any(|(name, _)| name == key))
@@ -474,12 +473,12 @@ impl RowShape<'_> {
 }
 
 fn expand_row(tag: RowTag, text: &str) -> Result<Record, ()> {
-    let top = object_members(text).ok_or(())?;
+    let top = object_members_borrowed(text).ok_or(())?;
     expand_row_members(tag, &top)
 }
 
 /// [`expand_row`] of a line whose members are `top`.
-fn expand_row_members(tag: RowTag, top: &[(String, Box<RawValue>)]) -> Result<Record, ()> {
+fn expand_row_members(tag: RowTag, top: &Members<'_>) -> Result<Record, ()> {
     if !has_exact_keys(top, &["type", "seq0", "time0", "data"], &[]) {
         return Err(());
     }
@@ -490,7 +489,7 @@ fn expand_row_members(tag: RowTag, top: &[(String, Box<RawValue>)]) -> Result<Re
     let time0 = raw_member(top, "time0")
         .and_then(js_safe_integer)
         .ok_or(())?;
-    let data = object_members(raw_member(top, "data").ok_or(())?).ok_or(())?;
+    let data = object_members_borrowed(raw_member(top, "data").ok_or(())?).ok_or(())?;
     let (required, optional, payload_key): (&[&str], &[&str], &str) = match tag {
         RowTag::ToolCall => (
             &["turn", "step", "index", "id", "dt", "args"],
@@ -627,11 +626,11 @@ fn with_row_shape<T>(
     first_data: &str,
     use_shape: impl FnOnce(&RowShape<'_>) -> Option<T>,
 ) -> Option<T> {
-    let outer = object_members(first_data)?;
+    let outer = object_members_borrowed(first_data)?;
     if !has_exact_keys(&outer, &["turn", "step", "chunk"], &[]) {
         return None;
     }
-    let chunk = object_members(raw_member(&outer, "chunk")?)?;
+    let chunk = object_members_borrowed(raw_member(&outer, "chunk")?)?;
     let chunk_type: String = serde_json::from_str(raw_member(&chunk, "type")?).ok()?;
     let shape = RowShape {
         tag: RowTag::from_chunk_type(&chunk_type)?,

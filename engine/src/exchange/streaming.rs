@@ -31,11 +31,11 @@ use super::{
 use crate::limits::{STREAM_DECODE_BYTES, STREAM_READ_BYTES};
 use crate::session::{RestoreCheck, TURN_END};
 use crate::storage::frame::EVENT_FLAG_BATCH_START;
-use crate::store::{is_stage_id, now_millis, NewEvent, SessionWriter, Store};
+use crate::store::{is_stage_id, now_millis, ParsedEvent, SessionWriter, Store};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 
 pub use crate::limits::{STAGE_BATCH_BYTES, STREAM_CHECK_KEY_BYTES};
 
@@ -602,8 +602,14 @@ impl LineScanner {
 /// The batch being gathered, and the channel to the thread that writes batches to the
 /// stage (decoding and writing overlap; the channel holds one batch, so memory stays at
 /// about three batches).
+///
+/// The writing thread sends each batch back once written, and this thread empties it and
+/// gathers the next one in it: the events are freed by the thread that allocated them (a
+/// free from another thread takes the allocator's arena lock, and the two threads contended
+/// for it on every event), and the batch's vector is not grown again from empty.
 struct Stage {
     batches: SyncSender<Vec<OwnedEvent>>,
+    written: Receiver<Vec<OwnedEvent>>,
     batch: Vec<OwnedEvent>,
     batch_bytes: usize,
     limit: usize,
@@ -634,21 +640,35 @@ impl Stage {
         if self.batch.is_empty() {
             return Ok(());
         }
+        let capacity = self.batch.capacity();
         let batch = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
-        self.batches.send(batch).map_err(|_| writer_stopped())
+        self.batches.send(batch).map_err(|_| writer_stopped())?;
+        // Every batch written so far is emptied here; the last one is reused.
+        for mut written in self.written.try_iter() {
+            written.clear();
+            self.batch = written;
+        }
+        if self.batch.capacity() == 0 {
+            self.batch = Vec::with_capacity(capacity);
+        }
+        Ok(())
     }
 }
 
-/// The writing thread: appends every batch received to the stage, until the channel
-/// closes or an append fails.
+/// The writing thread: appends every batch received to the stage and sends it back
+/// ([`Stage`]), until the channel closes or an append fails.
 fn write_batches(
     writer: &mut SessionWriter,
     batches: Receiver<Vec<OwnedEvent>>,
+    written: Sender<Vec<OwnedEvent>>,
 ) -> crate::Result<()> {
     for batch in batches {
-        let events: Vec<NewEvent<'_>> = batch.iter().map(OwnedEvent::as_new).collect();
-        writer.append_batch(&events)?;
+        let events: Vec<ParsedEvent<'_>> = batch.iter().map(OwnedEvent::as_parsed).collect();
+        writer.append_parsed_batch(&events)?;
+        drop(events);
+        // Once the gathering thread has stopped, the batch is dropped here instead.
+        let _ = written.send(batch);
     }
     Ok(())
 }
@@ -684,9 +704,12 @@ fn stream(
     let header_bytes = header.len() as u64 + 1;
     let (staged, written) = std::thread::scope(|scope| {
         let (sender, receiver) = sync_channel(1);
+        let (written_sender, written) = channel();
         let writing = std::thread::Builder::new()
             .name("dshdb-stage".to_owned())
-            .spawn_scoped(scope, || write_batches(&mut writer, receiver));
+            .spawn_scoped(scope, || {
+                write_batches(&mut writer, receiver, written_sender)
+            });
         let writing = match writing {
             Ok(writing) => writing,
             Err(source) => {
@@ -699,6 +722,7 @@ fn stream(
         };
         let mut stage = Stage {
             batches: sender,
+            written,
             batch: Vec::new(),
             batch_bytes: 0,
             limit: options.stage_batch_bytes,

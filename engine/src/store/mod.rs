@@ -35,6 +35,7 @@ pub use read::{EntryView, ReadScan, RowMember, RowMembers, RowView};
 pub use staging::{is_stage_id, STAGE_PREFIX};
 pub use stats::Stats;
 pub use validate::check_data_depth;
+pub(crate) use writer::ParsedEvent;
 pub use writer::PendingReceipt;
 
 use create::{

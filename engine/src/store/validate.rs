@@ -58,23 +58,17 @@ pub(super) fn validate_session_id(id: &str) -> Result<()> {
 
 /// Refuses `data` nested deeper than [`MAX_EVENT_DATA_DEPTH`]: what no derived view can
 /// parse must not be stored (the text is valid JSON already, so only brackets outside
-/// strings count).
+/// strings count). Every staged event passes here, and most of an agent log's bytes are
+/// inside strings (chunk texts), so a string is crossed with `memchr` jumps from one quote
+/// or backslash to the next rather than byte by byte.
 pub fn check_data_depth(data: &str) -> Result<()> {
+    let bytes = data.as_bytes();
     let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for byte in data.bytes() {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut position = 0;
+    while let Some(&byte) = bytes.get(position) {
+        position += 1;
         match byte {
-            b'"' => in_string = true,
+            b'"' => position = after_string(bytes, position),
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_EVENT_DATA_DEPTH {
@@ -91,7 +85,39 @@ pub fn check_data_depth(data: &str) -> Result<()> {
     Ok(())
 }
 
+/// The offset just past the closing quote of the string whose text starts at `start` (after
+/// its opening quote), or the length of `bytes` when the string is not closed. A backslash
+/// escapes the byte after it, whatever that byte is.
+fn after_string(bytes: &[u8], start: usize) -> usize {
+    let mut position = start;
+    while let Some(found) = bytes
+        .get(position..)
+        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+    {
+        position += found;
+        if bytes[position] == b'"' {
+            return position + 1;
+        }
+        position += 2;
+    }
+    bytes.len()
+}
+
 pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
+    check_type_and_size(event)?;
+    serde_json::from_str::<&serde_json::value::RawValue>(event.data)
+        .map_err(|error| Error::invalid(format!("event data is not valid JSON: {error}")))?;
+    check_parsed_event(event)
+}
+
+/// [`validate_event`] of an event whose `data` is the text of a parsed JSON value
+/// ([`super::ParsedEvent`]): every check but parsing `data` again.
+pub(super) fn validate_parsed_event(event: &NewEvent<'_>) -> Result<()> {
+    check_type_and_size(event)?;
+    check_parsed_event(event)
+}
+
+fn check_type_and_size(event: &NewEvent<'_>) -> Result<()> {
     if event.event_type.is_empty() || event.event_type.len() > MAX_TYPE_BYTES {
         return Err(Error::invalid(format!(
             "event type must be 1 to {MAX_TYPE_BYTES} bytes"
@@ -105,8 +131,11 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
             limit: MAX_EVENT_DATA_BYTES as u64,
         });
     }
-    serde_json::from_str::<&serde_json::value::RawValue>(event.data)
-        .map_err(|error| Error::invalid(format!("event data is not valid JSON: {error}")))?;
+    Ok(())
+}
+
+/// The checks after `data` is known to be one JSON value: its depth, the flags, the envelope.
+fn check_parsed_event(event: &NewEvent<'_>) -> Result<()> {
     check_data_depth(event.data)?;
     if event.flags & !KNOWN_EVENT_FLAGS != 0 {
         return Err(Error::invalid(format!(
@@ -134,4 +163,77 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte-at-a-time scan [`check_data_depth`] replaced: the deepest bracket nesting
+    /// outside strings.
+    fn deepest_byte_by_byte(data: &str) -> usize {
+        let (mut depth, mut deepest) = (0usize, 0usize);
+        let (mut in_string, mut escaped) = (false, false);
+        for byte in data.bytes() {
+            if in_string {
+                match byte {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match byte {
+                b'"' => in_string = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        deepest
+    }
+
+    fn nested(depth: usize, inner: &str) -> String {
+        format!("{}{inner}{}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    #[test]
+    fn the_depth_check_agrees_with_a_byte_by_byte_scan() {
+        let limit = MAX_EVENT_DATA_DEPTH;
+        let inners = [
+            "0",
+            r#""[[[[""#,
+            r#""a\"[[[""#,
+            r#""\\""#,
+            r#""\\",[[{}]]"#,
+            r#""unclosed [[["#,
+            r#""ends in a backslash \"#,
+            r#"{"k":"v\u005b","l":[["]]"]]}"#,
+            "\"",
+        ];
+        for inner in inners {
+            for depth in [0, 1, limit - 2, limit - 1, limit, limit + 1] {
+                let data = nested(depth, inner);
+                let refused = check_data_depth(&data).is_err();
+                assert_eq!(
+                    refused,
+                    deepest_byte_by_byte(&data) > limit,
+                    "depth {depth}, inner {inner}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn brackets_inside_strings_do_not_count_and_outside_they_do() {
+        let deep_text = format!("\"{}\"", "[".repeat(MAX_EVENT_DATA_DEPTH + 5));
+        assert!(check_data_depth(&deep_text).is_ok());
+        let too_deep = nested(MAX_EVENT_DATA_DEPTH + 1, "0");
+        assert!(check_data_depth(&too_deep).is_err());
+        assert!(check_data_depth(&nested(MAX_EVENT_DATA_DEPTH, "0")).is_ok());
+    }
 }
