@@ -8,6 +8,7 @@ use super::scan::{
     ROW_LINE_END,
 };
 use super::{unexportable, verbatim_bytes, ExchangeError, Result};
+use crate::limits::EVENTS_PER_READ;
 use crate::session::line::push_event_line;
 use crate::storage::frame::{
     EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START, EVENT_FLAG_ROW_VERBATIM,
@@ -137,9 +138,16 @@ pub fn visit_dsh_lines(
     // failed write) is kept here and stops the walk through a placeholder the caller never
     // sees.
     let mut failure: Option<ExchangeError> = None;
-    // A scan: the blocks are read ahead on another thread and kept out of the shared cache.
-    let mut scan = ReadScan::default();
-    let walked = store.visit_entries_in(&mut scan, id, from, to, |entry| {
+    // A long range is a scan: its blocks are read ahead on another thread and kept out of
+    // the shared cache. A short one is a read a caller may repeat: its block is cached.
+    let walk_entries = |visit_entry: &mut dyn FnMut(EntryView<'_, '_>) -> crate::Result<()>| {
+        if to.saturating_sub(from) > EVENTS_PER_READ {
+            store.visit_entries_in(&mut ReadScan::default(), id, from, to, visit_entry)
+        } else {
+            store.visit_entries(id, from, to, visit_entry)
+        }
+    };
+    let walked = walk_entries(&mut |entry| {
         let walked = match entry {
             EntryView::Event(event) => walk.event(event, &mut visit),
             EntryView::Row(row) => walk.row_entry(row, &mut visit),
