@@ -155,37 +155,16 @@ pub fn object_members(text: &str) -> Option<Vec<(String, Box<RawValue>)>> {
 /// `data` member, which the import otherwise copies twice (the line's members, then
 /// `data`'s) before it reads the payloads.
 pub fn object_members_borrowed(text: &str) -> Option<Vec<(String, &RawValue)>> {
-    serde_json::from_str::<LastDuplicateMembers<'_>>(text)
-        .ok()
-        .map(|members| members.0)
-}
-
-/// The members of an object in first-appearance order with the last duplicate's value,
-/// borrowed ([`object_members_borrowed`]).
-struct LastDuplicateMembers<'text>(Vec<(String, &'text RawValue)>);
-
-impl<'de: 'text, 'text> Deserialize<'de> for LastDuplicateMembers<'text> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MembersVisitor<'text>(std::marker::PhantomData<&'text ()>);
-        impl<'de: 'text, 'text> Visitor<'de> for MembersVisitor<'text> {
-            type Value = LastDuplicateMembers<'text>;
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members: Vec<(String, &'text RawValue)> = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let value = map.next_value::<&'de RawValue>()?;
-                    match members.iter_mut().find(|(name, _)| *name == key) {
-                        Some(existing) => existing.1 = value,
-                        None => members.push((key, value)),
-                    }
-                }
-                Ok(LastDuplicateMembers(members))
-            }
+    let every = serde_json::from_str::<BorrowedMembers<'_>>(text).ok()?.0;
+    // First-appearance order, the last duplicate's value (what the owned reading keeps).
+    let mut members: Vec<(String, &RawValue)> = Vec::with_capacity(every.len());
+    for (key, value) in every {
+        match members.iter_mut().find(|(name, _)| *name == key) {
+            Some(existing) => existing.1 = value,
+            None => members.push((key, value)),
         }
-        deserializer.deserialize_map(MembersVisitor(std::marker::PhantomData))
     }
+    Some(members)
 }
 
 /// The raw text of member `key` of an object text (last duplicate wins).
