@@ -32,6 +32,11 @@ pub const MAX_LOST_RANGES: usize = 4096;
 /// Messages an append sends from its session's backlog, ahead of its own batch, before it
 /// acks in `local` mode instead (bounds one append's work after a long stall).
 pub const MAX_DRAIN_MESSAGES: usize = 64;
+/// Default of `NodeConfig::stalled_probe_timeout_ms`: how long a replicator round waits for
+/// the one probe message it sends on a stalled stream, in ms. The round holds the probed
+/// session's slot meanwhile, so this bounds how long an append of that session waits
+/// behind it (the publish retries alone take seconds).
+pub const DEFAULT_STALLED_PROBE_TIMEOUT_MS: u64 = 500;
 
 /// When an append is acknowledged, per node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -590,27 +595,56 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         }
     }
 
+    /// The sessions a replicator round sends, with whether each is a stalled stream's
+    /// probe: every session with backlog of a healthy stream, one per stalled stream.
+    fn round_sessions(&self) -> Vec<(String, bool)> {
+        let replication = self.replication.lock();
+        let mut probed = std::collections::HashSet::new();
+        let mut sessions = Vec::new();
+        for (session, backlog) in &replication.backlog {
+            let stream = stream_index(backlog.shard);
+            let stalled = replication
+                .streams
+                .get(&stream)
+                .is_some_and(|health| health.stalled);
+            if !stalled {
+                sessions.push((session.clone(), false));
+            } else if probed.insert(stream) {
+                sessions.push((session.clone(), true));
+            }
+        }
+        sessions
+    }
+
     /// One round of the background replicator: sends the first backlog message of every
-    /// session not busy, all at once (the stream queues group them), and settles each.
-    /// Nothing leaves the node in `sealed` mode.
+    /// session not busy, all at once (the stream queues group them), and settles each. A
+    /// stalled stream gets one probe, waited for at most `stalled_probe_timeout_ms`, so the
+    /// round does not hold many sessions' slots through an election. Nothing leaves the
+    /// node in `sealed` mode.
     pub async fn ship(&self) -> ShipRound {
         let mut round = ShipRound::default();
         if self.config().mode == DurabilityMode::Sealed {
             return round;
         }
-        let sessions: Vec<String> = self.replication.lock().backlog.keys().cloned().collect();
         let mut held = Vec::new();
-        for session in sessions {
+        for (session, probe) in self.round_sessions() {
             match self.slot(&session).try_lock_owned() {
-                Ok(guard) => held.push((session, guard)),
+                Ok(guard) => held.push((session, probe, guard)),
                 Err(_) => round.busy += 1,
             }
         }
-        let outcomes = futures::future::join_all(
-            held.iter_mut()
-                .map(|(session, guard)| self.ship_front(session, guard)),
-        )
-        .await;
+        let outcomes =
+            futures::future::join_all(held.iter_mut().map(|(session, probe, guard)| async move {
+                if !*probe {
+                    return self.ship_front(session, guard).await;
+                }
+                let timeout =
+                    std::time::Duration::from_millis(self.config().stalled_probe_timeout_ms);
+                tokio::time::timeout(timeout, self.ship_front(session, guard))
+                    .await
+                    .unwrap_or(Shipped::Stalled)
+            }))
+            .await;
         for outcome in outcomes {
             match outcome {
                 Shipped::One { events, .. } => {

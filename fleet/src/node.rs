@@ -87,6 +87,8 @@ pub struct NodeConfig {
     /// retries give up), ack in `local` mode for the stalled stream and ship the backlog in
     /// the background (`None`: stall, and fail the append if the retries give up).
     pub degrade_to_local_after_ms: Option<u64>,
+    /// How long the replicator waits for its probe of a stalled stream, in ms.
+    pub stalled_probe_timeout_ms: u64,
 }
 
 impl NodeConfig {
@@ -101,6 +103,7 @@ impl NodeConfig {
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             mode: DurabilityMode::Replicated,
             degrade_to_local_after_ms: None,
+            stalled_probe_timeout_ms: crate::modes::DEFAULT_STALLED_PROBE_TIMEOUT_MS,
         }
     }
 }
@@ -1176,6 +1179,11 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         let local = wait_local(pending);
         match drained {
             Ok(Shipped::Lost) => return Err(self.moved(shard).await),
+            // The backlog emptied without this batch shipped: a fence on another write of
+            // the shard dropped it (the shard is lost).
+            Ok(Shipped::Empty | Shipped::One { .. }) if slot.replicated_end < batch.end_seq() => {
+                return Err(self.moved(shard).await)
+            }
             Ok(shipped @ (Shipped::Empty | Shipped::One { .. })) => {
                 local?;
                 let (first_seq, end_seq) = (batch.first_seq(), batch.end_seq());

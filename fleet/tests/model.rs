@@ -46,9 +46,11 @@ const DEFAULT_SCHEDULES: u64 = 10_000;
 const ENGINE_SCHEDULES: u64 = 150;
 /// Schedules run in `local` mode, and in `replicated` mode with the degrade policy.
 const MODE_SCHEDULES: u64 = 2_000;
-/// `degrade_to_local_after` of the degrade schedules, in real ms: the fakes answer at
-/// once, so a stall is a publish whose retries gave up (a partition), never this timer.
-const DEGRADE_AFTER_MS: u64 = 1_000;
+/// `degrade_to_local_after` of the degrade schedules, in real ms, and the replicator's probe
+/// timeout: far above anything the fakes take, so that the schedules stay deterministic (a
+/// stall is a publish whose retries gave up, a partition, never a real-time timer; a timer
+/// fired once in a loaded run with 1 s and 0.5 s, and that run failed: see fleet/STATUS.md).
+const DEGRADE_AFTER_MS: u64 = 60_000;
 /// Background replicator rounds run at the end of a schedule to drain every backlog.
 const SETTLE_SHIP_ROUNDS: usize = 20;
 
@@ -330,6 +332,7 @@ impl World {
         config.lease_ttl_ms = NODE_TTL_MS;
         config.mode = self.modes.mode;
         config.degrade_to_local_after_ms = self.modes.degrade_after_ms;
+        config.stalled_probe_timeout_ms = DEGRADE_AFTER_MS;
         let node = Node::new(
             config,
             self.tail.client(harness.nats.clone()),
@@ -1163,11 +1166,17 @@ impl LeaseWorld {
     }
 
     fn node(&self, id: &str, link: &LinkControl) -> FakeNode {
+        self.node_in(id, link, Modes::REPLICATED)
+    }
+
+    fn node_in(&self, id: &str, link: &LinkControl, modes: Modes) -> FakeNode {
         let mut config = NodeConfig::new(id, id, 1);
         config.shard_count = SHARDS;
         config.publish_attempts = 2;
         config.publish_retry_backoff_ms = 0;
         config.lease_ttl_ms = NODE_TTL_MS;
+        config.mode = modes.mode;
+        config.degrade_to_local_after_ms = modes.degrade_after_ms;
         let node = Node::new(
             config,
             self.tail.client(link.clone()),
@@ -1521,4 +1530,84 @@ fn a_silently_dropped_last_message_is_refused_by_the_tail_checkpoint() {
     // The limit: an event acknowledged after the last checkpoint can still vanish silently
     // when its message was the session's last (FLEET.md's scrub would find it).
     assert_eq!(world.datas(&n2, unchecked), ["0", "1", "2"]);
+}
+
+/// Degrade and return on the fakes, step by step: a `replicated` node with the degrade policy
+/// loses its tail link; its next append is acknowledged locally (not replicated) and opens an
+/// at-risk window on the stream; later appends of the stream ack locally at once, each in the
+/// lag, the exact unshipped range and the window. When the link returns the replicator ships
+/// the backlog in order (the batch sent before as that same message, the others merged into
+/// one), closes the window, and the next append is replicated again. A new owner then rebuilds exactly the acknowledged history.
+#[test]
+fn degrade_to_local_and_return_ship_the_backlog_in_order() {
+    let world = LeaseWorld::new();
+    let link1 = LinkControl::default();
+    let degrade = Modes {
+        mode: DurabilityMode::Replicated,
+        degrade_after_ms: Some(DEGRADE_AFTER_MS),
+    };
+    let n1 = world.node_in("n1", &link1, degrade);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    let session = "k0";
+    world
+        .runtime
+        .block_on(n1.create_session(session, r#"{"id":"k0"}"#))
+        .expect("create");
+    let append = |data: &str| {
+        world
+            .runtime
+            .block_on(n1.append(session, &[IncomingEvent::new("message", data)]))
+            .expect("append")
+    };
+    assert!(append("0").replicated && append("1").replicated);
+    assert_eq!(n1.replication_lag().events, 0);
+
+    link1.set(Link::Down);
+    let degraded: Vec<AppendAck> = ["2", "3", "4"].iter().map(|data| append(data)).collect();
+    assert!(degraded.iter().all(|ack| !ack.replicated), "{degraded:?}");
+    assert_eq!(n1.replication_lag().events, 3);
+    let unshipped = n1.unshipped();
+    assert_eq!(unshipped.len(), 1, "{unshipped:?}");
+    assert_eq!((unshipped[0].first_seq, unshipped[0].end_seq), (2, 5));
+    let windows = n1.at_risk_windows();
+    assert_eq!(windows.len(), 1, "{windows:?}");
+    assert_eq!((windows[0].events, windows[0].to_ms), (3, None));
+    // While the link is down the replicator's round stalls and keeps everything.
+    let stalled = world.runtime.block_on(n1.ship());
+    assert_eq!((stalled.messages, stalled.stalled), (0, 1));
+    assert_eq!(n1.replication_lag().events, 3);
+
+    link1.set(Link::Up);
+    world.clock.advance(500);
+    // Batch 2 went out once (its append's own try): it is sent again as that very message;
+    // batches 3 and 4, never sent, go out merged as one.
+    let first = world.runtime.block_on(n1.ship());
+    assert_eq!((first.messages, first.events), (1, 1), "{first:?}");
+    let second = world.runtime.block_on(n1.ship());
+    assert_eq!((second.messages, second.events), (1, 2), "{second:?}");
+    assert_eq!(n1.replication_lag().events, 0);
+    let windows = n1.at_risk_windows();
+    assert!(
+        windows[0].to_ms.is_some(),
+        "the window stays open: {windows:?}"
+    );
+    assert!(append("5").replicated, "not back to replicated");
+
+    // The tail holds each batch once, in seq order.
+    let shard = dshdb_fleet::shard::shard_of_in(session, SHARDS);
+    let seqs: Vec<u64> = world
+        .tail
+        .messages_on(&dshdb_fleet::shard::session_subject(session, shard))
+        .iter()
+        .flat_map(|message| decode_tail_message(&message.payload).expect("decodes"))
+        .flat_map(|batch| batch.events.into_iter().map(|event| event.seq))
+        .collect();
+    assert_eq!(seqs, (0..6).collect::<Vec<u64>>());
+
+    // n1 dies; n2 rebuilds the whole acknowledged history from the tail.
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let n2 = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(n2.tick()).expect("tick");
+    assert_eq!(world.datas(&n2, session), ["0", "1", "2", "3", "4", "5"]);
 }
