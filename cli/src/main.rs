@@ -233,6 +233,16 @@ enum Command {
         /// Virtual shards of the fleet (fixed at fleet creation).
         #[arg(long, default_value_t = dshdb_fleet::shard::SHARD_COUNT)]
         shards: u32,
+        /// When appends are acknowledged: replicated (local fsync + JetStream ack), local
+        /// (local fsync; shipped in the background), sealed (local fsync; only sealed runs
+        /// leave the node). Default: DSHDB_FLEET_MODE, else replicated.
+        #[arg(long)]
+        mode: Option<String>,
+        /// In replicated mode: ack locally for a tail stream whose publishes stalled this
+        /// long (ms), and ship the backlog in the background. Default:
+        /// DSHDB_FLEET_DEGRADE_TO_LOCAL_AFTER_MS, else off.
+        #[arg(long)]
+        degrade_to_local_after_ms: Option<u64>,
     },
 }
 
@@ -390,7 +400,16 @@ fn run(command: Command, out: &mut impl Write) -> Result<ExitCode> {
             ttl_ms,
             tick_ms,
             shards,
-        } => fleet_node(&id, &listen, store, ttl_ms, tick_ms, shards)?,
+            mode,
+            degrade_to_local_after_ms,
+        } => fleet_node(
+            &id,
+            &listen,
+            store,
+            (ttl_ms, tick_ms, shards),
+            mode.as_deref(),
+            degrade_to_local_after_ms,
+        )?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -399,11 +418,11 @@ fn fleet_node(
     id: &str,
     listen: &str,
     store: PathBuf,
-    ttl_ms: u64,
-    tick_ms: u64,
-    shards: u32,
+    (ttl_ms, tick_ms, shards): (u64, u64, u32),
+    mode: Option<&str>,
+    degrade_to_local_after_ms: Option<u64>,
 ) -> Result<()> {
-    let config = dshdb_fleet::serve::config_from_env(
+    let mut config = dshdb_fleet::serve::config_from_env(
         id,
         listen,
         store,
@@ -411,6 +430,12 @@ fn fleet_node(
         std::time::Duration::from_millis(tick_ms),
         shards,
     )?;
+    if let Some(mode) = mode {
+        config.mode = mode.parse()?;
+    }
+    if degrade_to_local_after_ms.is_some() {
+        config.degrade_to_local_after_ms = degrade_to_local_after_ms;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

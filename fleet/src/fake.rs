@@ -683,6 +683,11 @@ impl FakeCold {
     pub fn keys(&self) -> Vec<String> {
         self.objects.lock().keys().cloned().collect()
     }
+
+    /// A stored object's bytes (for checks).
+    pub fn object(&self, key: &str) -> Option<Vec<u8>> {
+        self.objects.lock().get(key).cloned()
+    }
 }
 
 impl ColdStore for FakeColdClient {

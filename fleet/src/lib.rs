@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod error;
 pub mod fake;
+pub mod modes;
 pub mod nats;
 pub mod node;
 pub mod s3;
@@ -20,4 +21,5 @@ pub mod tier;
 pub mod wire;
 
 pub use error::{BackendError, FleetError, FleetResult};
+pub use modes::{AtRiskWindow, DurabilityMode, ReplicationLag, ShipRound, UnshippedRange};
 pub use node::{AppendAck, IncomingEvent, Node, NodeConfig, SealReport, SealStep};

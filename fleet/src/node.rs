@@ -17,6 +17,7 @@ use crate::backend::{
     TailPublish,
 };
 use crate::error::{BackendError, FleetError, FleetResult};
+use crate::modes::{tail_message, DurabilityMode, ModeMetrics, Replication, Route, Shipped};
 use crate::shard::{
     epoch_subject, group_subject, manifest_copy_key, rendezvous_owner, run_key, session_key,
     session_subject, shard_key, stream_name, valid_session_id,
@@ -80,6 +81,14 @@ pub struct NodeConfig {
     /// The `DSH_NODES` TTL, in milliseconds: a lease not refreshed for this long may have
     /// expired on the server, and other nodes may take this node's shards.
     pub lease_ttl_ms: u64,
+    /// When appends are acknowledged (FLEET.md §5.3).
+    pub mode: DurabilityMode,
+    /// In `replicated` mode: after this many ms without a tail ack (or once the publish
+    /// retries give up), ack in `local` mode for the stalled stream and ship the backlog in
+    /// the background (`None`: stall, and fail the append if the retries give up).
+    pub degrade_to_local_after_ms: Option<u64>,
+    /// How long the replicator waits for its probe of a stalled stream, in ms.
+    pub stalled_probe_timeout_ms: u64,
 }
 
 impl NodeConfig {
@@ -92,6 +101,9 @@ impl NodeConfig {
             publish_attempts: 20,
             publish_retry_backoff_ms: 250,
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
+            mode: DurabilityMode::Replicated,
+            degrade_to_local_after_ms: None,
+            stalled_probe_timeout_ms: crate::modes::DEFAULT_STALLED_PROBE_TIMEOUT_MS,
         }
     }
 }
@@ -118,14 +130,22 @@ impl IncomingEvent {
     }
 }
 
-/// An acknowledged append: durable locally and in the replicated tail.
+/// An acknowledged append: durable locally, and in the replicated tail when `replicated`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AppendAck {
     pub first_seq: u64,
     pub end_seq: u64,
+    /// Stream sequence of the tail message (0 when not `replicated`).
     pub stream_seq: u64,
     /// The stream had this batch already (a retry of a stored message); nothing new stored.
     pub duplicate: bool,
+    /// The tail acknowledged the batch before this ack. `false`: acknowledged after the
+    /// local fsync only (`local` or `sealed` mode, or a degraded stream): at risk until
+    /// shipped or sealed (see [`Node::unshipped`]).
+    pub replicated: bool,
+    /// The shard epoch it was acknowledged under (names it in [`Node::unshipped`] and
+    /// [`Node::lost_unshipped`] ranges).
+    pub epoch: u64,
 }
 
 /// What one seal did.
@@ -191,21 +211,24 @@ fn bump(counter: &AtomicU64, by: u64) {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct OwnedShard {
-    epoch: u64,
-    fence_seq: u64,
+pub(crate) struct OwnedShard {
+    pub(crate) epoch: u64,
+    pub(crate) fence_seq: u64,
 }
 
 /// What the node knows of one session it serves.
 #[derive(Debug, Default)]
-struct SessionSlot {
+pub(crate) struct SessionSlot {
     /// The shard epoch the local copy was last checked against the replicated history
     /// under (0: not checked; rebuild before serving).
-    validated_epoch: u64,
+    pub(crate) validated_epoch: u64,
     header: String,
     next_seq: u64,
     /// Stream sequence of the last tail message of this session the node knows.
-    last_stream_seq: u64,
+    pub(crate) last_stream_seq: u64,
+    /// End of the events known to be in the replicated history (tail or runs): below
+    /// `next_seq` while acknowledged batches wait in the backlog.
+    pub(crate) replicated_end: u64,
     /// The tail position last recorded in the manifest (`tail_checkpoint`) by this node.
     checkpointed_stream_seq: u64,
 }
@@ -358,7 +381,10 @@ pub struct Node<T, C, S> {
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionSlot>>>>,
     lease: Mutex<Lease>,
     stopped: AtomicBool,
+    /// Acknowledged batches not yet in the tail, and the stall state of each stream.
+    pub(crate) replication: Mutex<Replication>,
     pub metrics: NodeMetrics,
+    pub mode_metrics: ModeMetrics,
 }
 
 fn backend(error: BackendError) -> FleetError {
@@ -421,7 +447,9 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             sessions: Mutex::new(HashMap::new()),
             lease: Mutex::new(Lease::default()),
             stopped: AtomicBool::new(false),
+            replication: Mutex::new(Replication::default()),
             metrics: NodeMetrics::default(),
+            mode_metrics: ModeMetrics::default(),
         }
     }
 
@@ -431,6 +459,16 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
 
     pub fn id(&self) -> &str {
         &self.config.node_id
+    }
+
+    pub(crate) fn clock_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Whether the lease is surely still live on the server: no other node can have taken
+    /// this node's shards yet, so a local acknowledgement is not a zombie's.
+    fn lease_valid(&self) -> bool {
+        self.clock.now_ms() < self.lease.lock().valid_until_ms
     }
 
     /// Whether the node stopped because another process holds its id.
@@ -725,7 +763,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     ) -> FleetResult<()> {
         let (mut manifest, revision) = self.claim_manifest(session, shard, owned).await?;
         let checkpoint = TailCheckpoint {
-            end_seq: slot.next_seq,
+            end_seq: slot.replicated_end,
             stream_seq: slot.last_stream_seq,
         };
         if manifest
@@ -911,12 +949,21 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     /// Stops serving `shard` if it is still held at `epoch`. The record may still name
     /// this process (the node that fenced it lost its record write), so the next ticks
     /// settle it: take it back, or see it recorded for another node.
-    fn lose_shard(&self, shard: u32, epoch: u64) {
-        let mut shards = self.shards.lock();
-        if shards.get(&shard).is_some_and(|owned| owned.epoch == epoch) {
-            shards.remove(&shard);
-            self.reclaim.lock().insert(shard);
-            bump(&self.metrics.shards_lost, 1);
+    /// A newer epoch exists, so the shard's backlog of `epoch` can never be shipped: it is
+    /// dropped as lost.
+    pub(crate) fn lose_shard(&self, shard: u32, epoch: u64) {
+        let lost = {
+            let mut shards = self.shards.lock();
+            let held = shards.get(&shard).is_some_and(|owned| owned.epoch == epoch);
+            if held {
+                shards.remove(&shard);
+                self.reclaim.lock().insert(shard);
+                bump(&self.metrics.shards_lost, 1);
+            }
+            held
+        };
+        if lost {
+            self.drop_shard_backlog(shard, epoch);
         }
     }
 
@@ -949,7 +996,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         self.owned(session).await.map(|_| ())
     }
 
-    fn slot(&self, session: &str) -> Arc<tokio::sync::Mutex<SessionSlot>> {
+    pub(crate) fn slot(&self, session: &str) -> Arc<tokio::sync::Mutex<SessionSlot>> {
         self.sessions
             .lock()
             .entry(session.to_string())
@@ -995,12 +1042,14 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             header: header.to_string(),
             next_seq: 0,
             last_stream_seq: 0,
+            replicated_end: 0,
             checkpointed_stream_seq: 0,
         };
         Ok(())
     }
 
-    /// Appends one batch: local durable append and JetStream ack, then the acknowledgement.
+    /// Appends one batch: the local durable append, and the JetStream ack unless the
+    /// node's mode (or a stalled stream under `degrade_to_local_after`) acks without it.
     pub async fn append(
         &self,
         session: &str,
@@ -1012,12 +1061,48 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             });
         }
         let (shard, owned) = self.owned(session).await?;
+        let route = self.route(shard);
         let slot = self.slot(session);
         let mut slot = slot.lock().await;
         if slot.validated_epoch != owned.epoch {
             self.rebuild(session, shard, owned, &mut slot).await?;
         }
-        let first_seq = slot.next_seq;
+        let (batch, payload) = Self::new_batch(session, owned, slot.next_seq, incoming)?;
+        if matches!(route, Route::Local | Route::Sealed) && !self.lease_valid() {
+            // Only the tail fence would refuse a zombie, and a local ack skips it: ack
+            // locally only while no other node can have taken the shard.
+            return Err(self.moved(shard).await);
+        }
+        // From here on a failure leaves the outcome unknown: the slot is invalidated so that
+        // the next access rebuilds the local copy from the replicated history.
+        slot.validated_epoch = 0;
+        let pending = self.local.submit(session, &batch.events)?;
+        match route {
+            Route::Replicated => {
+                let message = tail_message(shard, owned, &batch, payload);
+                self.append_replicated(shard, owned, batch, message, pending, &mut slot)
+                    .await
+            }
+            Route::Degradable { after_ms } => {
+                self.append_degradable(shard, owned, batch, pending, after_ms, &mut slot)
+                    .await
+            }
+            Route::Local | Route::Sealed => {
+                wait_local(pending)?;
+                self.push_backlog(shard, owned, batch.clone(), true);
+                Ok(self.ack_locally(shard, owned, &batch, &mut slot))
+            }
+        }
+    }
+
+    /// The batch of `incoming` at `first_seq` and its encoded tail payload (refused above
+    /// [`MAX_TAIL_PAYLOAD_BYTES`]).
+    fn new_batch(
+        session: &str,
+        owned: OwnedShard,
+        first_seq: u64,
+        incoming: &[IncomingEvent],
+    ) -> FleetResult<(TailBatch, Vec<u8>)> {
         let events: Vec<Event> = incoming
             .iter()
             .enumerate()
@@ -1044,26 +1129,111 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 ),
             });
         }
-        let end_seq = batch.end_seq();
-        // From here on a failure leaves the outcome unknown: the slot is invalidated so that
-        // the next access rebuilds the local copy from the replicated history.
-        slot.validated_epoch = 0;
-        let pending = self.local.submit(session, &batch.events)?;
-        let message = TailPublish {
-            subject: session_subject(session, shard),
-            payload,
-            msg_id: format!("{session}/{first_seq}/e{}", owned.epoch),
-            fence: Some(Fence {
-                subject: epoch_subject(shard),
-                last_seq: owned.fence_seq,
-            }),
-            headers: vec![
-                ("Dsh-Epoch".to_string(), owned.epoch.to_string()),
-                ("Dsh-First-Seq".to_string(), first_seq.to_string()),
-                ("Dsh-Last-Seq".to_string(), (end_seq - 1).to_string()),
-            ],
-        };
-        let published = self.publish_grouped(shard, owned, message.clone()).await;
+        Ok((batch, payload))
+    }
+
+    /// Acknowledges a batch durable locally and waiting in the backlog.
+    fn ack_locally(
+        &self,
+        shard: u32,
+        owned: OwnedShard,
+        batch: &TailBatch,
+        slot: &mut SessionSlot,
+    ) -> AppendAck {
+        let (first_seq, end_seq) = (batch.first_seq(), batch.end_seq());
+        self.count_local_ack(shard, end_seq - first_seq);
+        slot.validated_epoch = owned.epoch;
+        slot.next_seq = end_seq;
+        bump(&self.metrics.appends_acked, 1);
+        bump(&self.metrics.events_acked, end_seq - first_seq);
+        AppendAck {
+            first_seq,
+            end_seq,
+            stream_seq: 0,
+            duplicate: false,
+            replicated: false,
+            epoch: owned.epoch,
+        }
+    }
+
+    /// `replicated` with `degrade_to_local_after`: the batch joins the session's backlog,
+    /// which the append ships in order (its own batch last) within `after_ms`. Shipped: a
+    /// replicated ack. Stalled (no definitive answer in time): a local ack, the stream is
+    /// marked stalled (its next appends ack locally at once) and the background replicator
+    /// ships the backlog. Fenced: `Moved`.
+    async fn append_degradable(
+        &self,
+        shard: u32,
+        owned: OwnedShard,
+        batch: TailBatch,
+        pending: Box<dyn LocalPending>,
+        after_ms: u64,
+        slot: &mut SessionSlot,
+    ) -> FleetResult<AppendAck> {
+        self.push_backlog(shard, owned, batch.clone(), false);
+        let drained = tokio::time::timeout(
+            Duration::from_millis(after_ms),
+            self.drain_session(&batch.session, slot),
+        )
+        .await;
+        let local = wait_local(pending);
+        match drained {
+            Ok(Shipped::Lost) => return Err(self.moved(shard).await),
+            // The backlog emptied without this batch shipped: a fence on another write of
+            // the shard dropped it (the shard is lost).
+            Ok(Shipped::Empty | Shipped::One { .. }) if slot.replicated_end < batch.end_seq() => {
+                return Err(self.moved(shard).await)
+            }
+            Ok(shipped @ (Shipped::Empty | Shipped::One { .. })) => {
+                local?;
+                let (first_seq, end_seq) = (batch.first_seq(), batch.end_seq());
+                slot.validated_epoch = owned.epoch;
+                slot.next_seq = end_seq;
+                bump(&self.metrics.appends_acked, 1);
+                bump(&self.metrics.events_acked, end_seq - first_seq);
+                return Ok(AppendAck {
+                    first_seq,
+                    end_seq,
+                    stream_seq: slot.last_stream_seq,
+                    duplicate: matches!(
+                        shipped,
+                        Shipped::One {
+                            duplicate: true,
+                            ..
+                        }
+                    ),
+                    replicated: true,
+                    epoch: owned.epoch,
+                });
+            }
+            Ok(Shipped::Stalled) | Err(_) => {}
+        }
+        self.note_stalled(crate::shard::stream_index(shard));
+        local?;
+        if !self.lease_valid() {
+            // The batch stays in the backlog (shipped if the fence still holds), but a
+            // local ack now could be a zombie's.
+            bump(&self.metrics.not_acknowledged, 1);
+            return Err(FleetError::NotAcknowledged {
+                reason: "the tail stalled and the lease may have expired".to_string(),
+            });
+        }
+        self.mark_acked(&batch.session, batch.first_seq(), batch.end_seq());
+        Ok(self.ack_locally(shard, owned, &batch, slot))
+    }
+
+    /// `replicated` without a degrade policy: the tail ack, then the acknowledgement.
+    async fn append_replicated(
+        &self,
+        shard: u32,
+        owned: OwnedShard,
+        batch: TailBatch,
+        message: TailPublish,
+        pending: Box<dyn LocalPending>,
+        slot: &mut SessionSlot,
+    ) -> FleetResult<AppendAck> {
+        let (first_seq, end_seq) = (batch.first_seq(), batch.end_seq());
+        let published = self.publish_grouped(shard, owned, message).await;
         let local = wait_local(pending);
         let ack = match published {
             Ok(ack) if ack.duplicate => match self.check_deduplicated(shard, &batch, ack).await {
@@ -1092,6 +1262,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         }
         slot.validated_epoch = owned.epoch;
         slot.next_seq = end_seq;
+        slot.replicated_end = end_seq;
         slot.last_stream_seq = ack.stream_seq;
         bump(&self.metrics.appends_acked, 1);
         bump(&self.metrics.events_acked, end_seq - first_seq);
@@ -1100,7 +1271,30 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             end_seq,
             stream_seq: ack.stream_seq,
             duplicate: ack.duplicate,
+            replicated: true,
+            epoch: owned.epoch,
         })
+    }
+
+    /// Whether the message a deduplicated publish was deduplicated against carries `batch`
+    /// (alone on the session's subject, or in a group message of the shard).
+    pub(crate) async fn duplicate_carries(
+        &self,
+        shard: u32,
+        batch: &TailBatch,
+        ack: PublishAck,
+    ) -> Result<bool, BackendError> {
+        let stored = self
+            .tail
+            .message_at(&stream_name(shard), ack.stream_seq)
+            .await?;
+        Ok(stored.is_some_and(|stored| {
+            let subject_fits = stored.subject == session_subject(&batch.session, shard)
+                || stored.subject == group_subject(shard);
+            subject_fits
+                && decode_tail_message(&stored.payload)
+                    .is_ok_and(|batches| batches.iter().any(|stored| stored == batch))
+        }))
     }
 
     /// A deduplicated publish is acknowledged only if the message it was deduplicated
@@ -1114,9 +1308,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         batch: &TailBatch,
         ack: PublishAck,
     ) -> FleetResult<()> {
-        let stored = self
-            .tail
-            .message_at(&stream_name(shard), ack.stream_seq)
+        let carries_batch = self
+            .duplicate_carries(shard, batch, ack)
             .await
             .map_err(|error| FleetError::NotAcknowledged {
                 reason: format!(
@@ -1125,13 +1318,6 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                     batch.first_seq()
                 ),
             })?;
-        let carries_batch = stored.is_some_and(|stored| {
-            let subject_fits = stored.subject == session_subject(&batch.session, shard)
-                || stored.subject == group_subject(shard);
-            subject_fits
-                && decode_tail_message(&stored.payload)
-                    .is_ok_and(|batches| batches.iter().any(|stored| stored == batch))
-        });
         if carries_batch {
             Ok(())
         } else {
@@ -1157,7 +1343,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     /// writes that arrive meanwhile wait in the stream's queue and go out together as the
     /// next publish: an atomic group in which each session batch stays its own message on
     /// its own subject, fenced on its shard's epoch.
-    async fn publish_grouped(
+    pub(crate) async fn publish_grouped(
         &self,
         shard: u32,
         owned: OwnedShard,
@@ -1602,6 +1788,18 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         owned: OwnedShard,
         slot: &mut SessionSlot,
     ) -> FleetResult<()> {
+        // Batches of older epochs can never be shipped (a newer marker fences them); the
+        // current epoch's must be shipped (or sealed) first, or the rebuild would drop
+        // acknowledged events that only this node holds.
+        self.drop_stale_backlog(session, owned.epoch);
+        if self.holds_unreplicated(session) {
+            return Err(FleetError::NotAcknowledged {
+                reason: format!(
+                    "{session}: acknowledged batches wait in the backlog; the session is \
+                     served again once they are shipped or sealed"
+                ),
+            });
+        }
         let (manifest, _) = self.claim_manifest(session, shard, owned).await?;
         let mut events = self.load_runs(session, &manifest).await?;
         let tail_from = manifest.tail_from_stream_seq.max(1);
@@ -1655,6 +1853,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             header: manifest.header,
             next_seq: length,
             last_stream_seq,
+            replicated_end: length,
             checkpointed_stream_seq: manifest
                 .tail_checkpoint
                 .map_or(0, |checkpoint| checkpoint.stream_seq),
@@ -1899,6 +2098,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             Err(error) => return Err(backend(error)),
         }
         slot.checkpointed_stream_seq = slot.last_stream_seq;
+        slot.replicated_end = slot.replicated_end.max(manifest.sealed_end);
+        self.drop_sealed_backlog(session, manifest.sealed_end);
         report.events = manifest.sealed_end - first_seq;
         bump(&self.metrics.seals, 1);
         bump(&self.metrics.sealed_events, report.events);

@@ -5,14 +5,17 @@
 //! Protocol: one JSON object per line each way.
 //! - `{"op":"create","session":S,"header":H}` → `{"ok":true}`
 //! - `{"op":"append","session":S,"events":[{"type":T,"data":D}]}` →
-//!   `{"ok":true,"first_seq":F,"end_seq":E}` (sent only after the local fsync and the
-//!   JetStream ack)
+//!   `{"ok":true,"first_seq":F,"end_seq":E,"replicated":R}` (sent after the local fsync
+//!   and, with `"replicated":true`, the JetStream ack; `false` in `local` or `sealed` mode
+//!   and on a degraded stream)
 //! - `{"op":"read","session":S}` → `{"ok":true,"events":[{"seq","type","data"}]}`
 //! - `{"op":"export","session":S}` → `{"ok":true,"export":TEXT}`: the session as DSH
 //!   `session.jsonl` (the engine's export of the checked local copy)
 //! - `{"op":"seal","session":S}` → `{"ok":true,"queued":true}`: queued for the background
 //!   sealer, which retries with backoff until the seal completes (or the shard moves)
-//! - `{"op":"status"}` → `{"ok":true,"node","stopped","owned_shards":[..],"metrics":{..},
+//! - `{"op":"status"}` → `{"ok":true,"node","mode","stopped","owned_shards":[..],"metrics":{..},
+//!   "replication":{"lag":{"events","bytes","oldest_age_ms","sessions"},"unshipped":[..],
+//!   "at_risk_windows":[..],"lost_unshipped":[..]},
 //!   "seal_queue":{"pending","completed","failed_attempts","dropped_moved","last_error"}}`
 //!
 //! A failure is `{"ok":false,"error":TEXT}`, plus `"moved":true,"owner":ID` when another
@@ -20,6 +23,7 @@
 
 use crate::backend::SystemClock;
 use crate::error::{FleetError, FleetResult};
+use crate::modes::{DurabilityMode, UnshippedRange};
 use crate::nats::{Nats, NatsConfig};
 use crate::s3::{S3Config, S3};
 use crate::sealer::SealQueue;
@@ -47,12 +51,24 @@ pub struct ServeConfig {
     pub shard_count: u32,
     /// Pause between lease refreshes and takeover rounds.
     pub tick_interval: Duration,
+    /// When appends are acknowledged (`DSHDB_FLEET_MODE`, default `replicated`).
+    pub mode: DurabilityMode,
+    /// `degrade_to_local_after` in ms (`DSHDB_FLEET_DEGRADE_TO_LOCAL_AFTER_MS`; unset: off).
+    pub degrade_to_local_after_ms: Option<u64>,
 }
 
 type ProcessNode = Node<Nats, Nats, S3>;
 
 /// Pause between rounds of the background sealer.
 pub const SEAL_ROUND_INTERVAL: Duration = Duration::from_millis(100);
+/// Pause of the background replicator after a round that shipped nothing (a round that
+/// shipped something is followed at once: the backlog drains at the tail's pace).
+pub const SHIP_IDLE_INTERVAL: Duration = Duration::from_millis(2);
+/// Pause of the background replicator after a round in which a stream stalled.
+pub const SHIP_STALLED_INTERVAL: Duration = Duration::from_millis(100);
+/// Unshipped and lost ranges listed in a status reply (their totals are in the lag and
+/// the metrics).
+pub const MAX_STATUS_RANGES: usize = 1024;
 
 /// What a node process serves requests with.
 struct Served {
@@ -126,15 +142,61 @@ fn metrics_json(metrics: &crate::node::NodeMetrics) -> Value {
     })
 }
 
+fn ranges_json(ranges: &[UnshippedRange]) -> Vec<Value> {
+    ranges
+        .iter()
+        .take(MAX_STATUS_RANGES)
+        .map(|range| {
+            json!({"session": range.session, "shard": range.shard, "epoch": range.epoch,
+                   "first_seq": range.first_seq, "end_seq": range.end_seq,
+                   "acked_at_ms": range.acked_at_ms})
+        })
+        .collect()
+}
+
+/// The replication part of the status: lag, the exact at-risk ranges, the windows.
+fn replication_json(node: &ProcessNode) -> Value {
+    let lag = node.replication_lag();
+    let read =
+        |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    let metrics = &node.mode_metrics;
+    let windows: Vec<Value> = node
+        .at_risk_windows()
+        .iter()
+        .map(|window| {
+            json!({"stream": window.stream, "from_ms": window.from_ms, "to_ms": window.to_ms,
+                   "events": window.events})
+        })
+        .collect();
+    json!({
+        "lag": {"events": lag.events, "bytes": lag.bytes, "oldest_age_ms": lag.oldest_age_ms,
+                "sessions": lag.sessions},
+        "unshipped": ranges_json(&node.unshipped()),
+        "lost_unshipped": ranges_json(&node.lost_unshipped()),
+        "at_risk_windows": windows,
+        "local_acks": read(&metrics.local_acks),
+        "local_acked_events": read(&metrics.local_acked_events),
+        "degraded_events": read(&metrics.degraded_events),
+        "degrades": read(&metrics.degrades),
+        "shipped_messages": read(&metrics.shipped_messages),
+        "shipped_events": read(&metrics.shipped_events),
+        "unshipped_events_lost": read(&metrics.unshipped_events_lost),
+        "unshipped_events_sealed": read(&metrics.unshipped_events_sealed),
+    })
+}
+
 fn status(served: &Served) -> Value {
     let seals = served.seals.status();
     let owned: Vec<u32> = served.node.owned_shards().keys().copied().collect();
     json!({
         "ok": true,
         "node": served.node.id(),
+        "mode": served.node.config().mode.name(),
+        "degrade_to_local_after_ms": served.node.config().degrade_to_local_after_ms,
         "stopped": served.node.is_stopped(),
         "owned_shards": owned,
         "metrics": metrics_json(&served.node.metrics),
+        "replication": replication_json(&served.node),
         "seal_queue": {
             "pending": seals.pending,
             "completed": seals.completed,
@@ -160,7 +222,10 @@ async fn handle(served: &Served, request: &Value) -> FleetResult<Value> {
         }
         "append" => {
             let ack = node.append(session, &incoming_events(request)?).await?;
-            Ok(json!({"ok": true, "first_seq": ack.first_seq, "end_seq": ack.end_seq}))
+            Ok(
+                json!({"ok": true, "first_seq": ack.first_seq, "end_seq": ack.end_seq,
+                      "replicated": ack.replicated}),
+            )
         }
         "read" => {
             let events = node.read(session, 0, u64::MAX).await?;
@@ -231,6 +296,25 @@ async fn seal_loop(served: Arc<Served>) {
     }
 }
 
+/// Ships the backlog (`local` mode, degraded streams) until the node stops.
+async fn ship_loop(served: Arc<Served>) {
+    while !served.node.is_stopped() {
+        let round = served.node.ship().await;
+        let pause = if round.stalled > 0 {
+            SHIP_STALLED_INTERVAL
+        } else if round.messages > 0 {
+            Duration::ZERO
+        } else {
+            SHIP_IDLE_INTERVAL
+        };
+        if pause.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
 /// Lease refresh and takeovers, until the node stops (its id taken by another process; a
 /// lease that merely expired drops the shards and registers again inside `tick`).
 async fn tick_loop(served: Arc<Served>, interval: Duration) {
@@ -272,6 +356,8 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
     let mut node_config = NodeConfig::new(&config.node_id, &config.listen, generation);
     node_config.shard_count = config.shard_count;
     node_config.lease_ttl_ms = u64::try_from(config.nats.node_ttl.as_millis()).unwrap_or(u64::MAX);
+    node_config.mode = config.mode;
+    node_config.degrade_to_local_after_ms = config.degrade_to_local_after_ms;
     let node = Node::new(
         node_config,
         nats.clone(),
@@ -297,9 +383,12 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
     tokio::time::sleep(config.tick_interval).await;
     tokio::spawn(tick_loop(served.clone(), config.tick_interval));
     tokio::spawn(seal_loop(served.clone()));
+    tokio::spawn(ship_loop(served.clone()));
     eprintln!(
-        "fleet-node {} listening on {}",
-        config.node_id, config.listen
+        "fleet-node {} ({} mode) listening on {}",
+        config.node_id,
+        config.mode.name(),
+        config.listen
     );
     loop {
         let (stream, _) = listener
@@ -345,6 +434,16 @@ pub fn config_from_env(
         },
         shard_count,
         tick_interval,
+        mode: match std::env::var("DSHDB_FLEET_MODE") {
+            Ok(text) => text.parse()?,
+            Err(_) => DurabilityMode::Replicated,
+        },
+        degrade_to_local_after_ms: match std::env::var("DSHDB_FLEET_DEGRADE_TO_LOCAL_AFTER_MS") {
+            Ok(text) => Some(text.parse().map_err(|_| FleetError::InvalidInput {
+                reason: format!("DSHDB_FLEET_DEGRADE_TO_LOCAL_AFTER_MS: not a number: {text:?}"),
+            })?),
+            Err(_) => None,
+        },
     })
 }
 

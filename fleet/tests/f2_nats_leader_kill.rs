@@ -13,11 +13,32 @@
 //! The servers are `tests/fleet/servers.sh`'s: the killed one is started again even if the
 //! test fails, and the test ends only when all three are healthy, for the tests after it.
 //!
+//! With `degrade_to_local_after` (second test): the victim leads tail streams of the
+//! sessions but not `KV_DSH_NODES` (leases hold), the nodes run with
+//! `--degrade-to-local-after-ms 1000`; the longest wait between two acknowledged appends of
+//! a session stays within the degrade delay plus slack (FLEET.md: 0 s instead of the
+//! election's 4.6–6.7 s), the nodes report the at-risk windows (stream, from, to, events
+//! acknowledged locally) and return to `replicated` with their backlogs shipped (lag 0);
+//! then the node owning most sessions is `kill -9`ed and its sessions, rebuilt by the
+//! survivors from the tail, hold every acknowledged event exactly once, in order.
+//!
 //! Skipped (a SKIPPED line) without `DSHDB_FLEET_SERVERS=1`, failed under `CI=true`.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
+
+/// Both tests kill a NATS server: cargo runs a binary's tests on parallel threads, and one
+/// test's election must not land in the other's measurement.
+static NATS_KILLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This test's turn at killing a server (a failed test before it leaves the lock poisoned,
+/// which says nothing about the servers: `servers.sh` restarted them).
+fn one_kill_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    NATS_KILLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 use common::{
     check_session, create_sessions, nats_monitor_port, servers_present, servers_script,
@@ -44,6 +65,13 @@ const APPEND_PAUSE: Duration = Duration::from_millis(20);
 const STALL_BOUND: Duration = Duration::from_secs(10);
 /// FLEET.md: the replicas agree within this long after the restart.
 const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
+/// `degrade_to_local_after` of the degrade test, in ms (FLEET.md's example: 1 s).
+const DEGRADE_AFTER_MS: u64 = 1_000;
+/// Longest wait between two acks of a session with the degrade policy: the degrade delay
+/// plus slack for a loaded 2-core machine (the local fsync, scheduling).
+const DEGRADED_STALL_BOUND: Duration = Duration::from_millis(DEGRADE_AFTER_MS + 2_000);
+/// The nodes ship their backlogs within this long once ingest stops.
+const DRAIN_BOUND: Duration = Duration::from_secs(15);
 
 /// Each server's own view of every stream: name → (leader, messages, last_seq).
 fn stream_views(server: u16) -> Option<BTreeMap<String, (String, u64, u64)>> {
@@ -115,24 +143,45 @@ fn choose_victim(sessions: &[String]) -> (u16, bool) {
     (busiest, false)
 }
 
+/// The server leading the tail streams of most sessions among those not leading
+/// `KV_DSH_NODES` (the leases must hold for local acks to go on).
+fn choose_stream_victim(sessions: &[String]) -> u16 {
+    let views = stream_views(1).expect("nats1 answers /jsz");
+    let leader_of = |stream: &str| -> Option<u16> {
+        let name = &views.get(stream)?.0;
+        name.strip_prefix('n')?.parse().ok()
+    };
+    let nodes_leader = leader_of("KV_DSH_NODES");
+    let mut sessions_led: BTreeMap<u16, usize> = BTreeMap::new();
+    for session in sessions {
+        if let Some(leader) = leader_of(&stream_name(shard_of_in(session, SHARDS))) {
+            if Some(leader) != nodes_leader {
+                *sessions_led.entry(leader).or_default() += 1;
+            }
+        }
+    }
+    sessions_led
+        .iter()
+        .max_by_key(|(_, count)| **count)
+        .map(|(server, _)| *server)
+        .expect("a server other than KV_DSH_NODES's leader leads a session's stream")
+}
+
 fn node_metric_sum(fleet: &Fleet, name: &str) -> u64 {
     (0..NODES).map(|index| fleet.metric(index, name)).sum()
 }
 
-#[test]
-fn f2_nats_stream_leader_kill() {
-    if !servers_present("f2_nats_stream_leader_kill") {
-        return;
-    }
-    let token = common::run_token();
-    let runtime = common::runtime();
-    set_up_streams(&runtime);
-    let fleet = Fleet::spawn("l", &token, NODES, SHARDS);
-    let mut router = fleet.router();
-    let sessions = session_names("f2", &token, SESSIONS);
-    create_sessions(&mut router, &sessions);
-    let (victim, led_nodes_bucket) = choose_victim(&sessions);
+/// What a run of ingest through the kill and restart of `victim` saw.
+struct Run {
+    writers: Vec<Writer>,
+    restarted_at: Instant,
+    /// Restarts the victim again if the test fails before it is healthy.
+    back: ServersBack,
+}
 
+/// Writers append to every session; `victim` is killed after [`BEFORE_KILL`], restarted
+/// after [`DOWN`]; ingest goes on for [`AFTER_RESTART`].
+fn ingest_through_kill(fleet: &Fleet, sessions: &[String], victim: u16) -> Run {
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = sessions
         .iter()
@@ -157,19 +206,20 @@ fn f2_nats_stream_leader_kill() {
         .into_iter()
         .map(|handle| handle.join().unwrap())
         .collect();
+    Run {
+        writers,
+        restarted_at,
+        back,
+    }
+}
 
-    // Ingest has stopped: the replicas must agree within the bound counted from the restart.
-    wait_until(
-        "the 3 replicas report the same messages and last_seq",
-        CATCH_UP_BOUND.saturating_sub(restarted_at.elapsed()),
-        replicas_agree,
-    );
-    let agreed_after_restart = restarted_at.elapsed();
-
+/// The longest wait of any session between two acknowledged appends; every session must
+/// have had appends acknowledged after the restart.
+fn longest_stall(sessions: &[String], run: &Run) -> Duration {
     let mut stall = Duration::ZERO;
-    for (session, writer) in sessions.iter().zip(&writers) {
+    for (session, writer) in sessions.iter().zip(&run.writers) {
         assert!(
-            writer.acked_at.iter().any(|at| *at > restarted_at),
+            writer.acked_at.iter().any(|at| *at > run.restarted_at),
             "{session}: nothing acknowledged after the restart; {} unknown outcomes, \
              refusals {:?}",
             writer.unknown,
@@ -179,9 +229,38 @@ fn f2_nats_stream_leader_kill() {
             stall = stall.max(pair[1] - pair[0]);
         }
     }
+    stall
+}
+
+#[test]
+fn f2_nats_stream_leader_kill() {
+    if !servers_present("f2_nats_stream_leader_kill") {
+        return;
+    }
+    let _turn = one_kill_at_a_time();
+    let token = common::run_token();
+    let runtime = common::runtime();
+    set_up_streams(&runtime);
+    let fleet = Fleet::spawn("l", &token, NODES, SHARDS);
+    let mut router = fleet.router();
+    let sessions = session_names("f2", &token, SESSIONS);
+    create_sessions(&mut router, &sessions);
+    let (victim, led_nodes_bucket) = choose_victim(&sessions);
+    let run = ingest_through_kill(&fleet, &sessions, victim);
+    let restarted_at = run.restarted_at;
+
+    // Ingest has stopped: the replicas must agree within the bound counted from the restart.
+    wait_until(
+        "the 3 replicas report the same messages and last_seq",
+        CATCH_UP_BOUND.saturating_sub(restarted_at.elapsed()),
+        replicas_agree,
+    );
+    let agreed_after_restart = restarted_at.elapsed();
+    let stall = longest_stall(&sessions, &run);
+    let writers = &run.writers;
     let mut stored = 0;
     let mut survivors = fleet.router();
-    for (session, writer) in sessions.iter().zip(&writers) {
+    for (session, writer) in sessions.iter().zip(writers) {
         stored += check_session(&mut survivors, session, &writer.model);
     }
     let acked: usize = writers.iter().map(|writer| writer.model.acked.len()).sum();
@@ -195,6 +274,102 @@ fn f2_nats_stream_leader_kill() {
         BEFORE_KILL
     );
     assert!(stall <= STALL_BOUND, "write stall {stall:?}");
-    drop(back);
+    drop(run.back);
     drop(fleet);
+}
+
+/// Every node's replication status (see `fleet/src/serve.rs`).
+fn replication(fleet: &Fleet, index: usize) -> serde_json::Value {
+    fleet.status(index)["replication"].clone()
+}
+
+#[test]
+fn f2_nats_stream_leader_kill_with_degrade_to_local() {
+    if !servers_present("f2_nats_stream_leader_kill_with_degrade_to_local") {
+        return;
+    }
+    let _turn = one_kill_at_a_time();
+    let token = common::run_token();
+    let runtime = common::runtime();
+    set_up_streams(&runtime);
+    let degrade = DEGRADE_AFTER_MS.to_string();
+    let mut fleet = Fleet::spawn_with_args(
+        "d",
+        &token,
+        NODES,
+        SHARDS,
+        common::NODE_TTL,
+        &["--degrade-to-local-after-ms", &degrade],
+    );
+    let mut router = fleet.router();
+    let sessions = session_names("f2d", &token, SESSIONS);
+    create_sessions(&mut router, &sessions);
+    let victim = choose_stream_victim(&sessions);
+    let run = ingest_through_kill(&fleet, &sessions, victim);
+    let stall = longest_stall(&sessions, &run);
+
+    // The backlogs ship once the new leaders answer: the lag falls to 0 and every at-risk
+    // window closes.
+    wait_until("every backlog shipped", DRAIN_BOUND, || {
+        (0..NODES).all(|index| replication(&fleet, index)["lag"]["events"] == 0)
+    });
+    let mut windows = Vec::new();
+    for index in 0..NODES {
+        let status = replication(&fleet, index);
+        for window in status["at_risk_windows"].as_array().unwrap() {
+            windows.push(window.clone());
+        }
+        assert_eq!(status["unshipped_events_lost"], 0, "node {index}: {status}");
+    }
+    let degraded_events = node_replication_sum(&fleet, "degraded_events");
+    assert!(
+        !windows.is_empty() && degraded_events > 0,
+        "no stream degraded while nats{victim} was down"
+    );
+    assert!(
+        windows.iter().all(|window| window["to_ms"].is_u64()),
+        "an at-risk window stayed open: {windows:?}"
+    );
+
+    // The node owning most sessions dies; the survivors rebuild its sessions from the tail:
+    // every acknowledged event (replicated, or local and since shipped) exactly once, in order.
+    let owner_counts: Vec<usize> = (0..NODES)
+        .map(|index| {
+            let owned = fleet.owned_shards(index);
+            sessions
+                .iter()
+                .filter(|session| owned.contains(&shard_of_in(session, SHARDS)))
+                .count()
+        })
+        .collect();
+    let killed = (0..NODES).max_by_key(|index| owner_counts[*index]).unwrap();
+    fleet.kill(killed);
+    let mut survivors = fleet.router_without(&[killed]);
+    let mut stored = 0;
+    for (session, writer) in sessions.iter().zip(&run.writers) {
+        stored += check_session(&mut survivors, session, &writer.model);
+    }
+    let acked: usize = run
+        .writers
+        .iter()
+        .map(|writer| writer.model.acked.len())
+        .sum();
+    eprintln!(
+        "f2 (degrade_to_local_after {DEGRADE_AFTER_MS} ms): killed nats{victim} {BEFORE_KILL:?} \
+         into ingest, restarted after {DOWN:?}; {SESSIONS} sessions, events acked {acked} \
+         ({degraded_events} of them locally while degraded), stored {stored} after \
+         kill -9 of node {killed} ({} of its sessions rebuilt); longest write stall {stall:?}; \
+         at-risk windows {windows:?}",
+        owner_counts[killed]
+    );
+    assert!(stall <= DEGRADED_STALL_BOUND, "write stall {stall:?}");
+    drop(run.back);
+    drop(fleet);
+}
+
+fn node_replication_sum(fleet: &Fleet, name: &str) -> u64 {
+    (0..NODES)
+        .filter(|index| fleet.children[*index].is_some())
+        .map(|index| replication(fleet, index)[name].as_u64().unwrap())
+        .sum()
 }

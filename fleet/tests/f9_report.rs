@@ -6,6 +6,11 @@
 //!   (`Node::append`: local fdatasync and JetStream quorum ack), p50/p99/p999;
 //! - replicated ingest of one node: 1,024 live sessions, one task per session appending
 //!   batches concurrently, events/s and MB/s, and the same load on the local tier alone;
+//! - `local` durability mode, on a node of its own run with `mode: Local`, its background
+//!   replicator and heartbeat running: one-event append latency p50/p99/p999, the same
+//!   ingest, the replication lag (events, bytes, age of the oldest unshipped event) sampled
+//!   every 100 ms during the ingest, and the time the replicator takes to ship the backlog
+//!   once the ingest stops;
 //! - failover: `kill -9` of a node process, time until each of its sessions accepts an
 //!   append on a survivor (lease TTL of the test fleets: 2 s);
 //! - zombie writes after a takeover: attempted, rejected, fenced by the server;
@@ -28,10 +33,10 @@ use dshdb_fleet::backend::SystemClock;
 use dshdb_fleet::nats::Nats;
 use dshdb_fleet::s3::S3;
 use dshdb_fleet::tier::{EngineTier, LocalTier};
-use dshdb_fleet::{FleetError, IncomingEvent, Node, NodeConfig};
+use dshdb_fleet::{DurabilityMode, FleetError, IncomingEvent, Node, NodeConfig};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,6 +56,19 @@ const FAILOVER_SESSIONS: usize = 24;
 const ZOMBIE_SESSIONS: usize = 16;
 /// Longest wait for a takeover, or for a session to accept an append again.
 const DEADLINE: Duration = Duration::from_secs(30);
+/// Lease TTL of the `local`-mode node: short, so that the replicated node takes its shards
+/// soon after it stops.
+const LOCAL_NODE_TTL: Duration = Duration::from_secs(2);
+/// Heartbeat of the `local`-mode node (its local acks need a live lease).
+const LOCAL_NODE_TICK: Duration = Duration::from_millis(500);
+/// Live sessions of the `local`-mode ingest: fewer than [`INGEST_SESSIONS`], whose 1,024
+/// tasks blocking in fsync waits starve the node's heartbeat on the 2-worker runtime past
+/// the test bucket's 2 s lease (the node then answers `Moved`).
+const LOCAL_MODE_INGEST_SESSIONS: usize = 64;
+/// Interval of the replication-lag samples.
+const LAG_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+/// Pause of the test's replicator after a round that shipped nothing.
+const SHIP_IDLE: Duration = Duration::from_millis(1);
 
 type RealNode = Node<Nats, Nats, S3>;
 
@@ -86,6 +104,15 @@ struct InProcess {
 }
 
 async fn in_process_node(id: &str, generation: u64, ttl: Duration) -> InProcess {
+    in_process_node_in(id, generation, ttl, DurabilityMode::Replicated).await
+}
+
+async fn in_process_node_in(
+    id: &str,
+    generation: u64,
+    ttl: Duration,
+    mode: DurabilityMode,
+) -> InProcess {
     let mut nats_config = common::nats_config();
     nats_config.node_ttl = ttl;
     let nats = Nats::connect(&nats_config).await.unwrap();
@@ -97,6 +124,7 @@ async fn in_process_node(id: &str, generation: u64, ttl: Duration) -> InProcess 
     let mut config = NodeConfig::new(id, &format!("test://{id}"), generation);
     config.shard_count = SHARDS;
     config.lease_ttl_ms = u64::try_from(ttl.as_millis()).unwrap();
+    config.mode = mode;
     let local: Arc<dyn LocalTier> = tier.clone();
     let node = Node::new(config, nats.clone(), nats, s3, local, Arc::new(SystemClock));
     wait_until_async(&format!("{id} registers"), || node.start()).await;
@@ -140,21 +168,26 @@ fn header(session: &str) -> String {
     format!(r#"{{"version":0,"id":"{session}","createdAt":1}}"#)
 }
 
-/// Latency of one-event appends: the local tier alone, then through the node.
-async fn latency(process: &InProcess, token: &str) -> Value {
-    let session = format!("f9lx{token}");
+/// Latencies of `LATENCY_APPENDS` one-event appends through the node to a new session.
+async fn node_append_latencies(process: &InProcess, session: &str) -> Vec<Duration> {
     process
         .node
-        .create_session(&session, &header(&session))
+        .create_session(session, &header(session))
         .await
         .unwrap();
-    let mut replicated = Vec::with_capacity(LATENCY_APPENDS);
+    let mut samples = Vec::with_capacity(LATENCY_APPENDS);
     for index in 0..LATENCY_APPENDS as u64 {
-        let event = IncomingEvent::new("assistant/chunk", &event_data(&session, index));
+        let event = IncomingEvent::new("assistant/chunk", &event_data(session, index));
         let started = Instant::now();
-        process.node.append(&session, &[event]).await.unwrap();
-        replicated.push(started.elapsed());
+        process.node.append(session, &[event]).await.unwrap();
+        samples.push(started.elapsed());
     }
+    samples
+}
+
+/// Latency of one-event appends: the local tier alone, then through the node.
+async fn latency(process: &InProcess, token: &str) -> Value {
+    let replicated = node_append_latencies(process, &format!("f9lx{token}")).await;
     let local_session = format!("f9ox{token}");
     process
         .tier
@@ -180,9 +213,20 @@ async fn latency(process: &InProcess, token: &str) -> Value {
 
 /// Events/s of `INGEST_SESSIONS` concurrent writers for `INGEST_RUN`, through the node
 /// (`replicated`) or on the local tier alone.
-async fn ingest(process: &InProcess, token: &str, replicated: bool) -> Value {
-    let label = if replicated { "r" } else { "o" };
-    let sessions: Vec<String> = (0..INGEST_SESSIONS)
+/// `label` names the run's sessions; `replicated`: through the node (whatever its mode),
+/// else on the local tier alone.
+async fn ingest(process: &InProcess, token: &str, label: &str, replicated: bool) -> Value {
+    ingest_sessions(process, token, label, replicated, INGEST_SESSIONS).await
+}
+
+async fn ingest_sessions(
+    process: &InProcess,
+    token: &str,
+    label: &str,
+    replicated: bool,
+    count: usize,
+) -> Value {
+    let sessions: Vec<String> = (0..count)
         .map(|index| format!("f9i{label}x{token}x{index}"))
         .collect();
     for session in &sessions {
@@ -259,12 +303,103 @@ async fn ingest(process: &InProcess, token: &str, replicated: bool) -> Value {
         "published_batches_total": metrics.published_batches.load(Ordering::Relaxed),
         "group_duplicate_fallbacks_total": metrics.group_duplicate_fallbacks.load(Ordering::Relaxed),
         "publish_micros_total": metrics.publish_micros.load(Ordering::Relaxed),
-        "sessions": INGEST_SESSIONS,
+        "sessions": count,
         "events_per_append": INGEST_BATCH_EVENTS,
         "seconds": seconds,
         "events": events,
         "events_per_s": events as f64 / seconds,
         "data_mb_per_s": bytes as f64 / seconds / 1e6,
+    })
+}
+
+/// Runs the node's replicator until `stop`.
+async fn ship_until(node: Arc<RealNode>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        if node.ship().await.messages == 0 {
+            tokio::time::sleep(SHIP_IDLE).await;
+        }
+    }
+}
+
+/// Runs the node's heartbeat until `stop`.
+async fn tick_until(node: Arc<RealNode>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let _ = node.tick().await;
+        tokio::time::sleep(LOCAL_NODE_TICK).await;
+    }
+}
+
+/// Samples the node's replication lag every [`LAG_SAMPLE_INTERVAL`] until `stop`.
+async fn sample_lag(
+    node: Arc<RealNode>,
+    stop: Arc<AtomicBool>,
+) -> Vec<dshdb_fleet::ReplicationLag> {
+    let mut samples = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        samples.push(node.replication_lag());
+        tokio::time::sleep(LAG_SAMPLE_INTERVAL).await;
+    }
+    samples
+}
+
+/// Median and maximum of `values`.
+fn median_max(mut values: Vec<u64>) -> Value {
+    values.sort_unstable();
+    json!({
+        "p50": values.get(values.len() / 2).copied().unwrap_or(0),
+        "max": values.last().copied().unwrap_or(0),
+    })
+}
+
+/// The `local` mode figures (see the module comment); the node stops at the end, and its
+/// lease runs out within [`LOCAL_NODE_TTL`].
+async fn local_mode(token: &str) -> Value {
+    let process = in_process_node_in(
+        &format!("f9m{token}"),
+        1,
+        LOCAL_NODE_TTL,
+        DurabilityMode::Local,
+    )
+    .await;
+    take_all(&process.node).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let heartbeat = tokio::spawn(tick_until(process.node.clone(), stop.clone()));
+    let shipper = tokio::spawn(ship_until(process.node.clone(), stop.clone()));
+    let latency = node_append_latencies(&process, &format!("f9mlx{token}")).await;
+    let sampling = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_lag(process.node.clone(), sampling.clone()));
+    let ingest = ingest_sessions(&process, token, "m", true, LOCAL_MODE_INGEST_SESSIONS).await;
+    sampling.store(true, Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+    let drain_started = Instant::now();
+    while process.node.replication_lag().events > 0 {
+        assert!(
+            drain_started.elapsed() < DEADLINE,
+            "the backlog did not drain"
+        );
+        tokio::time::sleep(SHIP_IDLE).await;
+    }
+    let drain = drain_started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    heartbeat.await.unwrap();
+    shipper.await.unwrap();
+    let metrics = &process.node.mode_metrics;
+    json!({
+        "append_latency": latency_json(latency),
+        "ingest": ingest,
+        "replication_lag": {
+            "sample_interval_ms": LAG_SAMPLE_INTERVAL.as_millis() as u64,
+            "samples": samples.len(),
+            "events": median_max(samples.iter().map(|lag| lag.events).collect()),
+            "bytes": median_max(samples.iter().map(|lag| lag.bytes).collect()),
+            "oldest_age_ms": median_max(samples.iter().map(|lag| lag.oldest_age_ms).collect()),
+            "drain_ms": drain.as_secs_f64() * 1e3,
+            "after_drain_events": process.node.replication_lag().events,
+        },
+        "local_acked_events": metrics.local_acked_events.load(Ordering::Relaxed),
+        "shipped_events": metrics.shipped_events.load(Ordering::Relaxed),
+        "shipped_messages": metrics.shipped_messages.load(Ordering::Relaxed),
+        "unshipped_events_lost": metrics.unshipped_events_lost.load(Ordering::Relaxed),
     })
 }
 
@@ -388,14 +523,16 @@ fn f9_report() {
     let token = common::run_token();
     let runtime = common::two_worker_runtime();
     set_up_streams(&runtime);
-    let (latency, ingest_replicated, ingest_local, zombie) = runtime.block_on(async {
+    let (local_mode, latency, ingest_replicated, ingest_local, zombie) = runtime.block_on(async {
+        // First, so that its shards pass to the replicated node once its short lease ends.
+        let local_mode = local_mode(&token).await;
         let process = in_process_node(&format!("f9n{token}"), 1, Duration::from_secs(10)).await;
         take_all(&process.node).await;
         let latency = latency(&process, &token).await;
-        let replicated = ingest(&process, &token, true).await;
-        let local = ingest(&process, &token, false).await;
+        let replicated = ingest(&process, &token, "r", true).await;
+        let local = ingest(&process, &token, "o", false).await;
         let zombie = zombie(&token).await;
-        (latency, replicated, local, zombie)
+        (local_mode, latency, replicated, local, zombie)
     });
     let failover = failover(&token);
     let report = json!({
@@ -403,6 +540,7 @@ fn f9_report() {
         "append_latency": latency,
         "ingest_replicated": ingest_replicated,
         "ingest_local": ingest_local,
+        "local_mode": local_mode,
         "failover": failover,
         "zombie_writes": zombie,
     });
@@ -414,5 +552,9 @@ fn f9_report() {
     std::fs::write(&path, &text).unwrap();
     eprintln!("f9: report written to {}:\n{text}", path.display());
     assert_eq!(report["zombie_writes"]["acknowledged"], 0);
+    assert_eq!(
+        report["local_mode"]["replication_lag"]["after_drain_events"],
+        0
+    );
     assert_eq!(report["configuration"]["sync_always"], true);
 }

@@ -8,6 +8,13 @@
 //! - the owner accepts an append at the next seq;
 //! - across all schedules, zombie writes were attempted and every one was refused.
 //!
+//! The same schedules run in `local` mode and in `replicated` mode with
+//! `degrade_to_local_after` (a background replicator round is one more action): an event
+//! acknowledged with the tail ack is never lost; an event acknowledged locally is lost only
+//! if it was in the node's reported backlog when the node died or was fenced (the RPO); the
+//! reported lag equals the true count of locally acknowledged events in neither the tail nor
+//! a sealed run; ordering and exactly-once hold through degrade and return.
+//!
 //! `DSHDB_FLEET_MODEL_SCHEDULES` sets the number of schedules (default 10,000);
 //! `DSHDB_FLEET_MODEL_SEED` replays one schedule.
 
@@ -17,8 +24,11 @@ use dshdb_fleet::fake::{
     VirtualClock,
 };
 use dshdb_fleet::tier::{EngineTier, LocalTier, MemoryTier};
-use dshdb_fleet::wire::{from_json, ShardRecord};
-use dshdb_fleet::{AppendAck, FleetError, IncomingEvent, Node, NodeConfig, SealStep};
+use dshdb_fleet::wire::{decode_tail_message, from_json, RunObject, SessionManifest, ShardRecord};
+use dshdb_fleet::{
+    AppendAck, DurabilityMode, FleetError, IncomingEvent, Node, NodeConfig, SealStep,
+    UnshippedRange,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -34,6 +44,15 @@ const STEPS: usize = 60;
 const DEFAULT_SCHEDULES: u64 = 10_000;
 /// Schedules run with the real engine (on simulated storage) as the local tier.
 const ENGINE_SCHEDULES: u64 = 150;
+/// Schedules run in `local` mode, and in `replicated` mode with the degrade policy.
+const MODE_SCHEDULES: u64 = 2_000;
+/// `degrade_to_local_after` of the degrade schedules, in real ms, and the replicator's probe
+/// timeout: far above anything the fakes take, so that the schedules stay deterministic (a
+/// stall is a publish whose retries gave up, a partition, never a real-time timer; a timer
+/// fired once in a loaded run with 1 s and 0.5 s, and that run failed: see fleet/STATUS.md).
+const DEGRADE_AFTER_MS: u64 = 60_000;
+/// Background replicator rounds run at the end of a schedule to drain every backlog.
+const SETTLE_SHIP_ROUNDS: usize = 20;
 
 type FakeNode = Node<FakeTailClient, FakeKvClient, FakeColdClient>;
 
@@ -114,13 +133,48 @@ struct NodeHarness {
     node: Option<Arc<FakeNode>>,
     started: bool,
     paused: bool,
+    /// Its tail link lost replies since it booted (a message may be stored while the node
+    /// still counts it in its backlog).
+    lossy: bool,
+}
+
+/// An acknowledged event: by which process, and whether after the tail ack.
+#[derive(Debug, Clone)]
+struct Acked {
+    data: String,
+    replicated: bool,
+    epoch: u64,
+    node: usize,
+    generation: u64,
+}
+
+/// The modes a schedule runs its nodes in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Modes {
+    mode: DurabilityMode,
+    degrade_after_ms: Option<u64>,
+}
+
+impl Modes {
+    const REPLICATED: Modes = Modes {
+        mode: DurabilityMode::Replicated,
+        degrade_after_ms: None,
+    };
+
+    /// Whether nodes may ack without the tail ack (and run the background replicator).
+    fn acks_locally(self) -> bool {
+        self.mode != DurabilityMode::Replicated || self.degrade_after_ms.is_some()
+    }
 }
 
 #[derive(Default)]
 struct SessionModel {
     created: bool,
-    /// seq → data of acknowledged events.
-    acked: BTreeMap<u64, String>,
+    /// seq → the acknowledged event (the latest acknowledgement of the seq).
+    acked: BTreeMap<u64, Acked>,
+    /// Locally acknowledged events whose seq a later acknowledgement reused: each must have
+    /// been reported lost (seq, event).
+    superseded: Vec<(u64, Acked)>,
     /// data of every event sent (acknowledged or not).
     sent: BTreeSet<String>,
 }
@@ -145,6 +199,16 @@ struct Totals {
     grouped_batches: u64,
     /// Messages that shared an atomic publish with another (messages - publishes).
     atomic_companions: u64,
+    /// Events acknowledged without the tail ack.
+    local_acked_events: u64,
+    /// Backlog events the replicator shipped.
+    shipped_events: u64,
+    /// At-risk windows opened by degraded streams.
+    degrades: u64,
+    /// Locally acknowledged events lost (in a backlog at a crash or fence).
+    lost_events: u64,
+    /// Lag checks made at crashes.
+    lag_checks: u64,
 }
 
 impl Totals {
@@ -164,10 +228,23 @@ impl Totals {
         self.atomic_companions +=
             read(&metrics.published_messages) - read(&metrics.fenced_publishes);
     }
+
+    fn add_modes(&mut self, metrics: &dshdb_fleet::modes::ModeMetrics) {
+        let read = |counter: &std::sync::atomic::AtomicU64| {
+            counter.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        self.local_acked_events += read(&metrics.local_acked_events);
+        self.shipped_events += read(&metrics.shipped_events);
+        self.degrades += read(&metrics.degrades);
+    }
 }
 
 struct World {
     kind: TierKind,
+    modes: Modes,
+    /// session → acknowledged ranges reported lost (backlogs at crashes, fenced backlogs):
+    /// (epoch, first seq, end seq).
+    lost: BTreeMap<String, Vec<(u64, u64, u64)>>,
     rng: Rng,
     clock: Arc<VirtualClock>,
     tail: FakeTail,
@@ -206,10 +283,12 @@ fn pick_session_ids() -> Vec<String> {
 }
 
 impl World {
-    fn new(seed: u64, kind: TierKind) -> World {
+    fn new(seed: u64, kind: TierKind, modes: Modes) -> World {
         let clock = VirtualClock::new(1_000_000);
         let world = World {
             kind,
+            modes,
+            lost: BTreeMap::new(),
             rng: Rng(seed),
             tail: FakeTail::new(clock.clone()),
             kv: FakeKv::new(clock.clone(), NODE_TTL_MS),
@@ -225,6 +304,7 @@ impl World {
                     node: None,
                     started: false,
                     paused: false,
+                    lossy: false,
                 })
                 .collect(),
             sessions: (0..SESSIONS).map(|_| SessionModel::default()).collect(),
@@ -250,6 +330,9 @@ impl World {
         config.publish_attempts = 3;
         config.publish_retry_backoff_ms = 0;
         config.lease_ttl_ms = NODE_TTL_MS;
+        config.mode = self.modes.mode;
+        config.degrade_to_local_after_ms = self.modes.degrade_after_ms;
+        config.stalled_probe_timeout_ms = DEGRADE_AFTER_MS;
         let node = Node::new(
             config,
             self.tail.client(harness.nats.clone()),
@@ -261,13 +344,22 @@ impl World {
         harness.node = Some(Arc::new(node));
         harness.started = false;
         harness.paused = false;
+        harness.lossy = harness.nats.get() == Link::LoseReplies;
     }
 
     fn crash(&mut self, index: usize, wipe: bool) {
         let kind = self.kind;
+        if let Some(node) = self.nodes[index].node.clone() {
+            self.check_lag(index, &node);
+            // What the node held unshipped dies with it: the RPO of this crash.
+            let mut ranges = node.unshipped();
+            ranges.extend(node.lost_unshipped());
+            self.record_lost(&ranges);
+        }
         let harness = &mut self.nodes[index];
         if let Some(node) = harness.node.take() {
             self.totals.add(&node.metrics);
+            self.totals.add_modes(&node.mode_metrics);
         }
         harness.disk.after_crash();
         if wipe {
@@ -394,22 +486,33 @@ impl World {
         ack: AppendAck,
         was_owner: Option<&(String, u64, u64)>,
     ) {
+        let generation = self.nodes[target].generation;
         let model = &mut self.sessions[which];
         for (offset, data) in payloads.iter().enumerate() {
-            let previous = model
-                .acked
-                .insert(ack.first_seq + offset as u64, data.clone());
-            assert!(
-                previous.is_none(),
-                "seq {} acknowledged twice",
-                ack.first_seq
-            );
+            let seq = ack.first_seq + offset as u64;
+            let acked = Acked {
+                data: data.clone(),
+                replicated: ack.replicated,
+                epoch: ack.epoch,
+                node: target,
+                generation,
+            };
+            if let Some(previous) = model.acked.insert(seq, acked) {
+                // Only a locally acknowledged event can lose its seq (its node died or was
+                // fenced with it unshipped); the check finds it reported lost.
+                assert!(!previous.replicated, "seq {seq} acknowledged twice");
+                model.superseded.push((seq, previous));
+            }
         }
         self.totals.acked_events += payloads.len() as u64;
         let harness = &self.nodes[target];
         if was_owner.map(|(owner, generation, _)| (owner.as_str(), *generation))
             != Some((harness.id.as_str(), harness.generation))
         {
+            assert!(
+                ack.replicated,
+                "a node the shard record does not name acknowledged locally"
+            );
             assert!(ack.duplicate, "a zombie's new write was acknowledged");
             self.totals.zombie_acks_after_takeover += 1;
         }
@@ -547,6 +650,109 @@ impl World {
         self.resume(index);
     }
 
+    fn record_lost(&mut self, ranges: &[UnshippedRange]) {
+        for range in ranges {
+            self.lost.entry(range.session.clone()).or_default().push((
+                range.epoch,
+                range.first_seq,
+                range.end_seq,
+            ));
+        }
+    }
+
+    fn is_lost(&self, session: &str, seq: u64, acked: &Acked) -> bool {
+        self.lost.get(session).is_some_and(|ranges| {
+            ranges
+                .iter()
+                .any(|(epoch, first, end)| *epoch == acked.epoch && (*first..*end).contains(&seq))
+        })
+    }
+
+    /// Data of every event in the tail or in a sealed run: off the nodes.
+    fn replicated_datas(&self) -> BTreeSet<String> {
+        let mut datas = BTreeSet::new();
+        for message in self.tail.all_messages() {
+            if let Ok(batches) = decode_tail_message(&message.payload) {
+                for batch in batches {
+                    datas.extend(batch.events.into_iter().map(|event| event.data));
+                }
+            }
+        }
+        // Runs count once a manifest names them (a seal stopped after its PUT did not
+        // take the events off the node).
+        for which in 0..SESSIONS {
+            let key = dshdb_fleet::shard::session_key(&session_id(which));
+            let manifest = self
+                .kv
+                .peek(Bucket::Sessions, &key)
+                .and_then(|value| from_json::<SessionManifest>(&value, "manifest").ok());
+            for run in manifest.map(|manifest| manifest.runs).unwrap_or_default() {
+                let decoded = self
+                    .cold
+                    .object(&run.key)
+                    .and_then(|bytes| RunObject::decode(&bytes).ok());
+                if let Some(decoded) = decoded {
+                    datas.extend(decoded.events.into_iter().map(|event| event.data));
+                }
+            }
+        }
+        datas
+    }
+
+    /// The lag a node reports against the truth: its locally acknowledged events in
+    /// neither the tail nor a run, less those it reported lost. Equal, unless a reply was
+    /// lost (a message stored that the node still counts, so it reports more, never less).
+    fn check_lag(&mut self, index: usize, node: &FakeNode) {
+        if !self.modes.acks_locally() {
+            return;
+        }
+        let generation = self.nodes[index].generation;
+        let off_node = self.replicated_datas();
+        let lost_by_node: Vec<UnshippedRange> = node.lost_unshipped();
+        let mut truth = 0u64;
+        for (which, model) in self.sessions.iter().enumerate() {
+            let session = session_id(which);
+            let all = model
+                .acked
+                .iter()
+                .map(|(seq, acked)| (*seq, acked))
+                .chain(model.superseded.iter().map(|(seq, acked)| (*seq, acked)));
+            for (seq, acked) in all {
+                let reported_lost = lost_by_node.iter().any(|range| {
+                    range.session == session
+                        && range.epoch == acked.epoch
+                        && (range.first_seq..range.end_seq).contains(&seq)
+                });
+                if acked.node == index
+                    && acked.generation == generation
+                    && !acked.replicated
+                    && !off_node.contains(&acked.data)
+                    && !reported_lost
+                {
+                    truth += 1;
+                }
+            }
+        }
+        let lag = node.replication_lag().events;
+        if self.nodes[index].lossy {
+            assert!(truth <= lag, "lag {lag} under the truth {truth}");
+        } else {
+            assert_eq!(lag, truth, "reported lag against the true unshipped count");
+        }
+        self.totals.lag_checks += 1;
+    }
+
+    /// One round of a node's background replicator.
+    fn ship(&mut self, index: usize) {
+        let Some(node) = self.nodes[index].node.clone() else {
+            return;
+        };
+        if self.nodes[index].paused {
+            return;
+        }
+        self.runtime.block_on(node.ship());
+    }
+
     fn random_link(&mut self) -> Link {
         match self.rng.below(3) {
             0 => Link::Up,
@@ -557,6 +763,9 @@ impl World {
 
     fn step(&mut self) {
         let index = self.rng.below(NODES as u64) as usize;
+        if self.modes.acks_locally() && self.rng.chance(20) {
+            self.ship(index);
+        }
         let roll = self.rng.below(100);
         match roll {
             0..=5 => self.append_concurrently(index),
@@ -590,6 +799,7 @@ impl World {
             84..=86 => {
                 let link = self.random_link();
                 self.nodes[index].nats.set(link);
+                self.nodes[index].lossy |= link == Link::LoseReplies;
             }
             87..=89 => self.nodes[index].nats.set(Link::Up),
             90 => {
@@ -622,6 +832,25 @@ impl World {
             self.clock.advance(REFRESH_MS);
             for index in 0..NODES {
                 self.tick(index);
+            }
+        }
+        if !self.modes.acks_locally() {
+            return;
+        }
+        // The replicators drain every backlog over healed links (a fenced one is lost).
+        for _ in 0..SETTLE_SHIP_ROUNDS {
+            for index in 0..NODES {
+                self.ship(index);
+                self.tick(index);
+            }
+        }
+        for index in 0..NODES {
+            if let Some(node) = self.nodes[index].node.clone() {
+                if self.modes.mode != DurabilityMode::Sealed {
+                    assert_eq!(node.replication_lag().events, 0, "a backlog after settling");
+                }
+                self.check_lag(index, &node);
+                self.record_lost(&node.lost_unshipped());
             }
         }
     }
@@ -667,13 +896,24 @@ impl World {
                     event.data
                 );
             }
-            for (seq, data) in &model.acked {
+            for (seq, acked) in &model.acked {
                 let index = usize::try_from(*seq).expect("small");
-                assert_eq!(
-                    events.get(index).map(|event| &event.data),
-                    Some(data),
-                    "seed {seed}: {session} lost acknowledged seq {seq}"
+                let present = events.get(index).map(|event| &event.data) == Some(&acked.data);
+                // A local ack may be lost only where its node reported it at risk.
+                assert!(
+                    present || (!acked.replicated && self.is_lost(&session, *seq, acked)),
+                    "seed {seed}: {session} lost acknowledged seq {seq} ({acked:?})"
                 );
+                if !present {
+                    self.totals.lost_events += 1;
+                }
+            }
+            for (seq, acked) in &model.superseded {
+                assert!(
+                    self.is_lost(&session, *seq, acked),
+                    "seed {seed}: {session}: seq {seq} ({acked:?}) reused without a report"
+                );
+                self.totals.lost_events += 1;
             }
             found += events.len() as u64;
             // The owner accepts the next append at the next seq.
@@ -692,14 +932,15 @@ impl World {
         for harness in &self.nodes {
             if let Some(node) = &harness.node {
                 self.totals.add(&node.metrics);
+                self.totals.add_modes(&node.mode_metrics);
             }
         }
         found
     }
 }
 
-fn run_schedule(seed: u64, kind: TierKind) -> Totals {
-    let mut world = World::new(seed, kind);
+fn run_schedule(seed: u64, kind: TierKind, modes: Modes) -> Totals {
+    let mut world = World::new(seed, kind, modes);
     for _ in 0..STEPS {
         world.step();
     }
@@ -723,14 +964,19 @@ fn add(total: &mut Totals, one: Totals) {
     total.concurrent_appends += one.concurrent_appends;
     total.grouped_batches += one.grouped_batches;
     total.atomic_companions += one.atomic_companions;
+    total.local_acked_events += one.local_acked_events;
+    total.shipped_events += one.shipped_events;
+    total.degrades += one.degrades;
+    total.lost_events += one.lost_events;
+    total.lag_checks += one.lag_checks;
 }
 
-fn run_many(count: u64, kind: TierKind) -> Totals {
+fn run_many(count: u64, kind: TierKind, modes: Modes) -> Totals {
     if let Some(seed) = std::env::var("DSHDB_FLEET_MODEL_SEED")
         .ok()
         .and_then(|text| text.parse().ok())
     {
-        return run_schedule(seed, kind);
+        return run_schedule(seed, kind, modes);
     }
     let threads = 2u64;
     let handles: Vec<_> = (0..threads)
@@ -739,7 +985,7 @@ fn run_many(count: u64, kind: TierKind) -> Totals {
                 let mut total = Totals::default();
                 let mut seed = thread;
                 while seed < count {
-                    add(&mut total, run_schedule(seed, kind));
+                    add(&mut total, run_schedule(seed, kind, modes));
                     seed += threads;
                 }
                 total
@@ -760,7 +1006,7 @@ fn random_schedules_lose_no_acknowledged_event() {
         .and_then(|text| text.parse().ok())
         .unwrap_or(DEFAULT_SCHEDULES);
     let started = std::time::Instant::now();
-    let totals = run_many(count, TierKind::Memory);
+    let totals = run_many(count, TierKind::Memory, Modes::REPLICATED);
     eprintln!(
         "model: {count} schedules in {:.1?}: {totals:?}",
         started.elapsed()
@@ -792,11 +1038,74 @@ fn random_schedules_lose_no_acknowledged_event() {
         );
     }
     assert_eq!(totals.stops, 0, "a node stopped for good: {totals:?}");
+    // Replicated mode never acks locally, so nothing acked is lost.
+    assert_eq!(totals.local_acked_events, 0, "{totals:?}");
+    assert_eq!(totals.lost_events, 0, "{totals:?}");
+}
+
+fn mode_schedules() -> u64 {
+    if std::env::var("DSHDB_FLEET_MODEL_SEED").is_ok() {
+        return 1;
+    }
+    std::env::var("DSHDB_FLEET_MODEL_SCHEDULES")
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .map_or(MODE_SCHEDULES, |count| count.min(MODE_SCHEDULES))
+}
+
+#[test]
+fn random_schedules_in_local_mode() {
+    let count = mode_schedules();
+    let modes = Modes {
+        mode: DurabilityMode::Local,
+        degrade_after_ms: None,
+    };
+    let totals = run_many(count, TierKind::Memory, modes);
+    eprintln!("model (local mode): {count} schedules: {totals:?}");
+    if count >= 1_000 {
+        // Everything is acked locally and shipped in the background; crashes and fences
+        // lose some backlogs (each one reported), and the lag was checked at every crash.
+        assert!(totals.local_acked_events > count, "{totals:?}");
+        assert!(totals.shipped_events > count, "{totals:?}");
+        assert!(
+            totals.lost_events > 0 && totals.lag_checks > count,
+            "{totals:?}"
+        );
+        assert!(totals.takeovers > 0 && totals.seals > 0, "{totals:?}");
+    }
+    assert_eq!(totals.stops, 0, "a node stopped for good: {totals:?}");
+}
+
+#[test]
+fn random_schedules_with_degrade_to_local() {
+    let count = mode_schedules();
+    let modes = Modes {
+        mode: DurabilityMode::Replicated,
+        degrade_after_ms: Some(DEGRADE_AFTER_MS),
+    };
+    let totals = run_many(count, TierKind::Memory, modes);
+    eprintln!("model (degrade to local): {count} schedules: {totals:?}");
+    if count >= 1_000 {
+        // Partitions stall publishes: streams degrade, ack locally, ship the backlog and
+        // return; the replicated acks stay the majority.
+        assert!(totals.degrades > 0, "{totals:?}");
+        assert!(totals.local_acked_events > 0, "{totals:?}");
+        assert!(totals.shipped_events > 0, "{totals:?}");
+        assert!(
+            totals.acked_events > 2 * totals.local_acked_events,
+            "{totals:?}"
+        );
+        assert!(
+            totals.zombie_attempts > 0 && totals.fenced > 0,
+            "{totals:?}"
+        );
+    }
+    assert_eq!(totals.stops, 0, "a node stopped for good: {totals:?}");
 }
 
 #[test]
 fn random_schedules_on_the_engine_tier() {
-    let totals = run_many(ENGINE_SCHEDULES, TierKind::Engine);
+    let totals = run_many(ENGINE_SCHEDULES, TierKind::Engine, Modes::REPLICATED);
     eprintln!("model (engine tier): {ENGINE_SCHEDULES} schedules: {totals:?}");
     assert!(totals.acked_events > 0 && totals.rebuilds > 0, "{totals:?}");
 }
@@ -857,11 +1166,17 @@ impl LeaseWorld {
     }
 
     fn node(&self, id: &str, link: &LinkControl) -> FakeNode {
+        self.node_in(id, link, Modes::REPLICATED)
+    }
+
+    fn node_in(&self, id: &str, link: &LinkControl, modes: Modes) -> FakeNode {
         let mut config = NodeConfig::new(id, id, 1);
         config.shard_count = SHARDS;
         config.publish_attempts = 2;
         config.publish_retry_backoff_ms = 0;
         config.lease_ttl_ms = NODE_TTL_MS;
+        config.mode = modes.mode;
+        config.degrade_to_local_after_ms = modes.degrade_after_ms;
         let node = Node::new(
             config,
             self.tail.client(link.clone()),
@@ -1215,4 +1530,84 @@ fn a_silently_dropped_last_message_is_refused_by_the_tail_checkpoint() {
     // The limit: an event acknowledged after the last checkpoint can still vanish silently
     // when its message was the session's last (FLEET.md's scrub would find it).
     assert_eq!(world.datas(&n2, unchecked), ["0", "1", "2"]);
+}
+
+/// Degrade and return on the fakes, step by step: a `replicated` node with the degrade policy
+/// loses its tail link; its next append is acknowledged locally (not replicated) and opens an
+/// at-risk window on the stream; later appends of the stream ack locally at once, each in the
+/// lag, the exact unshipped range and the window. When the link returns the replicator ships
+/// the backlog in order (the batch sent before as that same message, the others merged into
+/// one), closes the window, and the next append is replicated again. A new owner then rebuilds exactly the acknowledged history.
+#[test]
+fn degrade_to_local_and_return_ship_the_backlog_in_order() {
+    let world = LeaseWorld::new();
+    let link1 = LinkControl::default();
+    let degrade = Modes {
+        mode: DurabilityMode::Replicated,
+        degrade_after_ms: Some(DEGRADE_AFTER_MS),
+    };
+    let n1 = world.node_in("n1", &link1, degrade);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    let session = "k0";
+    world
+        .runtime
+        .block_on(n1.create_session(session, r#"{"id":"k0"}"#))
+        .expect("create");
+    let append = |data: &str| {
+        world
+            .runtime
+            .block_on(n1.append(session, &[IncomingEvent::new("message", data)]))
+            .expect("append")
+    };
+    assert!(append("0").replicated && append("1").replicated);
+    assert_eq!(n1.replication_lag().events, 0);
+
+    link1.set(Link::Down);
+    let degraded: Vec<AppendAck> = ["2", "3", "4"].iter().map(|data| append(data)).collect();
+    assert!(degraded.iter().all(|ack| !ack.replicated), "{degraded:?}");
+    assert_eq!(n1.replication_lag().events, 3);
+    let unshipped = n1.unshipped();
+    assert_eq!(unshipped.len(), 1, "{unshipped:?}");
+    assert_eq!((unshipped[0].first_seq, unshipped[0].end_seq), (2, 5));
+    let windows = n1.at_risk_windows();
+    assert_eq!(windows.len(), 1, "{windows:?}");
+    assert_eq!((windows[0].events, windows[0].to_ms), (3, None));
+    // While the link is down the replicator's round stalls and keeps everything.
+    let stalled = world.runtime.block_on(n1.ship());
+    assert_eq!((stalled.messages, stalled.stalled), (0, 1));
+    assert_eq!(n1.replication_lag().events, 3);
+
+    link1.set(Link::Up);
+    world.clock.advance(500);
+    // Batch 2 went out once (its append's own try): it is sent again as that very message;
+    // batches 3 and 4, never sent, go out merged as one.
+    let first = world.runtime.block_on(n1.ship());
+    assert_eq!((first.messages, first.events), (1, 1), "{first:?}");
+    let second = world.runtime.block_on(n1.ship());
+    assert_eq!((second.messages, second.events), (1, 2), "{second:?}");
+    assert_eq!(n1.replication_lag().events, 0);
+    let windows = n1.at_risk_windows();
+    assert!(
+        windows[0].to_ms.is_some(),
+        "the window stays open: {windows:?}"
+    );
+    assert!(append("5").replicated, "not back to replicated");
+
+    // The tail holds each batch once, in seq order.
+    let shard = dshdb_fleet::shard::shard_of_in(session, SHARDS);
+    let seqs: Vec<u64> = world
+        .tail
+        .messages_on(&dshdb_fleet::shard::session_subject(session, shard))
+        .iter()
+        .flat_map(|message| decode_tail_message(&message.payload).expect("decodes"))
+        .flat_map(|batch| batch.events.into_iter().map(|event| event.seq))
+        .collect();
+    assert_eq!(seqs, (0..6).collect::<Vec<u64>>());
+
+    // n1 dies; n2 rebuilds the whole acknowledged history from the tail.
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let n2 = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(n2.tick()).expect("tick");
+    assert_eq!(world.datas(&n2, session), ["0", "1", "2", "3", "4", "5"]);
 }

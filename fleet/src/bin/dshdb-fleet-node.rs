@@ -1,14 +1,17 @@
-//! `dshdb-fleet-node --id ID --listen ADDR --store DIR [--ttl-ms N] [--tick-ms N] [--shards N]`:
+//! `dshdb-fleet-node --id ID --listen ADDR --store DIR [--ttl-ms N] [--tick-ms N] [--shards N]
+//! [--mode replicated|local|sealed] [--degrade-to-local-after-ms N]`:
 //! one fleet node process (the same as `dshdb fleet-node`), configured for NATS and S3 by
 //! the `DSHDB_FLEET_*` variables. The multi-process tests start it so that `kill -9` is real.
 
 use dshdb_fleet::serve::{config_from_env, run, DEFAULT_NODE_TTL, DEFAULT_TICK_INTERVAL};
 use dshdb_fleet::shard::SHARD_COUNT;
+use dshdb_fleet::DurabilityMode;
 use std::path::PathBuf;
 use std::time::Duration;
 
 const USAGE: &str = "usage: dshdb-fleet-node --id ID --listen ADDR --store DIR \
-                     [--ttl-ms N] [--tick-ms N] [--shards N]";
+                     [--ttl-ms N] [--tick-ms N] [--shards N] \
+                     [--mode replicated|local|sealed] [--degrade-to-local-after-ms N]";
 
 fn parse_number(name: &str, value: &str) -> Result<u64, String> {
     value
@@ -20,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut arguments = std::env::args().skip(1);
     let (mut id, mut listen, mut store) = (None, None, None);
     let (mut ttl, mut tick, mut shards) = (DEFAULT_NODE_TTL, DEFAULT_TICK_INTERVAL, SHARD_COUNT);
+    let (mut mode, mut degrade_after) = (None, None);
     while let Some(name) = arguments.next() {
         let value = arguments.next().ok_or(USAGE)?;
         match name.as_str() {
@@ -29,10 +33,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--ttl-ms" => ttl = Duration::from_millis(parse_number(&name, &value)?),
             "--tick-ms" => tick = Duration::from_millis(parse_number(&name, &value)?),
             "--shards" => shards = u32::try_from(parse_number(&name, &value)?)?,
+            "--mode" => mode = Some(value.parse::<DurabilityMode>()?),
+            "--degrade-to-local-after-ms" => degrade_after = Some(parse_number(&name, &value)?),
             _ => return Err(USAGE.into()),
         }
     }
-    let config = config_from_env(
+    let mut config = config_from_env(
         &id.ok_or(USAGE)?,
         &listen.ok_or(USAGE)?,
         store.ok_or(USAGE)?,
@@ -40,6 +46,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tick,
         shards,
     )?;
+    // Flags win over the DSHDB_FLEET_MODE / DSHDB_FLEET_DEGRADE_TO_LOCAL_AFTER_MS variables.
+    if let Some(mode) = mode {
+        config.mode = mode;
+    }
+    if degrade_after.is_some() {
+        config.degrade_to_local_after_ms = degrade_after;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

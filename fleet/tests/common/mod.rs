@@ -100,6 +100,8 @@ pub struct Fleet {
     pub stores: Vec<PathBuf>,
     shards: u32,
     ttl: Duration,
+    /// More `dshdb-fleet-node` arguments (a durability mode, a degrade policy).
+    pub extra_args: Vec<String>,
 }
 
 impl Drop for Fleet {
@@ -130,6 +132,18 @@ impl Fleet {
         shards: u32,
         ttl: Duration,
     ) -> Fleet {
+        Fleet::spawn_with_args(prefix, token, nodes, shards, ttl, &[])
+    }
+
+    /// As [`Fleet::spawn_with_ttl`], each node started with `extra_args` more.
+    pub fn spawn_with_args(
+        prefix: &str,
+        token: &str,
+        nodes: usize,
+        shards: u32,
+        ttl: Duration,
+        extra_args: &[&str],
+    ) -> Fleet {
         let mut fleet = Fleet {
             children: Vec::new(),
             ids: Vec::new(),
@@ -137,6 +151,7 @@ impl Fleet {
             stores: Vec::new(),
             shards,
             ttl,
+            extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
         };
         for index in 1..=nodes {
             let id = format!("{prefix}{index}x{token}");
@@ -164,6 +179,7 @@ impl Fleet {
             .args(["--ttl-ms", &self.ttl.as_millis().to_string()])
             .args(["--tick-ms", &TICK.as_millis().to_string()])
             .args(["--shards", &self.shards.to_string()])
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
