@@ -16,12 +16,12 @@
 
 use crate::backend::{ColdStore, Coordinator, Fence, TailLog, TailPublish};
 use crate::error::{BackendError, FleetError, FleetResult};
-use crate::node::{Node, OwnedShard, SessionSlot, MAX_TAIL_PAYLOAD_BYTES};
+use crate::node::{bump, Node, OwnedShard, SessionSlot, MAX_TAIL_PAYLOAD_BYTES};
 use crate::shard::{epoch_subject, session_subject, stream_index};
 use crate::wire::TailBatch;
 use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// Closed at-risk windows a node keeps for its report (older ones are dropped; their count
 /// stays in the metrics).
@@ -139,10 +139,6 @@ pub struct ModeMetrics {
     pub unshipped_events_lost: AtomicU64,
     /// Backlog events dropped because a sealed run holds them.
     pub unshipped_events_sealed: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64, by: u64) {
-    counter.fetch_add(by, Ordering::Relaxed);
 }
 
 /// One acknowledged batch waiting in the backlog.

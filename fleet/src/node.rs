@@ -206,7 +206,8 @@ pub struct NodeMetrics {
     pub tail_checkpoints: AtomicU64,
 }
 
-fn bump(counter: &AtomicU64, by: u64) {
+/// Adds `by` to a metrics counter (the node's and the modes' alike).
+pub(crate) fn bump(counter: &AtomicU64, by: u64) {
     counter.fetch_add(by, Ordering::Relaxed);
 }
 
