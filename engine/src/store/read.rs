@@ -59,16 +59,6 @@ pub struct ReadScan {
     blocks: WalkBlocks,
 }
 
-impl ReadScan {
-    /// The blocks of a single walk: its first missed block goes into the shared cache
-    /// ([`WalkBlocks`]).
-    fn default_walk() -> ReadScan {
-        ReadScan {
-            blocks: WalkBlocks::default(),
-        }
-    }
-}
-
 impl Default for ReadScan {
     fn default() -> Self {
         ReadScan {
@@ -340,7 +330,7 @@ impl Store {
         to: u64,
         visit: impl FnMut(EntryView<'_, '_>) -> Result<()>,
     ) -> Result<()> {
-        self.visit_entries_in(&mut ReadScan::default_walk(), id, from, to, visit)
+        self.visit_entries_walking(&mut WalkBlocks::default(), id, from, to, visit)
     }
 
     /// [`Store::visit_entries`] as one step of a scan that reads a session in steps:
@@ -348,6 +338,17 @@ impl Store {
     pub fn visit_entries_in(
         &self,
         scan: &mut ReadScan,
+        id: &str,
+        from: u64,
+        to: u64,
+        visit: impl FnMut(EntryView<'_, '_>) -> Result<()>,
+    ) -> Result<()> {
+        self.visit_entries_walking(&mut scan.blocks, id, from, to, visit)
+    }
+
+    fn visit_entries_walking(
+        &self,
+        blocks: &mut WalkBlocks,
         id: &str,
         from: u64,
         to: u64,
@@ -360,7 +361,7 @@ impl Store {
                 (visit_cell.borrow_mut())(EntryView::Row(&view))
             };
             self.walk_events_in(
-                &mut scan.blocks,
+                blocks,
                 id,
                 from,
                 to,
