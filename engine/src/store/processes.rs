@@ -7,6 +7,7 @@ use super::{io_error, Event, EventView, Inner, Options, Store, LOCK_FILE};
 use crate::error::{Error, Result};
 use crate::storage::catalog::Catalog;
 use crate::storage::commit::{CatchUp, Log, LogOptions, SharedLog};
+use crate::storage::index::{CHECKPOINT_FILE, MAX_CHECKPOINT_BYTES};
 use crate::storage::io::snapshot::SnapshotStorage;
 use crate::storage::io::{LockGuard, MemoryFile, Storage, StorageFile};
 use crate::storage::manifest::{Manifest, SegmentEntry, MANIFEST_FILE};
@@ -77,7 +78,7 @@ pub(super) fn open_shared_writer(
     let alone = ByteLock::try_take(&file, PRESENCE_LOCK, LockMode::Exclusive)
         .map_err(io_error("presence lock"))?;
     let opened_alone = alone.is_some();
-    let (manifest, recovered, log, presence) = match alone {
+    let (manifest, recovered, log, presence, generations) = match alone {
         Some(presence) => {
             let (manifest, recovered, log) = open_alone(storage, options, label, shared_log)?;
             let (segment, salt, offset) = log.tail_position();
@@ -85,17 +86,23 @@ pub(super) fn open_shared_writer(
             presence
                 .convert(LockMode::Shared)
                 .map_err(io_error("presence lock"))?;
-            (manifest, recovered, log, presence)
+            // Alone under `OPEN`: nobody published since the initialization.
+            let generations = Generations {
+                store: tail.store_generation(),
+                manifest: tail.manifest_generation(),
+            };
+            (manifest, recovered, log, presence, generations)
         }
         None => {
             let presence = ByteLock::wait(&file, PRESENCE_LOCK, LockMode::Shared)
                 .map_err(io_error("presence lock"))?;
-            let (manifest, recovered, log) = join(storage, options, label, &tail, shared_log)?;
-            (manifest, recovered, log, presence)
+            let (manifest, recovered, log, generations) =
+                join(storage, options, label, &tail, shared_log)?;
+            (manifest, recovered, log, presence, generations)
         }
     };
-    let seen_generation = AtomicU64::new(tail.store_generation());
-    let seen_manifest_generation = AtomicU64::new(tail.manifest_generation());
+    let seen_generation = AtomicU64::new(generations.store);
+    let seen_manifest_generation = AtomicU64::new(generations.manifest);
     Ok(SharedOpen {
         manifest: manifest.clone(),
         recovered,
@@ -160,7 +167,7 @@ fn join(
     label: &Path,
     tail: &TailIndex,
     shared_log: SharedLog,
-) -> Result<(Manifest, Recovered, Log)> {
+) -> Result<(Manifest, Recovered, Log, Generations)> {
     if let Some(layout) = tail
         .declared_layout()
         .filter(|layout| *layout != SHARED_LAYOUT)
@@ -183,7 +190,7 @@ fn join(
             path: label.to_path_buf(),
         });
     }
-    let (manifest, published, recovered) =
+    let (manifest, published, recovered, generations) =
         recover_published(storage, options.use_checkpoint, tail)?;
     let segment_file = storage
         .open(&segment_path(published.segment), false)
@@ -201,7 +208,7 @@ fn join(
         Some(shared_log),
     )?;
     log.claim_durable_at_most(tail.durable());
-    Ok((manifest, recovered, log))
+    Ok((manifest, recovered, log, generations))
 }
 
 /// The settings of the log, from the store's options.
@@ -215,11 +222,12 @@ pub(super) fn log_options(options: &Options) -> LogOptions {
 
 /// Recovery of the log up to the published end (F-08-4 step 3): the tail segment is read
 /// only below `written_end`, and segments after it (a roll in progress) are left out, since
-/// they may be in the middle of being written.
+/// they may be in the middle of being written. The checkpoint is the one read before the
+/// tail (`checkpoint`, F-08-15), never a newer one on disk.
 fn recover_until(
     storage: &Arc<dyn Storage>,
     manifest: &Manifest,
-    use_checkpoint: bool,
+    checkpoint: CheckpointRead,
     published: &Tail,
 ) -> Result<Recovered> {
     let mut limited = manifest.clone();
@@ -238,11 +246,46 @@ fn recover_until(
     file.read_exact_at(&mut prefix, 0)
         .map_err(io_error("segment read"))?;
     let prefix: Arc<dyn StorageFile> = Arc::new(MemoryFile::new(prefix));
-    let view: Arc<dyn Storage> = Arc::new(SnapshotStorage::with_files(
-        storage.clone(),
-        HashMap::from([(path, prefix)]),
-    ));
+    let mut pinned = HashMap::from([(path, prefix)]);
+    let use_checkpoint = match checkpoint {
+        CheckpointRead::Bytes(bytes) => {
+            let file: Arc<dyn StorageFile> = Arc::new(MemoryFile::new(bytes));
+            pinned.insert(CHECKPOINT_FILE.to_string(), file);
+            true
+        }
+        CheckpointRead::None => false,
+    };
+    let view: Arc<dyn Storage> = Arc::new(SnapshotStorage::with_files(storage.clone(), pinned));
     recover(view.as_ref(), &limited, use_checkpoint, Access::Preview)
+}
+
+/// The checkpoint as a joiner read it before the published tail (F-08-15).
+enum CheckpointRead {
+    Bytes(Vec<u8>),
+    /// Not asked for, absent, or unreadable: derived data (F-06-22), so the log is replayed
+    /// instead.
+    None,
+}
+
+/// Reads the checkpoint file whole, before the published tail is read (F-08-15): a
+/// checkpoint covers only bytes published before it was written, so the tail read after it
+/// reaches at least its end. Read after the tail, a checkpoint written in between could end
+/// past the published end the joiner replays to, and its open prefix would look lost
+/// (found by the many-process `kill -9` test: a joiner refused the store as `Corrupt`).
+fn read_checkpoint_first(storage: &dyn Storage, use_checkpoint: bool) -> CheckpointRead {
+    if !use_checkpoint {
+        return CheckpointRead::None;
+    }
+    let read = storage.open_read(CHECKPOINT_FILE).and_then(|file| {
+        if file.len()? > MAX_CHECKPOINT_BYTES {
+            return Err(std::io::Error::other("larger than the limit"));
+        }
+        file.read_all()
+    });
+    match read {
+        Ok(bytes) => CheckpointRead::Bytes(bytes),
+        Err(_) => CheckpointRead::None,
+    }
 }
 
 fn end_of(tail: &Tail) -> LogPosition {
@@ -268,12 +311,20 @@ fn recover_published(
     storage: &Arc<dyn Storage>,
     use_checkpoint: bool,
     tail: &TailIndex,
-) -> Result<(Manifest, Tail, Recovered)> {
+) -> Result<(Manifest, Tail, Recovered, Generations)> {
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let generation = tail.manifest_generation();
-        // The tail before the manifest: a roll names its segment before publishing it.
+        // Both before the tail: commits published after them are caught up on by the next
+        // refresh, never taken as seen (found by the join test below F-08-15's rule).
+        let generations = Generations {
+            store: tail.store_generation(),
+            manifest: tail.manifest_generation(),
+        };
+        let generation = generations.manifest;
+        // The checkpoint before the tail, and the tail before the manifest: a checkpoint
+        // covers only published bytes, and a roll names its segment before publishing it.
+        let checkpoint = read_checkpoint_first(storage.as_ref(), use_checkpoint);
         let published = tail.read();
         let manifest = read_manifest(storage.as_ref())?;
         let names_tail = manifest
@@ -281,14 +332,14 @@ fn recover_published(
             .iter()
             .any(|entry| entry.id == published.segment);
         let attempt = match names_tail {
-            true => recover_until(storage, &manifest, use_checkpoint, &published),
+            true => recover_until(storage, &manifest, checkpoint, &published),
             false => Err(Error::CorruptFile {
                 file: MANIFEST_FILE.to_string(),
                 reason: "does not name the published tail segment".to_string(),
             }),
         };
         match attempt {
-            Ok(recovered) => return Ok((manifest, published, recovered)),
+            Ok(recovered) => return Ok((manifest, published, recovered, generations)),
             Err(error) => {
                 let replaced_meanwhile = tail.manifest_generation() != generation
                     || tail.read().segment != published.segment;
@@ -298,6 +349,14 @@ fn recover_published(
             }
         }
     }
+}
+
+/// The shared index's generations as read before the published tail a catalog was built
+/// up to (F-08-11, F-08-17): what the process has seen.
+#[derive(Debug, Clone, Copy)]
+struct Generations {
+    store: u64,
+    manifest: u64,
 }
 
 /// Times a process builds its catalog again from a newer manifest when files the one it
@@ -353,8 +412,7 @@ fn rebuild(
     processes: &Processes,
     known: &mut Manifest,
 ) -> Result<(LogPosition, Option<Manifest>)> {
-    let generation = processes.tail.manifest_generation();
-    let (manifest, published, recovered) = recover_published(
+    let (manifest, published, recovered, generations) = recover_published(
         &inner.storage,
         inner.options.use_checkpoint,
         &processes.tail,
@@ -364,7 +422,7 @@ fn rebuild(
     *known = manifest;
     processes
         .seen_manifest_generation
-        .store(generation, Ordering::Release);
+        .store(generations.manifest, Ordering::Release);
     Ok((end_of(&published), Some(known.clone())))
 }
 

@@ -12,6 +12,7 @@
 use dshdb::store::{NewEvent, Options, Store};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,8 @@ const ROLE_ENV: &str = "DSHDB_MULTI_ROLE";
 const DIR_ENV: &str = "DSHDB_MULTI_DIR";
 const SESSION_ENV: &str = "DSHDB_MULTI_SESSION";
 const WRITERS: usize = 8;
+/// `SIGKILL`: how the parent ends a writer.
+const KILL_SIGNAL: i32 = 9;
 const FOLLOWERS: usize = 2;
 /// Writers stop appending once this file exists.
 const STOP_FILE: &str = "stop-writing";
@@ -254,7 +257,14 @@ fn writers_killed_again_and_again_lose_nothing_and_followers_see_everything_once
         let victim = random.below(WRITERS as u64) as usize;
         let worker = &mut writers[victim];
         worker.child.kill().expect("kill -9");
-        let _ = worker.child.wait();
+        let status = worker.child.wait().expect("wait for the killed writer");
+        // A writer runs until it is killed or the stop file exists: one that exited on its
+        // own failed (could not open, append or maintain), and that is this test's failure.
+        assert!(
+            status.signal() == Some(KILL_SIGNAL),
+            "writer {victim} exited on its own before it was killed ({status}); its stderr \
+             above says why"
+        );
         let dead = std::mem::replace(worker, spawn("writer", &dir, Some(&session_id(victim))));
         let lines = dead.lines.join().expect("lines");
         segments_sealed += sealed(&lines);

@@ -6,9 +6,11 @@
 
 use crate::common;
 
+use common::hooked::{Hooked, Moment, Step};
 use common::*;
 use dshdb::storage::commit::Durability;
 use dshdb::storage::io::sim::{CrashImage, SimStorage};
+use dshdb::storage::io::Storage;
 use dshdb::store::{Options, Store};
 use dshdb::Error;
 use std::collections::BTreeMap;
@@ -61,6 +63,73 @@ fn two_processes_interleave_appends_and_a_reopen_keeps_both() {
         for (seq, event) in events.iter().enumerate() {
             assert_eq!(event.data, data(process, seq as u64), "{id} seq {seq}");
         }
+    }
+}
+
+/// The last segment file of the simulated store: the tail a joiner reads a prefix of.
+fn last_segment_path(disk: &SimStorage) -> String {
+    let last = disk
+        .list("wal")
+        .expect("list wal")
+        .iter()
+        .filter_map(|name| u64::from_str_radix(name.strip_suffix(".seg")?, 16).ok())
+        .max()
+        .expect("a segment");
+    dshdb::storage::segment::segment_path(last)
+}
+
+/// Segment size of the join test: its 20 events (at most 400 bytes each) fit in one.
+const JOIN_TEST_SEGMENT_BYTES: u64 = 64 * 1024;
+
+/// F-08-15: a joiner reads the checkpoint before the published tail. Here another process
+/// commits more and checkpoints it exactly between the joiner's read of the tail and its
+/// read of the tail segment (the race the many-process `kill -9` test hit once): the
+/// checkpoint on disk then ends past the end the joiner replays to. Read after the tail, it
+/// made the joiner refuse the store as `Corrupt` ("the checkpoint recorded them durable up
+/// to offset …"); the joiner must open, and catch up on the rest.
+#[test]
+fn a_checkpoint_written_while_a_process_joins_does_not_fail_its_open() {
+    let disk = SimStorage::new();
+    let options = Options {
+        checkpoint_every_bytes: None,
+        // Room for every event in one segment: the race is within the tail segment.
+        segment_bytes: JOIN_TEST_SEGMENT_BYTES,
+        ..shared()
+    };
+    let first = open_sim(&disk, options.clone()).expect("first process");
+    let mut writer = first.create_session_with_id("a").expect("create a");
+    for seq in 0..10u64 {
+        writer.append(chunk(&data(0, seq))).expect("append");
+    }
+    assert!(first.checkpoint().expect("checkpoint").is_some(), "written");
+    let behind = first.clone();
+    let step: Step = Box::new(move || {
+        for seq in 10..20u64 {
+            writer
+                .append(chunk(&data(0, seq)))
+                .expect("append meanwhile");
+        }
+        assert!(
+            behind.checkpoint().expect("checkpoint meanwhile").is_some(),
+            "the newer checkpoint is written"
+        );
+    });
+    let hooked = Hooked::new(&disk, last_segment_path(&disk), Moment::BeforeRead, step);
+    let joiner = Store::open_on(hooked.clone(), options, std::path::Path::new("sim"))
+        .expect("the joiner opens");
+    assert!(
+        hooked.fired(),
+        "the other process committed during the join"
+    );
+    joiner.refresh().expect("catch up");
+    let events = joiner.read("a", 0, u64::MAX).expect("read");
+    assert_eq!(
+        events.len(),
+        20,
+        "every acknowledged event, the later ten too"
+    );
+    for event in &events {
+        assert_eq!(event.data, data(0, event.seq), "seq {}", event.seq);
     }
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod dsh_fixtures;
+pub mod hooked;
 
 use dshdb::storage::commit::Durability;
 use dshdb::storage::io::sim::SimStorage;
