@@ -62,12 +62,13 @@ const AFTER_RESTART: Duration = Duration::from_secs(3);
 /// Ingest goes on after the restart until every session was acknowledged after it (and
 /// after `KV_DSH_NODES` has a leader again), at most this long.
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(30);
-/// How long the test watches for `KV_DSH_NODES`'s new leader after the kill.
-const LEASE_BUCKET_WATCH: Duration = Duration::from_secs(30);
-/// Once `KV_DSH_NODES` has a leader again, every session is acknowledged again within this
-/// long: the nodes register again at their next tick (300 ms), take their shards back and
-/// answer; a lease TTL (2 s) plus 3 s of slack for a loaded 2-core machine. This is what the
-/// fleet controls; the bucket's election itself is the server's (4.5 to 15 s measured).
+/// How long the test watches for new leaders of the streams the victim led.
+const LEADER_WATCH: Duration = Duration::from_secs(30);
+/// Once a session's tail stream and `KV_DSH_NODES` have leaders again, it is acknowledged
+/// again within this long: the nodes register again at their next tick (300 ms), take
+/// their shards back and answer; a lease TTL (2 s) plus 3 s of slack for a loaded 2-core
+/// machine. This is what the fleet controls; the elections themselves are the server's
+/// (4.5 to 15 s measured for `KV_DSH_NODES` on 2026-12-05).
 const NODE_RECOVERY_BOUND: Duration = Duration::from_secs(5);
 /// Pause of each session's writer between appends (keeps 2 cores usable for the servers).
 const APPEND_PAUSE: Duration = Duration::from_millis(20);
@@ -186,54 +187,67 @@ struct Run {
     writers: Vec<Writer>,
     killed_at: Instant,
     restarted_at: Instant,
-    /// When a surviving server first named a live leader of `KV_DSH_NODES` after the kill
-    /// (the kill time if the victim did not lead it; `None`: not within the watch).
-    lease_bucket_led_at: Option<Instant>,
+    /// Per session: when both its tail stream and `KV_DSH_NODES` had a live leader again
+    /// after the kill (the kill time for those the victim did not lead; `None`: not within
+    /// [`LEADER_WATCH`]). Until then no node can acknowledge it in `replicated` mode: the
+    /// elections are the server's.
+    ready_at: Vec<Option<Instant>>,
     /// Restarts the victim again if the test fails before it is healthy.
     back: ServersBack,
 }
 
-impl Run {
-    /// Whether every writer has an acknowledgement after `since`.
-    fn all_acked_after(writers: &[std::sync::Mutex<Vec<Instant>>], since: Instant) -> bool {
-        writers.iter().all(|acked| {
-            acked
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .any(|at| *at > since)
-        })
-    }
+/// The streams `victim` leads now, as server `victim` itself reports them.
+fn streams_led_by(victim: u16) -> BTreeSet<String> {
+    let name = format!("n{victim}");
+    stream_views(victim)
+        .expect("the victim answers /jsz")
+        .into_iter()
+        .filter(|(_, (leader, _, _))| *leader == name)
+        .map(|(stream, _)| stream)
+        .collect()
 }
 
-/// The `KV_DSH_NODES` leader as server `server` sees it (`n1`..`n3`, or empty).
-fn lease_bucket_leader(server: u16) -> Option<String> {
-    Some(stream_views(server)?.get("KV_DSH_NODES")?.0.clone())
-}
-
-/// Watches the survivors' `/jsz` from the kill on: returns when one of them names a
-/// surviving server as the leader of `KV_DSH_NODES` (they keep naming the dead one for a
-/// while after the kill), or `None` after [`LEASE_BUCKET_WATCH`].
-fn watch_lease_bucket(victim: u16) -> Option<Instant> {
+/// Watches the survivors' `/jsz` from the kill on (they keep naming the dead leader for a
+/// while): returns, for each stream of `watched`, when a survivor first named a surviving
+/// server as its leader; gives up after [`LEADER_WATCH`].
+fn watch_elections(victim: u16, watched: BTreeSet<String>) -> BTreeMap<String, Instant> {
     let started = Instant::now();
     let victim_name = format!("n{victim}");
-    while started.elapsed() < LEASE_BUCKET_WATCH {
+    let mut led_again = BTreeMap::new();
+    while led_again.len() < watched.len() && started.elapsed() < LEADER_WATCH {
         for server in NATS_SERVERS.iter().filter(|server| **server != victim) {
-            let leader = lease_bucket_leader(*server).unwrap_or_default();
-            if !leader.is_empty() && leader != victim_name {
-                return Some(Instant::now());
+            let Some(views) = stream_views(*server) else {
+                continue;
+            };
+            for stream in &watched {
+                let leader = views.get(stream).map_or("", |view| view.0.as_str());
+                if !leader.is_empty() && leader != victim_name {
+                    led_again.entry(stream.clone()).or_insert_with(Instant::now);
+                }
             }
         }
         std::thread::sleep(common::POLL);
     }
-    None
+    led_again
+}
+
+/// Whether every session has an acknowledgement after its `since`.
+fn all_acked_after(acks: &[std::sync::Mutex<Vec<Instant>>], since: &[Instant]) -> bool {
+    acks.iter().zip(since).all(|(acked, since)| {
+        acked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .any(|at| at > since)
+    })
 }
 
 /// Writers append to every session; `victim` is killed after [`BEFORE_KILL`], restarted
 /// after [`DOWN`]; ingest goes on for [`AFTER_RESTART`], and then until every session has
-/// an acknowledgement after the restart and after `KV_DSH_NODES` has a leader again (at
-/// most [`RECOVERY_DEADLINE`] after the restart: the assertions then say what was missing).
-fn ingest_through_kill(fleet: &Fleet, sessions: &[String], victim: u16, led_bucket: bool) -> Run {
+/// an acknowledgement after the restart and after its streams (its tail stream and
+/// `KV_DSH_NODES`) have leaders again, at most [`RECOVERY_DEADLINE`] after the restart
+/// (the assertions then say what was missing).
+fn ingest_through_kill(fleet: &Fleet, sessions: &[String], victim: u16) -> Run {
     let stop = Arc::new(AtomicBool::new(false));
     let acks: Arc<Vec<std::sync::Mutex<Vec<Instant>>>> = Arc::new(
         sessions
@@ -260,24 +274,40 @@ fn ingest_through_kill(fleet: &Fleet, sessions: &[String], victim: u16, led_buck
         })
         .collect();
     std::thread::sleep(BEFORE_KILL);
+    let led = streams_led_by(victim);
     let victim_name = format!("nats{victim}");
     let mut back = ServersBack::new(&["restart", &victim_name]);
     back.down = true;
     servers_script(&["kill", &victim_name]);
     let killed_at = Instant::now();
-    let watch = led_bucket.then(|| std::thread::spawn(move || watch_lease_bucket(victim)));
+    let watch = std::thread::spawn({
+        let led = led.clone();
+        move || watch_elections(victim, led)
+    });
     std::thread::sleep(DOWN);
     back.start();
     let restarted_at = Instant::now();
     std::thread::sleep(AFTER_RESTART);
-    let lease_bucket_led_at = match watch {
-        Some(handle) => handle.join().unwrap(),
-        None => Some(killed_at),
+    let led_again = watch.join().unwrap();
+    let stream_ready = |stream: &str| -> Option<Instant> {
+        if led.contains(stream) {
+            led_again.get(stream).copied()
+        } else {
+            Some(killed_at)
+        }
     };
-    let recovered_since = lease_bucket_led_at.map_or(restarted_at, |at| at.max(restarted_at));
-    while !Run::all_acked_after(&acks, recovered_since)
-        && restarted_at.elapsed() < RECOVERY_DEADLINE
-    {
+    let ready_at: Vec<Option<Instant>> = sessions
+        .iter()
+        .map(|session| {
+            let stream = stream_name(shard_of_in(session, SHARDS));
+            Some(stream_ready(&stream)?.max(stream_ready("KV_DSH_NODES")?))
+        })
+        .collect();
+    let since: Vec<Instant> = ready_at
+        .iter()
+        .map(|ready| ready.map_or(restarted_at, |ready| ready.max(restarted_at)))
+        .collect();
+    while !all_acked_after(&acks, &since) && restarted_at.elapsed() < RECOVERY_DEADLINE {
         std::thread::sleep(common::POLL);
     }
     stop.store(true, Ordering::SeqCst);
@@ -289,7 +319,7 @@ fn ingest_through_kill(fleet: &Fleet, sessions: &[String], victim: u16, led_buck
         writers,
         killed_at,
         restarted_at,
-        lease_bucket_led_at,
+        ready_at,
         back,
     }
 }
@@ -331,7 +361,7 @@ fn f2_nats_stream_leader_kill() {
     let sessions = session_names("f2", &token, SESSIONS);
     create_sessions(&mut router, &sessions);
     let (victim, led_nodes_bucket) = choose_victim(&sessions);
-    let run = ingest_through_kill(&fleet, &sessions, victim, led_nodes_bucket);
+    let run = ingest_through_kill(&fleet, &sessions, victim);
     let restarted_at = run.restarted_at;
 
     // Ingest has stopped: the replicas must agree within the bound counted from the restart.
@@ -351,31 +381,45 @@ fn f2_nats_stream_leader_kill() {
     let acked: usize = writers.iter().map(|writer| writer.model.acked.len()).sum();
     let leases_lost = node_metric_sum(&fleet, "leases_lost");
     let reregistrations = node_metric_sum(&fleet, "reregistrations");
-    let lease_bucket_led_at = run
-        .lease_bucket_led_at
-        .expect("KV_DSH_NODES has a leader again within the watch");
-    let lease_bucket_election = lease_bucket_led_at - run.killed_at;
-    let recovered_since = lease_bucket_led_at.max(restarted_at);
-    let recovery = longest_recovery(&sessions, &run, lease_bucket_led_at);
+    let ready_at: Vec<Instant> = sessions
+        .iter()
+        .zip(&run.ready_at)
+        .map(|(session, ready)| {
+            ready.unwrap_or_else(|| panic!("{session}: its streams had no leader again"))
+        })
+        .collect();
+    let elections = ready_at
+        .iter()
+        .map(|ready| *ready - run.killed_at)
+        .max()
+        .unwrap_or_default();
+    let recovery = longest_recovery(&sessions, &run, &ready_at);
+    let ingest_after_restart = run
+        .writers
+        .iter()
+        .filter_map(|writer| writer.acked_at.last())
+        .max()
+        .map_or(Duration::ZERO, |last| {
+            last.saturating_duration_since(restarted_at)
+        });
     eprintln!(
         "f2: killed nats{victim} (led KV_DSH_NODES: {led_nodes_bucket}) {:?} into ingest, \
          restarted after {DOWN:?}; {SESSIONS} sessions, events acked {acked}, stored {stored}; \
-         longest write stall {stall:?}; KV_DSH_NODES led again {lease_bucket_election:?} \
-         after the kill, every session acknowledged within {recovery:?} of that; replicas \
-         agree {agreed_after_restart:?} after the restart; nodes: leases lost {leases_lost}, \
-         registered again {reregistrations}; ingest ran {:?} after the restart",
-        BEFORE_KILL,
-        recovered_since.saturating_duration_since(restarted_at)
+         longest write stall {stall:?}; the sessions' streams and KV_DSH_NODES all led again \
+         {elections:?} after the kill, every session acknowledged within {recovery:?} of its \
+         streams' leaders; replicas agree {agreed_after_restart:?} after the restart; nodes: \
+         leases lost {leases_lost}, registered again {reregistrations}; last ack \
+         {ingest_after_restart:?} after the restart",
+        BEFORE_KILL
     );
-    // The fleet's part: back within the bound once the lease bucket answers again.
+    // The fleet's part: back within the bound once the server's elections are over.
     assert!(
         recovery <= NODE_RECOVERY_BOUND,
-        "a session waited {recovery:?} after KV_DSH_NODES had a leader again"
+        "a session waited {recovery:?} after its streams had leaders again"
     );
-    // FLEET.md's stall bound, unless the lease bucket's own election (the server's) was
-    // longer: then no node can hold a lease meanwhile, and the bound is that election plus
-    // the fleet's recovery.
-    let stall_bound = STALL_BOUND.max(lease_bucket_election + NODE_RECOVERY_BOUND);
+    // FLEET.md's stall bound, unless the elections the sessions wait for (the server's)
+    // took longer: then the bound is those elections plus the fleet's recovery.
+    let stall_bound = STALL_BOUND.max(elections + NODE_RECOVERY_BOUND);
     assert!(
         stall <= stall_bound,
         "write stall {stall:?} (bound {stall_bound:?})"
@@ -384,16 +428,19 @@ fn f2_nats_stream_leader_kill() {
     drop(fleet);
 }
 
-/// The longest wait of any session, from `since`, to its first acknowledgement after it.
-fn longest_recovery(sessions: &[String], run: &Run, since: Instant) -> Duration {
+/// The longest wait of any session, from its `ready_at`, to its first acknowledgement
+/// after it.
+fn longest_recovery(sessions: &[String], run: &Run, ready_at: &[Instant]) -> Duration {
     let mut longest = Duration::ZERO;
-    for (session, writer) in sessions.iter().zip(&run.writers) {
+    for ((session, writer), since) in sessions.iter().zip(&run.writers).zip(ready_at) {
         let first = writer
             .acked_at
             .iter()
-            .find(|at| **at > since)
-            .unwrap_or_else(|| panic!("{session}: nothing acknowledged after {since:?}"));
-        longest = longest.max(*first - since);
+            .find(|at| *at > since)
+            .unwrap_or_else(|| {
+                panic!("{session}: nothing acknowledged after its streams were led")
+            });
+        longest = longest.max(*first - *since);
     }
     longest
 }
@@ -434,7 +481,7 @@ fn f2_nats_stream_leader_kill_with_degrade_to_local() {
     let sessions = session_names("f2d", &token, SESSIONS);
     create_sessions(&mut router, &sessions);
     let victim = choose_stream_victim(&sessions);
-    let run = ingest_through_kill(&fleet, &sessions, victim, false);
+    let run = ingest_through_kill(&fleet, &sessions, victim);
     let stall = longest_stall(&sessions, &run);
 
     // The backlogs ship once the new leaders answer: the lag falls to 0 and every at-risk
