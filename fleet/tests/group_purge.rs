@@ -8,7 +8,10 @@
 //! The shard is one that the other real-server tests do not use (they run 4 or 16 shards;
 //! this fleet has 64 and picks shard 40 or above): the group purge stops at the first
 //! message carrying a session not sealed past it, so another test's unsealed sessions on
-//! the same group subject would stop it (the documented limit, fleet/STATUS.md).
+//! the same group subject would stop it (the documented limit, fleet/STATUS.md). For the
+//! same reason a run of this test that fails between its appends and its last seal leaves
+//! group messages that stop the purge of later runs against the same servers, until
+//! `servers.sh start` gives a fresh cluster (as every CI run does).
 //!
 //! Skipped (a SKIPPED line) without `DSHDB_FLEET_SERVERS=1`, failed under `CI=true`.
 
