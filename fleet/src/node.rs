@@ -626,10 +626,11 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     }
 
     /// Refreshes the lease by CAS. An expired entry drops every shard and registers again;
-    /// an entry of another process stops this one for good.
-    async fn refresh_lease(&self) -> FleetResult<()> {
+    /// an entry of another process stops this one for good. Returns whether the node
+    /// registered anew (its lease had been lost).
+    async fn refresh_lease(&self) -> FleetResult<bool> {
         let Some(revision) = self.lease.lock().revision else {
-            return self.register_again().await;
+            return self.register_again().await.map(|()| true);
         };
         let sent_at_ms = self.clock.now_ms();
         let id = &self.config.node_id;
@@ -642,7 +643,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 let mut lease = self.lease.lock();
                 lease.revision = Some(next);
                 lease.valid_until_ms = sent_at_ms.saturating_add(self.config.lease_ttl_ms);
-                Ok(())
+                Ok(false)
             }
             Err(BackendError::RevisionMismatch { .. }) => {
                 match self.node_entry().await? {
@@ -650,12 +651,12 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                     // validity stays that of the last refresh known to have landed).
                     NodeEntry::Ours { revision } => {
                         self.lease.lock().revision = Some(revision);
-                        Ok(())
+                        Ok(false)
                     }
                     NodeEntry::Other => Err(self.id_taken()),
                     NodeEntry::Absent => {
                         self.lose_lease();
-                        self.register_again().await
+                        self.register_again().await.map(|()| true)
                     }
                 }
             }
@@ -694,10 +695,13 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 reason: "node stopped: its id is held by another process".to_string(),
             });
         }
-        if let Err(error) = self.refresh_lease().await {
-            self.drop_shards_if_lease_expired();
-            return Err(error);
-        }
+        let registered_now = match self.refresh_lease().await {
+            Ok(registered_now) => registered_now,
+            Err(error) => {
+                self.drop_shards_if_lease_expired();
+                return Err(error);
+            }
+        };
         let live = self.live_nodes().await?;
         self.drop_shards_owned_elsewhere().await?;
         let mut names: Vec<String> = live.keys().cloned().collect();
@@ -711,6 +715,14 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         for shard in 0..self.config.shard_count {
             let reclaim = self.reclaim.lock().contains(&shard);
             if rendezvous_owner(shard, &names).map(String::as_str) != Some(self.id()) && !reclaim {
+                continue;
+            }
+            // In the tick that registers again after a lost lease, only the shards this node
+            // held come back: the other nodes whose leases lapsed in the same outage (an
+            // election of `DSH_NODES`) register within a tick too, and taking their shards
+            // now would make them take them back at a newer epoch and rebuild every session
+            // (F2 saw 5-6 lease losses and 4.5 s recoveries from that churn).
+            if registered_now && !reclaim {
                 continue;
             }
             if self.shards.lock().contains_key(&shard) {
