@@ -61,6 +61,11 @@ const GROUP_ENTRY_BYTES: usize = 4;
 /// Most sessions whose tail checkpoint one heartbeat writes (one manifest CAS each); the
 /// others wait for the next heartbeats.
 pub const MAX_CHECKPOINTS_PER_TICK: usize = 256;
+/// Most group messages one seal examines for the group purge (F-09-43): a seal's cost stays
+/// bounded whatever the shard's traffic; the next seal goes on from where this one stopped.
+pub const MAX_GROUP_PURGE_SCAN: usize = 10_000;
+/// The first stream sequence of a JetStream stream (sequences start at 1).
+const FIRST_STREAM_SEQ: u64 = 1;
 /// Lease TTL of `DSH_NODES` entries, in milliseconds (FLEET.md: 10 s).
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 
@@ -155,6 +160,8 @@ pub struct SealReport {
     pub run_bytes: u64,
     pub run_key: Option<String>,
     pub purged_messages: u64,
+    /// Messages of the shard's group subject purged after the seal (F-09-43).
+    pub purged_group_messages: u64,
 }
 
 /// How far a seal goes (the model tests stop it part-way to model a crash in between).
@@ -182,6 +189,8 @@ pub struct NodeMetrics {
     pub seals: AtomicU64,
     pub sealed_events: AtomicU64,
     pub purged_messages: AtomicU64,
+    /// Group messages (F-09-23) purged because every session they carry is sealed past them.
+    pub purged_group_messages: AtomicU64,
     pub not_acknowledged: AtomicU64,
     /// Times the node dropped every shard it held because its lease was lost (expired on
     /// the server, or not refreshed within the TTL).
@@ -617,10 +626,11 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     }
 
     /// Refreshes the lease by CAS. An expired entry drops every shard and registers again;
-    /// an entry of another process stops this one for good.
-    async fn refresh_lease(&self) -> FleetResult<()> {
+    /// an entry of another process stops this one for good. Returns whether the node
+    /// registered anew (its lease had been lost).
+    async fn refresh_lease(&self) -> FleetResult<bool> {
         let Some(revision) = self.lease.lock().revision else {
-            return self.register_again().await;
+            return self.register_again().await.map(|()| true);
         };
         let sent_at_ms = self.clock.now_ms();
         let id = &self.config.node_id;
@@ -633,7 +643,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 let mut lease = self.lease.lock();
                 lease.revision = Some(next);
                 lease.valid_until_ms = sent_at_ms.saturating_add(self.config.lease_ttl_ms);
-                Ok(())
+                Ok(false)
             }
             Err(BackendError::RevisionMismatch { .. }) => {
                 match self.node_entry().await? {
@@ -641,12 +651,12 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                     // validity stays that of the last refresh known to have landed).
                     NodeEntry::Ours { revision } => {
                         self.lease.lock().revision = Some(revision);
-                        Ok(())
+                        Ok(false)
                     }
                     NodeEntry::Other => Err(self.id_taken()),
                     NodeEntry::Absent => {
                         self.lose_lease();
-                        self.register_again().await
+                        self.register_again().await.map(|()| true)
                     }
                 }
             }
@@ -677,40 +687,92 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         Ok(live)
     }
 
-    /// One round of lease refresh, ownership checks and takeovers. Returns the shards taken.
+    /// One round of lease refresh, ownership checks and takeovers. Returns the shards taken,
+    /// or the first error met (the other shards were still settled).
     pub async fn tick(&self) -> FleetResult<Vec<u32>> {
         if self.is_stopped() {
             return Err(FleetError::InvalidInput {
                 reason: "node stopped: its id is held by another process".to_string(),
             });
         }
-        if let Err(error) = self.refresh_lease().await {
-            self.drop_shards_if_lease_expired();
-            return Err(error);
-        }
+        let registered_now = match self.refresh_lease().await {
+            Ok(registered_now) => registered_now,
+            Err(error) => {
+                self.drop_shards_if_lease_expired();
+                return Err(error);
+            }
+        };
         let live = self.live_nodes().await?;
         self.drop_shards_owned_elsewhere().await?;
         let mut names: Vec<String> = live.keys().cloned().collect();
         names.sort();
         let mut taken = Vec::new();
+        // A shard whose tail stream (or record) does not answer must not hold up the others:
+        // F2 saw one stream stay leaderless (10008) after its server's restart while the
+        // takeover of every shard after it in this loop waited for it. The first error is
+        // still reported, after the other shards and the checkpoints had their turn.
+        let mut first_error = None;
         for shard in 0..self.config.shard_count {
             let reclaim = self.reclaim.lock().contains(&shard);
             if rendezvous_owner(shard, &names).map(String::as_str) != Some(self.id()) && !reclaim {
+                continue;
+            }
+            // In the tick that registers again after a lost lease, only the shards this node
+            // held come back: the other nodes whose leases lapsed in the same outage (an
+            // election of `DSH_NODES`) register within a tick too, and taking their shards
+            // now would make them take them back at a newer epoch and rebuild every session
+            // (F2 saw 5-6 lease losses and 4.5 s recoveries from that churn).
+            if registered_now && !reclaim {
                 continue;
             }
             if self.shards.lock().contains_key(&shard) {
                 self.reclaim.lock().remove(&shard);
                 continue;
             }
-            if self.try_take(shard, &live).await? {
-                taken.push(shard);
-                self.reclaim.lock().remove(&shard);
-            } else if reclaim && !self.recorded_owner_is_us(shard).await? {
-                self.reclaim.lock().remove(&shard);
+            match self.settle_shard(shard, reclaim, &live).await {
+                Ok(true) => taken.push(shard),
+                Ok(false) => {}
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
             }
         }
         self.checkpoint_tails().await;
-        Ok(taken)
+        // The shards taken are served whatever the error says; the caller only logs it.
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(taken),
+        }
+    }
+
+    /// Takes `shard` if it is free (or recorded for this process); a shard in the reclaim
+    /// set leaves it once its record names another owner. Returns whether it was taken.
+    async fn settle_shard(
+        &self,
+        shard: u32,
+        reclaim: bool,
+        live: &HashMap<String, u64>,
+    ) -> FleetResult<bool> {
+        if self.try_take(shard, live).await? {
+            self.reclaim.lock().remove(&shard);
+            return Ok(true);
+        }
+        if !reclaim {
+            return Ok(false);
+        }
+        let Some((record, _)) = self.shard_record(shard).await? else {
+            return Ok(false);
+        };
+        if record.owner != self.config.node_id || record.generation != self.config.generation {
+            self.reclaim.lock().remove(&shard);
+            // Another process owns the shard at a newer epoch: this node's backlog of it can
+            // never be shipped (fenced) nor sealed (the manifest names the newer epoch). In
+            // `local` mode the replicator would learn that from a fence; a `sealed` node
+            // never sends, so without this its loss went unreported (the sealed-mode model
+            // schedules found it: seed 0).
+            self.drop_shard_backlog(shard, record.epoch.saturating_sub(1));
+        }
+        Ok(false)
     }
 
     /// Records in the manifests of sessions whose tail moved since the last record the
@@ -784,13 +846,6 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             .await
             .map_err(backend)?;
         Ok(())
-    }
-
-    /// Whether `DSH_SHARDS` names this process as the shard's owner.
-    async fn recorded_owner_is_us(&self, shard: u32) -> FleetResult<bool> {
-        Ok(self.shard_record(shard).await?.is_some_and(|(record, _)| {
-            record.owner == self.config.node_id && record.generation == self.config.generation
-        }))
     }
 
     /// Drops shards whose `DSH_SHARDS` record names another owner (learned without a
@@ -2127,6 +2182,77 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             .await
             .map_err(backend)?;
         bump(&self.metrics.purged_messages, report.purged_messages);
+        report.purged_group_messages = self.purge_sealed_group_messages(shard).await?;
+        bump(
+            &self.metrics.purged_group_messages,
+            report.purged_group_messages,
+        );
         Ok(report)
+    }
+
+    /// Purges the longest prefix of the shard's group subject (F-09-23) in which every batch's
+    /// session has a manifest whose `tail_from_stream_seq` is past the message (F-09-43): no
+    /// rebuild replays those messages any more. Stops at the first message that carries an
+    /// unsealed session (or that does not decode: the rebuild that meets it refuses loudly),
+    /// and after [`MAX_GROUP_PURGE_SCAN`] messages. Manifests only move `tail_from_stream_seq`
+    /// forward, so a stale read purges less, never too much. Returns the messages purged.
+    async fn purge_sealed_group_messages(&self, shard: u32) -> FleetResult<u64> {
+        let stream = stream_name(shard);
+        let subject = group_subject(shard);
+        let messages = self
+            .tail
+            .replay(&stream, &subject, FIRST_STREAM_SEQ)
+            .await
+            .map_err(backend)?;
+        let mut tail_from: HashMap<String, u64> = HashMap::new();
+        let mut purge_below = None;
+        for message in messages.iter().take(MAX_GROUP_PURGE_SCAN) {
+            let Ok(batches) = decode_tail_message(&message.payload) else {
+                break;
+            };
+            let mut sealed_past = true;
+            for batch in &batches {
+                let from = match tail_from.get(&batch.session) {
+                    Some(from) => *from,
+                    None => {
+                        let from = self.sealed_tail_from(&batch.session).await?;
+                        tail_from.insert(batch.session.clone(), from);
+                        from
+                    }
+                };
+                if from <= message.stream_seq {
+                    sealed_past = false;
+                    break;
+                }
+            }
+            if !sealed_past {
+                break;
+            }
+            purge_below = Some(message.stream_seq + 1);
+        }
+        let Some(before) = purge_below else {
+            return Ok(0);
+        };
+        self.tail
+            .purge(&stream, &subject, before)
+            .await
+            .map_err(backend)
+    }
+
+    /// The manifest's `tail_from_stream_seq` of `session` (0 without a manifest: nothing of
+    /// it may be purged).
+    async fn sealed_tail_from(&self, session: &str) -> FleetResult<u64> {
+        let entry = self
+            .coordinator
+            .get(Bucket::Sessions, &session_key(session))
+            .await
+            .map_err(backend)?;
+        match entry {
+            None => Ok(0),
+            Some(entry) => Ok(
+                from_json::<SessionManifest>(&entry.value, "session manifest")?
+                    .tail_from_stream_seq,
+            ),
+        }
     }
 }

@@ -130,6 +130,7 @@ fn metrics_json(metrics: &crate::node::NodeMetrics) -> Value {
         "seals": read(&metrics.seals),
         "sealed_events": read(&metrics.sealed_events),
         "purged_messages": read(&metrics.purged_messages),
+        "purged_group_messages": read(&metrics.purged_group_messages),
         "not_acknowledged": read(&metrics.not_acknowledged),
         "leases_lost": read(&metrics.leases_lost),
         "reregistrations": read(&metrics.reregistrations),

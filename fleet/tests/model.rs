@@ -209,6 +209,12 @@ struct Totals {
     lost_events: u64,
     /// Lag checks made at crashes.
     lag_checks: u64,
+    /// Backlog events a seal took off the node (in a run named by a manifest).
+    sealed_backlog_events: u64,
+    /// Session events found in the tail at the end of a schedule.
+    tail_events: u64,
+    /// Group messages purged after seals (every session they carry sealed past them).
+    purged_group_messages: u64,
 }
 
 impl Totals {
@@ -223,6 +229,7 @@ impl Totals {
         self.seals += read(&metrics.seals);
         self.leases_lost += read(&metrics.leases_lost);
         self.reregistrations += read(&metrics.reregistrations);
+        self.purged_group_messages += read(&metrics.purged_group_messages);
         self.grouped_batches +=
             read(&metrics.published_batches) - read(&metrics.published_messages);
         self.atomic_companions +=
@@ -236,6 +243,7 @@ impl Totals {
         self.local_acked_events += read(&metrics.local_acked_events);
         self.shipped_events += read(&metrics.shipped_events);
         self.degrades += read(&metrics.degrades);
+        self.sealed_backlog_events += read(&metrics.unshipped_events_sealed);
     }
 }
 
@@ -844,8 +852,28 @@ impl World {
                 self.tick(index);
             }
         }
+        if self.modes.mode == DurabilityMode::Sealed {
+            // Only seals take a `sealed` node's events off it: seal every session on its
+            // owner, over healed links; each seal must complete.
+            for which in 0..SESSIONS {
+                if !self.sessions[which].created {
+                    continue;
+                }
+                let session = session_id(which);
+                let (owner, _, _) = self
+                    .recorded_owner(&session)
+                    .unwrap_or_else(|| panic!("{session} has no recorded owner"));
+                let index = self.node_index(&owner).expect("a known node");
+                let node = self.nodes[index].node.clone().expect("booted");
+                self.runtime
+                    .block_on(node.seal(&session))
+                    .unwrap_or_else(|error| panic!("sealing {session} on {owner}: {error}"));
+            }
+        }
         for index in 0..NODES {
             if let Some(node) = self.nodes[index].node.clone() {
+                // In `sealed` mode a node may still hold the backlog of a shard it no longer
+                // owns (never sent, so never fenced): it counts in the lag until reported.
                 if self.modes.mode != DurabilityMode::Sealed {
                     assert_eq!(node.replication_lag().events, 0, "a backlog after settling");
                 }
@@ -858,6 +886,13 @@ impl World {
     /// The checks after a schedule; returns the events found.
     fn check(&mut self, seed: u64) -> u64 {
         let mut found = 0;
+        for message in self.tail.all_messages() {
+            if let Ok(batches) = decode_tail_message(&message.payload) {
+                for batch in batches {
+                    self.totals.tail_events += batch.events.len() as u64;
+                }
+            }
+        }
         for which in 0..SESSIONS {
             if !self.sessions[which].created {
                 continue;
@@ -969,6 +1004,9 @@ fn add(total: &mut Totals, one: Totals) {
     total.degrades += one.degrades;
     total.lost_events += one.lost_events;
     total.lag_checks += one.lag_checks;
+    total.sealed_backlog_events += one.sealed_backlog_events;
+    total.tail_events += one.tail_events;
+    total.purged_group_messages += one.purged_group_messages;
 }
 
 fn run_many(count: u64, kind: TierKind, modes: Modes) -> Totals {
@@ -1030,6 +1068,9 @@ fn random_schedules_lose_no_acknowledged_event() {
                 && totals.atomic_companions > 0,
             "{totals:?}"
         );
+        // Seals purge group messages whose sessions are all sealed past them (F-09-43),
+        // and the checks above found every acknowledged event all the same.
+        assert!(totals.purged_group_messages > 0, "{totals:?}");
         // Leases run out during partitions and pauses; the nodes register again rather
         // than stop for good.
         assert!(
@@ -1067,6 +1108,43 @@ fn random_schedules_in_local_mode() {
         // lose some backlogs (each one reported), and the lag was checked at every crash.
         assert!(totals.local_acked_events > count, "{totals:?}");
         assert!(totals.shipped_events > count, "{totals:?}");
+        assert!(
+            totals.lost_events > 0 && totals.lag_checks > count,
+            "{totals:?}"
+        );
+        assert!(totals.takeovers > 0 && totals.seals > 0, "{totals:?}");
+    }
+    assert_eq!(totals.stops, 0, "a node stopped for good: {totals:?}");
+}
+
+/// `sealed` mode (FLEET.md: "local fdatasync; only sealed runs leave the node"; RPO the
+/// unsealed tail): the same schedules with every node in `sealed` mode. Besides the checks
+/// of every schedule (an acknowledged event is on the owner, or its node reported it lost:
+/// its unsealed backlog at a crash or at the loss of its shard; the reported lag equals the
+/// true count of events only the node holds), no session event ever reaches the tail, and
+/// after settling, a seal of every session on its owner completes.
+#[test]
+fn random_schedules_in_sealed_mode() {
+    let count = mode_schedules();
+    let modes = Modes {
+        mode: DurabilityMode::Sealed,
+        degrade_after_ms: None,
+    };
+    let totals = run_many(count, TierKind::Memory, modes);
+    eprintln!("model (sealed mode): {count} schedules: {totals:?}");
+    assert_eq!(
+        totals.tail_events, 0,
+        "a sealed node sent events to the tail"
+    );
+    assert_eq!(
+        totals.shipped_events, 0,
+        "a sealed node shipped: {totals:?}"
+    );
+    if count >= 1_000 {
+        // Everything is acked locally; seals take backlogs off the nodes; crashes and lost
+        // shards lose unsealed tails, each reported.
+        assert!(totals.local_acked_events > count, "{totals:?}");
+        assert!(totals.sealed_backlog_events > count, "{totals:?}");
         assert!(
             totals.lost_events > 0 && totals.lag_checks > count,
             "{totals:?}"
@@ -1610,4 +1688,99 @@ fn degrade_to_local_and_return_ship_the_backlog_in_order() {
     let n2 = world.node("n2", &LinkControl::default());
     world.runtime.block_on(n2.tick()).expect("tick");
     assert_eq!(world.datas(&n2, session), ["0", "1", "2", "3", "4", "5"]);
+}
+
+/// The group purge (F-09-43) step by step on the fakes: concurrent appends to three
+/// sessions of one shard form group messages; sealing two of them purges no group message
+/// (each carries the third, unsealed); sealing the third purges every group message below
+/// its `tail_from_stream_seq`, and later group messages (appends after the seals) stay. A
+/// new owner then rebuilds every session exactly, from the runs plus what the tail still
+/// holds. Checked once that it fails with the purge ignoring the sessions' manifests (cut at
+/// the last group message): here the first seal purged 10 group messages; the 10,000
+/// replicated schedules then failed too (seed 97: an acknowledged seq lost; seed 322: a
+/// rebuild gap).
+#[test]
+fn group_messages_are_purged_once_every_session_they_carry_is_sealed() {
+    use dshdb_fleet::shard::{group_subject, shard_of_in};
+    use std::sync::atomic::Ordering;
+    let world = LeaseWorld::new();
+    let sessions: Vec<String> = (0..2_000)
+        .map(|index| format!("p{index}"))
+        .filter(|session| shard_of_in(session, SHARDS) == 0)
+        .take(3)
+        .collect();
+    assert_eq!(sessions.len(), 3);
+    let link1 = LinkControl::default();
+    let n1 = world.node("n1", &link1);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    for session in &sessions {
+        let header = format!(r#"{{"id":"{session}"}}"#);
+        world
+            .runtime
+            .block_on(n1.create_session(session, &header))
+            .expect("create");
+    }
+    let append_all = |label: &str| {
+        let results = world
+            .runtime
+            .block_on(futures::future::join_all(sessions.iter().map(|session| {
+                let batch = vec![IncomingEvent::new("message", &format!("{label}-{session}"))];
+                let n1 = &n1;
+                async move { n1.append(session, &batch).await }
+            })));
+        for (session, result) in sessions.iter().zip(results) {
+            result.unwrap_or_else(|error| panic!("{session} {label}: {error}"));
+        }
+    };
+    const ROUNDS: usize = 10;
+    for round in 0..ROUNDS {
+        append_all(&format!("a{round}"));
+    }
+    let groups_before = world.tail.messages_on(&group_subject(0)).len();
+    assert!(groups_before > 0, "no group message formed");
+
+    // Two of three sealed: every group message still carries the third.
+    for session in &sessions[..2] {
+        let report = world.runtime.block_on(n1.seal(session)).expect("seal");
+        assert_eq!(report.purged_group_messages, 0, "{session}: {report:?}");
+    }
+    assert_eq!(
+        world.tail.messages_on(&group_subject(0)).len(),
+        groups_before
+    );
+    // The third sealed: all of them go.
+    let report = world.runtime.block_on(n1.seal(&sessions[2])).expect("seal");
+    assert_eq!(report.purged_group_messages, groups_before as u64);
+    assert!(world.tail.messages_on(&group_subject(0)).is_empty());
+    assert_eq!(
+        n1.metrics.purged_group_messages.load(Ordering::Relaxed),
+        groups_before as u64
+    );
+
+    // Appends after the seals form group messages again; a seal of one session purges none
+    // of them (the others are unsealed past them).
+    for round in 0..ROUNDS {
+        append_all(&format!("b{round}"));
+    }
+    let groups_after = world.tail.messages_on(&group_subject(0)).len();
+    assert!(groups_after > 0, "no group message formed after the seals");
+    let report = world.runtime.block_on(n1.seal(&sessions[0])).expect("seal");
+    assert_eq!(report.purged_group_messages, 0, "{report:?}");
+    assert_eq!(
+        world.tail.messages_on(&group_subject(0)).len(),
+        groups_after
+    );
+
+    // A new owner rebuilds every session exactly from the runs and the remaining tail.
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let n2 = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(n2.tick()).expect("tick");
+    for session in &sessions {
+        let expected: Vec<String> = (0..ROUNDS)
+            .map(|round| format!("a{round}-{session}"))
+            .chain((0..ROUNDS).map(|round| format!("b{round}-{session}")))
+            .collect();
+        assert_eq!(world.datas(&n2, session), expected, "{session}");
+    }
 }

@@ -106,7 +106,8 @@ start_nats() {
         return
     fi
     write_nats_config "$node"
-    "$NATS_BIN" -c "$RUN_DIR/nats$node.conf" >"$RUN_DIR/nats$node.log" 2>&1 &
+    # Appended: a restart (the fault tests' `restart`) keeps the log of the killed process.
+    "$NATS_BIN" -c "$RUN_DIR/nats$node.conf" >>"$RUN_DIR/nats$node.log" 2>&1 &
     echo $! >"$PID_DIR/nats$node.pid"
 }
 

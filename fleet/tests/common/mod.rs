@@ -581,6 +581,68 @@ pub fn nats_healthy(server: u16) -> bool {
 /// Longest wait for the NATS servers to be healthy again after a fault test.
 pub const NATS_HEALTHY_DEADLINE: Duration = Duration::from_secs(30);
 
+/// Whether the JetStream cluster has settled: the three servers name the same meta leader,
+/// each sees a leader for every stream (tail streams and KV buckets alike), and they report
+/// the same `messages` and `last_seq` for every tail stream (`DSH_*`; the KV streams change
+/// with every lease refresh). `/healthz` says ok before that: after a server's restart,
+/// F2 saw the meta leader and some streams stay leaderless for 10 s and more with every
+/// `/healthz` ok, and a test started then measured the previous test's elections.
+pub fn cluster_settled() -> bool {
+    let mut metas = BTreeSet::new();
+    let mut tails = Vec::new();
+    for server in NATS_SERVERS {
+        let Some(jsz) = monitor_json(nats_monitor_port(server), "jsz?streams=true") else {
+            return false;
+        };
+        let meta = jsz["meta_cluster"]["leader"].as_str().unwrap_or("");
+        if meta.is_empty() {
+            return false;
+        }
+        metas.insert(meta.to_string());
+        let mut tail = BTreeMap::new();
+        let Some(accounts) = jsz["account_details"].as_array() else {
+            // No stream exists yet (a fresh cluster): the meta leader is all there is.
+            tails.push(tail);
+            continue;
+        };
+        for account in accounts {
+            for stream in account["stream_detail"].as_array().into_iter().flatten() {
+                let name = stream["name"].as_str().unwrap_or("");
+                if stream["cluster"]["leader"]
+                    .as_str()
+                    .unwrap_or("")
+                    .is_empty()
+                {
+                    return false;
+                }
+                if name.starts_with("DSH_") {
+                    tail.insert(
+                        name.to_string(),
+                        (
+                            stream["state"]["messages"].as_u64(),
+                            stream["state"]["last_seq"].as_u64(),
+                        ),
+                    );
+                }
+            }
+        }
+        tails.push(tail);
+    }
+    metas.len() == 1 && tails.iter().all(|tail| *tail == tails[0])
+}
+
+/// Longest wait for [`cluster_settled`] before a fault test starts.
+pub const CLUSTER_SETTLE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Waits until [`cluster_settled`] (fails the test after [`CLUSTER_SETTLE_DEADLINE`]).
+pub fn wait_cluster_settled() -> Duration {
+    wait_until(
+        "the NATS cluster settles (one meta leader, every stream led, tail replicas equal)",
+        CLUSTER_SETTLE_DEADLINE,
+        cluster_settled,
+    )
+}
+
 /// Starts servers again with `servers.sh <restart>` if a test ends while they are down,
 /// then waits until the three NATS servers are healthy, so that the tests after it find
 /// them (cargo runs the test binaries one after another against the same servers).
@@ -635,11 +697,25 @@ pub struct Writer {
 /// Appends batches to `session` through `router` until `stop` is set, pausing `pause`
 /// between appends; continues `model`.
 pub fn write_until(
+    router: Router,
+    session: String,
+    model: SessionModel,
+    pause: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Writer {
+    let noted = std::sync::Mutex::new(Vec::new());
+    write_until_noting(router, session, model, pause, stop, &noted)
+}
+
+/// As [`write_until`], also noting each acknowledgement's time in `noted` as it comes (for
+/// a caller that decides when to stop from them).
+pub fn write_until_noting(
     mut router: Router,
     session: String,
     model: SessionModel,
     pause: Duration,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    noted: &std::sync::Mutex<Vec<Instant>>,
 ) -> Writer {
     let mut writer = Writer {
         model,
@@ -652,7 +728,12 @@ pub fn write_until(
         match router.call(&session, &request) {
             Outcome::Ok(reply) => {
                 record_ack(&session, &mut writer.model, &reply, data);
-                writer.acked_at.push(Instant::now());
+                let now = Instant::now();
+                writer.acked_at.push(now);
+                noted
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(now);
             }
             Outcome::Refused(error) => *writer.refusals.entry(error).or_default() += 1,
             Outcome::Unknown => writer.unknown += 1,
