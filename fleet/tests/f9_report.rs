@@ -3,7 +3,9 @@
 //!
 //! - append latency, one event per append, one session at a time: `local` (the node's local
 //!   tier alone: submit to the group commit, wait for the fdatasync) and `replicated`
-//!   (`Node::append`: local fdatasync and JetStream quorum ack), p50/p99/p999;
+//!   (`Node::append`: local fdatasync and JetStream quorum ack), p50/p99/p999, and
+//!   `tail_publish_floor`: bare publishes with ack to a tail stream, outside any node (the
+//!   server's share of a `replicated` append);
 //! - replicated ingest of one node: 1,024 live sessions, one task per session appending
 //!   batches concurrently, events/s and MB/s, and the same load on the local tier alone;
 //! - `local` durability mode, on a node of its own run with `mode: Local`, its background
@@ -29,7 +31,8 @@ use common::{
     session_names, set_up_streams, wait_until, Fleet, SessionModel,
 };
 use dshdb::Event;
-use dshdb_fleet::backend::SystemClock;
+use dshdb_fleet::backend::{SystemClock, TailLog, TailPublish};
+use dshdb_fleet::shard::session_subject;
 use dshdb_fleet::nats::Nats;
 use dshdb_fleet::s3::S3;
 use dshdb_fleet::tier::{EngineTier, LocalTier};
@@ -208,7 +211,35 @@ async fn latency(process: &InProcess, token: &str) -> Value {
         tokio::task::block_in_place(|| pending.wait()).unwrap();
         local.push(started.elapsed());
     }
-    json!({"local": latency_json(local), "replicated": latency_json(replicated)})
+    let floor = tail_publish_latencies(token).await;
+    json!({
+        "local": latency_json(local),
+        "replicated": latency_json(replicated),
+        "tail_publish_floor": latency_json(floor),
+    })
+}
+
+/// The server's floor under `replicated` appends (FLEET.md's F9 asks the ack latency split
+/// into the local fsync and the JetStream ack): bare publishes with ack of one event's
+/// bytes to a tail stream, from a connection of their own, no fence, no node around them.
+/// The subject is a session subject of shard 0 that no session uses.
+async fn tail_publish_latencies(token: &str) -> Vec<Duration> {
+    let nats = Nats::connect(&common::nats_config()).await.unwrap();
+    let subject = session_subject(&format!("f9floor{token}"), 0);
+    let mut samples = Vec::with_capacity(LATENCY_APPENDS);
+    for index in 0..LATENCY_APPENDS as u64 {
+        let message = TailPublish {
+            subject: subject.clone(),
+            payload: event_data(&subject, index).into_bytes(),
+            msg_id: format!("f9floor{token}x{index}"),
+            fence: None,
+            headers: Vec::new(),
+        };
+        let started = Instant::now();
+        nats.publish(message).await.unwrap();
+        samples.push(started.elapsed());
+    }
+    samples
 }
 
 /// Events/s of `INGEST_SESSIONS` concurrent writers for `INGEST_RUN`, through the node

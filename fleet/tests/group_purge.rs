@@ -17,6 +17,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use dshdb_fleet::backend::{SystemClock, TailLog};
 use dshdb_fleet::nats::{Nats, NatsConfig};
 use dshdb_fleet::s3::{S3Config, S3};
@@ -40,40 +42,10 @@ const SESSIONS: usize = 3;
 const ROUNDS: usize = 30;
 /// Session names tried when looking for three of one shard.
 const NAME_CANDIDATES: usize = 20_000;
-const NODE_TTL: Duration = Duration::from_secs(2);
 /// Longest wait for a node to own the test's shard (a dead owner's lease expires first).
 const TAKEOVER_DEADLINE: Duration = Duration::from_secs(20);
 /// Pause between ticks while waiting for a takeover.
 const TICK_PAUSE: Duration = Duration::from_millis(200);
-
-fn env() -> Option<(NatsConfig, S3Config)> {
-    if std::env::var("DSHDB_FLEET_SERVERS").as_deref() != Ok("1") {
-        return None;
-    }
-    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
-    Some((
-        NatsConfig {
-            urls: var("DSHDB_FLEET_NATS"),
-            replicas: 3,
-            node_ttl: NODE_TTL,
-        },
-        S3Config {
-            endpoint: var("DSHDB_FLEET_S3_ENDPOINT"),
-            bucket: var("DSHDB_FLEET_S3_BUCKET"),
-            region: "us-east-1".to_string(),
-            access_key: var("DSHDB_FLEET_S3_ACCESS_KEY"),
-            secret_key: var("DSHDB_FLEET_S3_SECRET_KEY"),
-        },
-    ))
-}
-
-fn run_token() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{:x}{:x}", nanos, std::process::id())
-}
 
 async fn node(nats: &NatsConfig, s3: &S3Config, id: &str) -> Arc<RealNode> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fleet-gp-{id}"));
@@ -82,7 +54,7 @@ async fn node(nats: &NatsConfig, s3: &S3Config, id: &str) -> Arc<RealNode> {
     let local: Arc<dyn LocalTier> = Arc::new(EngineTier::new(store));
     let mut config = NodeConfig::new(id, &format!("test://{id}"), 1);
     config.shard_count = SHARDS;
-    config.lease_ttl_ms = NODE_TTL.as_millis() as u64;
+    config.lease_ttl_ms = common::NODE_TTL.as_millis() as u64;
     let client = Nats::connect(nats).await.unwrap();
     let node = Node::new(
         config,
@@ -117,21 +89,13 @@ fn data(round: usize, session: &str) -> String {
 
 #[test]
 fn group_messages_are_purged_on_the_real_servers() {
-    let Some((nats_config, s3_config)) = env() else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but DSHDB_FLEET_SERVERS is not set: start tests/fleet/servers.sh"
-        );
-        eprintln!("SKIPPED group_messages_are_purged_on_the_real_servers");
+    if !common::servers_present("group_messages_are_purged_on_the_real_servers") {
         return;
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    }
+    let (nats_config, s3_config) = (common::nats_config(), common::s3_config());
+    let runtime = common::two_worker_runtime();
     runtime.block_on(async {
-        let token = run_token();
+        let token = common::run_token();
         // Three sessions of one shard at or above FIRST_OWN_SHARD.
         let mut by_shard: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
         for index in 0..NAME_CANDIDATES {
