@@ -32,9 +32,9 @@ use common::{
 };
 use dshdb::Event;
 use dshdb_fleet::backend::{SystemClock, TailLog, TailPublish};
-use dshdb_fleet::shard::session_subject;
 use dshdb_fleet::nats::Nats;
 use dshdb_fleet::s3::S3;
+use dshdb_fleet::shard::session_subject;
 use dshdb_fleet::tier::{EngineTier, LocalTier};
 use dshdb_fleet::{DurabilityMode, FleetError, IncomingEvent, Node, NodeConfig};
 use serde_json::{json, Value};
