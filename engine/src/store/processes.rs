@@ -87,10 +87,7 @@ pub(super) fn open_shared_writer(
                 .convert(LockMode::Shared)
                 .map_err(io_error("presence lock"))?;
             // Alone under `OPEN`: nobody published since the initialization.
-            let generations = Generations {
-                store: tail.store_generation(),
-                manifest: tail.manifest_generation(),
-            };
+            let generations = Generations::read(&tail);
             (manifest, recovered, log, presence, generations)
         }
         None => {
@@ -227,7 +224,7 @@ pub(super) fn log_options(options: &Options) -> LogOptions {
 fn recover_until(
     storage: &Arc<dyn Storage>,
     manifest: &Manifest,
-    checkpoint: CheckpointRead,
+    checkpoint: Option<Vec<u8>>,
     published: &Tail,
 ) -> Result<Recovered> {
     let mut limited = manifest.clone();
@@ -247,24 +244,13 @@ fn recover_until(
         .map_err(io_error("segment read"))?;
     let prefix: Arc<dyn StorageFile> = Arc::new(MemoryFile::new(prefix));
     let mut pinned = HashMap::from([(path, prefix)]);
-    let use_checkpoint = match checkpoint {
-        CheckpointRead::Bytes(bytes) => {
-            let file: Arc<dyn StorageFile> = Arc::new(MemoryFile::new(bytes));
-            pinned.insert(CHECKPOINT_FILE.to_string(), file);
-            true
-        }
-        CheckpointRead::None => false,
-    };
+    let use_checkpoint = checkpoint.is_some();
+    if let Some(bytes) = checkpoint {
+        let file: Arc<dyn StorageFile> = Arc::new(MemoryFile::new(bytes));
+        pinned.insert(CHECKPOINT_FILE.to_string(), file);
+    }
     let view: Arc<dyn Storage> = Arc::new(SnapshotStorage::with_files(storage.clone(), pinned));
     recover(view.as_ref(), &limited, use_checkpoint, Access::Preview)
-}
-
-/// The checkpoint as a joiner read it before the published tail (F-08-15).
-enum CheckpointRead {
-    Bytes(Vec<u8>),
-    /// Not asked for, absent, or unreadable: derived data (F-06-22), so the log is replayed
-    /// instead.
-    None,
 }
 
 /// Reads the checkpoint file whole, before the published tail is read (F-08-15): a
@@ -272,20 +258,17 @@ enum CheckpointRead {
 /// reaches at least its end. Read after the tail, a checkpoint written in between could end
 /// past the published end the joiner replays to, and its open prefix would look lost
 /// (found by the many-process `kill -9` test: a joiner refused the store as `Corrupt`).
-fn read_checkpoint_first(storage: &dyn Storage, use_checkpoint: bool) -> CheckpointRead {
+/// `None` when not asked for, absent, too large or unreadable: derived data (F-06-22), so
+/// the log is replayed instead.
+fn read_checkpoint_first(storage: &dyn Storage, use_checkpoint: bool) -> Option<Vec<u8>> {
     if !use_checkpoint {
-        return CheckpointRead::None;
+        return None;
     }
-    let read = storage.open_read(CHECKPOINT_FILE).and_then(|file| {
-        if file.len()? > MAX_CHECKPOINT_BYTES {
-            return Err(std::io::Error::other("larger than the limit"));
-        }
-        file.read_all()
-    });
-    match read {
-        Ok(bytes) => CheckpointRead::Bytes(bytes),
-        Err(_) => CheckpointRead::None,
+    let file = storage.open_read(CHECKPOINT_FILE).ok()?;
+    if file.len().ok()? > MAX_CHECKPOINT_BYTES {
+        return None;
     }
+    file.read_all().ok()
 }
 
 fn end_of(tail: &Tail) -> LogPosition {
@@ -317,10 +300,7 @@ fn recover_published(
         attempts += 1;
         // Both before the tail: commits published after them are caught up on by the next
         // refresh, never taken as seen (found by the join test below F-08-15's rule).
-        let generations = Generations {
-            store: tail.store_generation(),
-            manifest: tail.manifest_generation(),
-        };
+        let generations = Generations::read(tail);
         let generation = generations.manifest;
         // The checkpoint before the tail, and the tail before the manifest: a checkpoint
         // covers only published bytes, and a roll names its segment before publishing it.
@@ -357,6 +337,15 @@ fn recover_published(
 struct Generations {
     store: u64,
     manifest: u64,
+}
+
+impl Generations {
+    fn read(tail: &TailIndex) -> Generations {
+        Generations {
+            store: tail.store_generation(),
+            manifest: tail.manifest_generation(),
+        }
+    }
 }
 
 /// Times a process builds its catalog again from a newer manifest when files the one it
