@@ -16,7 +16,7 @@ use common::{
 };
 use serde_json::json;
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime};
 
 const NODES: usize = 3;
 const SESSIONS: usize = 24;
@@ -43,6 +43,33 @@ impl Drop for Resume<'_> {
     }
 }
 
+/// Lets a refresh the node sent just before its pause land at the server.
+const IN_FLIGHT_SETTLE: Duration = Duration::from_millis(200);
+
+/// When the paused node's lease expires at the server: its `DSH_NODES` entry's last write
+/// plus the bucket's age limit (the TTL). The lease runs from its last refresh, up to a tick
+/// before the pause, not from the pause.
+fn lease_expiry(
+    runtime: &tokio::runtime::Runtime,
+    nats: &dshdb_fleet::nats::Nats,
+    node_id: &str,
+) -> SystemTime {
+    std::thread::sleep(IN_FLIGHT_SETTLE);
+    let created = runtime.block_on(async {
+        let bucket = nats
+            .context()
+            .get_key_value(dshdb_fleet::backend::Bucket::Nodes.name())
+            .await
+            .unwrap();
+        let entry = bucket.entry(node_id).await.unwrap();
+        entry
+            .expect("the paused node's lease is still in DSH_NODES")
+            .created
+    });
+    let since_epoch = u64::try_from(created.unix_timestamp_nanos()).unwrap();
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(since_epoch) + NODE_TTL
+}
+
 #[test]
 fn f3_zombie_writes_are_fenced() {
     if !servers_present("f3_zombie_writes_are_fenced") {
@@ -50,7 +77,7 @@ fn f3_zombie_writes_are_fenced() {
     }
     let token = common::run_token();
     let runtime = common::runtime();
-    set_up_streams(&runtime);
+    let nats = set_up_streams(&runtime);
     let fleet = Fleet::spawn("z", &token, NODES, SHARDS);
     let mut router = fleet.router();
     let sessions = session_names("f3", &token, SESSIONS);
@@ -81,19 +108,21 @@ fn f3_zombie_writes_are_fenced() {
 
     fleet.signal(zombie, "STOP");
     let resume = Resume(&fleet, zombie);
-    let paused_at = Instant::now();
+    let lease_expiry = lease_expiry(&runtime, &nats, &fleet.ids[zombie]);
     let takeover = wait_until(
         "survivors own the paused node's shards",
         TAKEOVER_DEADLINE,
         || {
-            fleet
+            let taken = fleet
                 .shards_owned_by_others(zombie)
-                .is_superset(&zombie_shards)
+                .is_superset(&zombie_shards);
+            // Seen after the fact, so a takeover seen before the expiry surely was.
+            assert!(
+                !taken || SystemTime::now() >= lease_expiry,
+                "the shards were taken before the paused node's lease expired (at {lease_expiry:?})"
+            );
+            taken
         },
-    );
-    assert!(
-        paused_at.elapsed() > NODE_TTL,
-        "taken before the lease ran out"
     );
 
     // The survivors serve every session, the zombie's included, at the next seq.

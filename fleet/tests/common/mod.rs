@@ -110,6 +110,13 @@ impl Drop for Fleet {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A passing test's node stores are of no further use (F9's take hundreds of MB
+        // each); a failing test's stay for the post-mortem.
+        if !std::thread::panicking() {
+            for store in &self.stores {
+                let _ = std::fs::remove_dir_all(store);
+            }
+        }
     }
 }
 
