@@ -31,7 +31,7 @@ use common::{
     session_names, set_up_streams, wait_until, Fleet, SessionModel,
 };
 use dshdb::Event;
-use dshdb_fleet::backend::{SystemClock, TailLog, TailPublish};
+use dshdb_fleet::backend::{Fence, SystemClock, TailLog, TailPublish};
 use dshdb_fleet::nats::Nats;
 use dshdb_fleet::s3::S3;
 use dshdb_fleet::shard::session_subject;
@@ -242,6 +242,198 @@ async fn tail_publish_latencies(token: &str) -> Vec<Duration> {
     samples
 }
 
+/// CPU time counters: the machine's (`/proc/stat`, all cores), this process's and each
+/// NATS server's (`/proc/<pid>/stat`), all in clock ticks. On a machine with as few cores as
+/// the servers it hosts, the ingest's bound is where the cores go.
+struct CpuSample {
+    machine_busy: u64,
+    machine_total: u64,
+    processes: Vec<(String, u64)>,
+}
+
+impl CpuSample {
+    fn take() -> CpuSample {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|field| field.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+        let total: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        let mut processes = vec![(
+            "test process (node, clients)".to_string(),
+            process_ticks("self"),
+        )];
+        for server in 1..=3 {
+            let pid_file = common::run_dir().join(format!("pids/nats{server}.pid"));
+            let pid = std::fs::read_to_string(pid_file).unwrap_or_default();
+            processes.push((format!("nats{server}"), process_ticks(pid.trim())));
+        }
+        CpuSample {
+            machine_busy: total - idle,
+            machine_total: total,
+            processes,
+        }
+    }
+
+    /// Cores used since this sample, overall and per process, and the machine's busy share.
+    fn since(&self) -> Value {
+        let now = CpuSample::take();
+        let elapsed_ticks = (now.machine_total - self.machine_total).max(1) as f64;
+        let cores = std::thread::available_parallelism().map_or(1, |count| count.get()) as f64;
+        // Wall time in ticks of one core: the machine's ticks are summed over its cores.
+        let wall_ticks = elapsed_ticks / cores;
+        let mut per_process = serde_json::Map::new();
+        for ((name, before), (_, after)) in self.processes.iter().zip(&now.processes) {
+            per_process.insert(
+                name.clone(),
+                json!((after.saturating_sub(*before)) as f64 / wall_ticks),
+            );
+        }
+        json!({
+            "cores": cores,
+            "machine_busy_share": (now.machine_busy - self.machine_busy) as f64 / elapsed_ticks,
+            "cores_used_by": per_process,
+        })
+    }
+}
+
+/// utime + stime of `/proc/<pid>/stat` (fields 14 and 15, after the parenthesized name).
+fn process_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let field = |index: usize| -> u64 {
+        fields
+            .get(index)
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// Payload sizes of the throughput floor's single-message publishes, as multiples of the
+/// node's mean group payload.
+const FLOOR_SIZE_FACTORS: [usize; 3] = [1, 4, 16];
+/// Length of each throughput floor run.
+const FLOOR_RUN: Duration = Duration::from_secs(4);
+
+/// The server's publish rate under the replicated ingest (the bound on events/s is this
+/// rate times the events each publish carries): one closed-loop publisher per tail stream,
+/// as the node keeps one fenced publish in flight per stream, bare (no fence, no node).
+/// Single messages of the node's mean group payload and of larger ones (does the server's
+/// rate follow the bytes or the publishes?), then the node's mean payload split into as many
+/// messages as its publishes carried, sent as one atomic batch as the node sends them,
+/// without and with the node's fence on every message.
+async fn tail_publish_throughput(
+    token: &str,
+    group_bytes: f64,
+    messages_per_publish: f64,
+) -> Value {
+    let nats = Arc::new(Nats::connect(&common::nats_config()).await.unwrap());
+    // Rounded to whole bytes and messages; a group is never empty.
+    let group_bytes = group_bytes.max(1.0) as usize;
+    let mut cases: Vec<(usize, usize, bool)> = FLOOR_SIZE_FACTORS
+        .iter()
+        .map(|factor| (group_bytes * factor, 1, false))
+        .collect();
+    let split = (messages_per_publish.ceil() as usize).max(1);
+    cases.push((group_bytes, split, false));
+    cases.push((group_bytes, split, true));
+    let mut runs = Vec::new();
+    for (case, (bytes, messages, fenced)) in cases.into_iter().enumerate() {
+        let name = format!("f9tput{token}x{case}");
+        let publishes = publish_closed_loop(&nats, &name, bytes, messages, fenced).await;
+        let seconds = FLOOR_RUN.as_secs_f64();
+        runs.push(json!({
+            "payload_bytes": bytes,
+            "messages_per_publish": messages,
+            "fenced": fenced,
+            "publishers": dshdb_fleet::shard::STREAM_COUNT,
+            "publishes_per_s": publishes as f64 / seconds,
+            "payload_mb_per_s": (publishes as f64 * bytes as f64) / seconds / 1e6,
+        }));
+    }
+    json!(runs)
+}
+
+/// Publishes of `bytes` in `messages` messages (one atomic batch when more than one, each on
+/// a shard subject of its own in the stream) completed in [`FLOOR_RUN`] by one closed-loop
+/// publisher per tail stream; `fenced`: every message carries the node's fence (expected
+/// last sequence of a marker subject, which nothing else writes, so it always holds).
+async fn publish_closed_loop(
+    nats: &Arc<Nats>,
+    name: &str,
+    bytes: usize,
+    messages: usize,
+    fenced: bool,
+) -> u64 {
+    let publishes = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + FLOOR_RUN;
+    let stream_count = dshdb_fleet::shard::STREAM_COUNT;
+    let tasks: Vec<_> = (0..stream_count)
+        .map(|stream| {
+            let (nats, publishes, name) = (nats.clone(), publishes.clone(), name.to_string());
+            tokio::spawn(async move {
+                let fence = if fenced {
+                    Some(floor_marker(&nats, &session_subject(&format!("{name}e"), stream)).await)
+                } else {
+                    None
+                };
+                let mut index = 0u64;
+                while Instant::now() < deadline {
+                    let batch: Vec<TailPublish> = (0..messages as u32)
+                        .map(|part| {
+                            let subject = session_subject(&name, stream + part * stream_count);
+                            TailPublish {
+                                msg_id: format!("{subject}x{index}"),
+                                subject,
+                                payload: vec![b'x'; bytes / messages],
+                                fence: fence.clone(),
+                                headers: Vec::new(),
+                            }
+                        })
+                        .collect();
+                    if messages == 1 {
+                        let [single] = <[TailPublish; 1]>::try_from(batch).unwrap();
+                        nats.publish(single).await.unwrap();
+                    } else {
+                        nats.publish_batch(batch).await.unwrap();
+                    }
+                    publishes.fetch_add(1, Ordering::Relaxed);
+                    index += 1;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    publishes.load(Ordering::Relaxed)
+}
+
+/// Publishes a marker on `subject`: the fence of the messages that follow.
+async fn floor_marker(nats: &Nats, subject: &str) -> Fence {
+    let marker = TailPublish {
+        subject: subject.to_string(),
+        payload: Vec::new(),
+        msg_id: format!("{subject}x-marker"),
+        fence: None,
+        headers: Vec::new(),
+    };
+    let ack = nats.publish(marker).await.unwrap();
+    Fence {
+        subject: subject.to_string(),
+        last_seq: ack.stream_seq,
+    }
+}
+
 /// Events/s of `INGEST_SESSIONS` concurrent writers for `INGEST_RUN`, through the node
 /// (`replicated`) or on the local tier alone.
 /// `label` names the run's sessions; `replicated`: through the node (whatever its mode),
@@ -276,6 +468,16 @@ async fn ingest_sessions(
     }
     let events = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
+    let publishes_before = process
+        .node
+        .metrics
+        .fenced_publishes
+        .load(Ordering::Relaxed);
+    let messages_before = process
+        .node
+        .metrics
+        .published_messages
+        .load(Ordering::Relaxed);
     let deadline = Instant::now() + INGEST_RUN;
     let started = Instant::now();
     let tasks: Vec<_> = sessions
@@ -326,7 +528,13 @@ async fn ingest_sessions(
     let events = events.load(Ordering::Relaxed);
     let bytes = bytes.load(Ordering::Relaxed);
     let metrics = &process.node.metrics;
+    let publishes = metrics.fenced_publishes.load(Ordering::Relaxed) - publishes_before;
     json!({
+        "fenced_publishes_in_run": publishes,
+        "events_per_publish": events as f64 / publishes.max(1) as f64,
+        "messages_per_publish": (metrics.published_messages.load(Ordering::Relaxed) - messages_before) as f64
+            / publishes.max(1) as f64,
+        "data_bytes_per_publish": bytes as f64 / publishes.max(1) as f64,
         "fence_collisions_total": metrics.fence_collisions.load(Ordering::Relaxed),
         "fenced_writes_total": metrics.fenced_writes.load(Ordering::Relaxed),
         "fenced_publishes_total": metrics.fenced_publishes.load(Ordering::Relaxed),
@@ -560,7 +768,12 @@ fn f9_report() {
         let process = in_process_node(&format!("f9n{token}"), 1, Duration::from_secs(10)).await;
         take_all(&process.node).await;
         let latency = latency(&process, &token).await;
-        let replicated = ingest(&process, &token, "r", true).await;
+        let cpu_before = CpuSample::take();
+        let mut replicated = ingest(&process, &token, "r", true).await;
+        replicated["cpu"] = cpu_before.since();
+        let group_bytes = replicated["data_bytes_per_publish"].as_f64().unwrap_or(0.0);
+        let messages = replicated["messages_per_publish"].as_f64().unwrap_or(1.0);
+        replicated["publish_floor"] = tail_publish_throughput(&token, group_bytes, messages).await;
         let local = ingest(&process, &token, "o", false).await;
         let zombie = zombie(&token).await;
         (local_mode, latency, replicated, local, zombie)
