@@ -28,8 +28,8 @@ use dshdb_fleet::shard::{
     STREAM_COUNT,
 };
 use dshdb_fleet::wire::{blake3_hex, from_json, SessionManifest};
-use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 const NODES: usize = 3;
@@ -115,13 +115,7 @@ fn f4_seal_and_cold_reopen_f7_corrupt_run() {
     let nats = set_up_streams(&runtime);
     let s3 = dshdb_fleet::s3::S3::new(&common::s3_config()).unwrap();
     let mut fleet = Fleet::spawn("c", &token, NODES, SHARDS);
-    let all_shards: BTreeSet<u32> = (0..SHARDS).collect();
-    wait_until("every shard has an owner", DEADLINE, || {
-        (0..NODES)
-            .flat_map(|index| fleet.owned_shards(index))
-            .collect::<BTreeSet<u32>>()
-            == all_shards
-    });
+    fleet.wait_ownership_settled(DEADLINE);
     let mut router = fleet.router();
     let sessions = session_names("f4", &token, SESSIONS);
     create_sessions(&mut router, &sessions);
@@ -145,7 +139,16 @@ fn f4_seal_and_cold_reopen_f7_corrupt_run() {
     let mut exports = BTreeMap::new();
     for (session, model) in sessions.iter().zip(&models) {
         let manifest = manifest(&runtime, &nats, session);
-        assert_eq!(manifest.sealed_end, model.acked.len() as u64, "{session}");
+        if manifest.sealed_end != model.acked.len() as u64 {
+            let queues: Vec<Value> = (0..NODES)
+                .map(|index| fleet.status(index)["seal_queue"].clone())
+                .collect();
+            panic!(
+                "{session}: sealed to {} of {} acknowledged events; seal queues: {queues:?}",
+                manifest.sealed_end,
+                model.acked.len()
+            );
+        }
         check_cold_objects(&runtime, &s3, session, &manifest);
         assert!(
             !tail_present(&runtime, &nats, session),

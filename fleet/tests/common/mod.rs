@@ -235,6 +235,29 @@ impl Fleet {
             .collect()
     }
 
+    /// Waits until every shard is owned by its rendezvous owner among the live nodes (as
+    /// opposed to merely owned: the first node to register takes every shard, and hands
+    /// them on as the others register). Tests that queue work on an owner (seals) need the
+    /// shards to stay put afterwards.
+    pub fn wait_ownership_settled(&self, deadline: Duration) -> Duration {
+        let live: Vec<usize> = (0..self.ids.len())
+            .filter(|index| self.children[*index].is_some())
+            .collect();
+        let mut names: Vec<String> = live.iter().map(|index| self.ids[*index].clone()).collect();
+        names.sort();
+        wait_until("every shard is on its rendezvous owner", deadline, || {
+            live.iter().all(|index| {
+                let expected: BTreeSet<u32> = (0..self.shards)
+                    .filter(|shard| {
+                        dshdb_fleet::shard::rendezvous_owner(*shard, &names)
+                            == Some(&self.ids[*index])
+                    })
+                    .collect();
+                self.owned_shards(*index) == expected
+            })
+        })
+    }
+
     pub fn router(&self) -> Router {
         Router {
             addrs: self
