@@ -241,6 +241,72 @@ fn an_exclusive_writer_and_a_shared_one_exclude_each_other() {
     shared_store.close().expect("close");
 }
 
+/// Opens a new store on `disk` with `options` while another process creates it at the
+/// worst moment: right after this open looked for `MANIFEST` before its lock and found
+/// none. The creator (opened with `creator`, with one event in session "first") is
+/// returned alive beside the outcome.
+fn open_while_another_creates(
+    disk: &SimStorage,
+    creator: Options,
+    options: Options,
+) -> (dshdb::Result<Store>, Store) {
+    let slot = std::sync::Arc::new(parking_lot::Mutex::new(None));
+    let filled = slot.clone();
+    let other = disk.clone();
+    let step: Step = Box::new(move || {
+        let store = open_sim(&other, creator).expect("the other process creates the store");
+        let mut writer = store.create_session_with_id("first").expect("create");
+        writer.append(chunk(&data(1, 0))).expect("append");
+        drop(writer);
+        *filled.lock() = Some(store);
+    });
+    let hooked = Hooked::new(disk, "MANIFEST".to_string(), Moment::AfterExists, step);
+    let opened = Store::open_on(hooked.clone(), options, std::path::Path::new("sim"));
+    assert!(
+        hooked.fired(),
+        "the other process created the store meanwhile"
+    );
+    let creator = slot.lock().take().expect("the creator is open");
+    (opened, creator)
+}
+
+#[test]
+fn two_processes_creating_one_store_at_once_both_open_it() {
+    let disk = SimStorage::new();
+    let (opened, creator) = open_while_another_creates(&disk, shared(), shared());
+    // Before the fix: `NotAStore`, from the pre-lock check that listed the creator's
+    // `MANIFEST` as a foreign entry (1 worker in ~40 runs of 8 `processes` workers).
+    let joiner = opened.expect("the second process joins the store the first created");
+    assert_eq!(joiner.session("first").expect("seen").events, 1);
+    let mut writer = joiner.create_session_with_id("second").expect("create");
+    writer.append(chunk(&data(2, 0))).expect("append");
+    drop(writer);
+    assert!(
+        creator.refresh().expect("refresh"),
+        "the joiner's commit is new"
+    );
+    assert_eq!(creator.session("second").expect("seen").events, 1);
+    joiner.close().expect("close joiner");
+    creator.close().expect("close creator");
+}
+
+#[test]
+fn an_exclusive_open_racing_a_creation_gets_locked_and_changes_nothing() {
+    let disk = SimStorage::new();
+    let (opened, creator) = open_while_another_creates(&disk, sim_writable(), sim_writable());
+    assert!(
+        matches!(opened, Err(Error::Locked { .. })),
+        "a typed refusal while the creator holds the store, got {:?}",
+        opened.map(|_| ())
+    );
+    creator.close().expect("close creator");
+    drop(creator);
+    let reopened = open_sim(&disk, shared()).expect("the created store opens");
+    let events = reopened.read("first", 0, u64::MAX).expect("read");
+    assert_eq!(events.len(), 1, "the creator's event is intact");
+    reopened.close().expect("close");
+}
+
 /// The crash-enumeration workload: `processes` stores on one disk, each on its own thread,
 /// each writing its own sessions; every step also moves one session's lease to the next
 /// process, so that writers take over sessions others wrote.

@@ -10,12 +10,13 @@ use std::io;
 use std::sync::Arc;
 
 /// What the hook does when it fires, and when: before a read of `path` (or after one, or
-/// when its length is asked).
+/// when its length is asked, or once the store has asked whether it exists).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Moment {
     BeforeRead,
     AfterRead,
     AtLength,
+    AfterExists,
 }
 
 pub type Step = Box<dyn FnOnce() + Send>;
@@ -118,7 +119,9 @@ impl Storage for Hooked {
         self.disk.sync_dir(dir)
     }
     fn exists(&self, path: &str) -> io::Result<bool> {
-        self.disk.exists(path)
+        let exists = self.disk.exists(path);
+        fire(&self.armed, path, Moment::AfterExists);
+        exists
     }
     fn remove_dir(&self, dir: &str) -> io::Result<()> {
         self.disk.remove_dir(dir)
