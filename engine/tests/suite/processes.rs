@@ -242,11 +242,13 @@ fn an_exclusive_writer_and_a_shared_one_exclude_each_other() {
 }
 
 /// Opens a new store on `disk` with `options` while another process creates it at the
-/// worst moment: right after this open looked for `MANIFEST` before its lock and found
-/// none. The creator (opened with `creator`, with one event in session "first") is
-/// returned alive beside the outcome.
+/// worst moment: right after this open, before its lock, looked for `MANIFEST` and found
+/// none, or (`(path, moment)` = `("", AfterList)`) listed the directory before the
+/// creation and `wal/` after it. The creator (opened with `creator`, with one event in
+/// session "first") is returned alive beside the outcome.
 fn open_while_another_creates(
     disk: &SimStorage,
+    (path, moment): (&str, Moment),
     creator: Options,
     options: Options,
 ) -> (dshdb::Result<Store>, Store) {
@@ -260,7 +262,7 @@ fn open_while_another_creates(
         drop(writer);
         *filled.lock() = Some(store);
     });
-    let hooked = Hooked::new(disk, "MANIFEST".to_string(), Moment::AfterExists, step);
+    let hooked = Hooked::new(disk, path.to_string(), moment, step);
     let opened = Store::open_on(hooked.clone(), options, std::path::Path::new("sim"));
     assert!(
         hooked.fired(),
@@ -270,10 +272,28 @@ fn open_while_another_creates(
     (opened, creator)
 }
 
+/// The pre-lock look for `MANIFEST` that found none.
+const MANIFEST_LOOKED_FOR: (&str, Moment) = ("MANIFEST", Moment::AfterExists);
+/// The pre-lock listing of the store directory, before `wal/`'s.
+const STORE_DIR_LISTED: (&str, Moment) = ("", Moment::AfterList);
+
+#[test]
+fn a_creation_between_the_pre_lock_listings_is_joined_not_called_damage() {
+    let disk = SimStorage::new();
+    let (opened, creator) = open_while_another_creates(&disk, STORE_DIR_LISTED, shared(), shared());
+    // Before the fix: `CorruptFile { "MANIFEST" }` ("missing while sim holds segments"),
+    // for the creator's first segment, listed in `wal/` after the directory without it.
+    let joiner = opened.expect("the second process joins the store the first created");
+    assert_eq!(joiner.session("first").expect("seen").events, 1);
+    joiner.close().expect("close joiner");
+    creator.close().expect("close creator");
+}
+
 #[test]
 fn two_processes_creating_one_store_at_once_both_open_it() {
     let disk = SimStorage::new();
-    let (opened, creator) = open_while_another_creates(&disk, shared(), shared());
+    let (opened, creator) =
+        open_while_another_creates(&disk, MANIFEST_LOOKED_FOR, shared(), shared());
     // Before the fix: `NotAStore`, from the pre-lock check that listed the creator's
     // `MANIFEST` as a foreign entry (1 worker in ~40 runs of 8 `processes` workers).
     let joiner = opened.expect("the second process joins the store the first created");
@@ -293,7 +313,8 @@ fn two_processes_creating_one_store_at_once_both_open_it() {
 #[test]
 fn an_exclusive_open_racing_a_creation_gets_locked_and_changes_nothing() {
     let disk = SimStorage::new();
-    let (opened, creator) = open_while_another_creates(&disk, sim_writable(), sim_writable());
+    let (opened, creator) =
+        open_while_another_creates(&disk, MANIFEST_LOOKED_FOR, sim_writable(), sim_writable());
     assert!(
         matches!(opened, Err(Error::Locked { .. })),
         "a typed refusal while the creator holds the store, got {:?}",

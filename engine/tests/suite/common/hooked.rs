@@ -10,13 +10,15 @@ use std::io;
 use std::sync::Arc;
 
 /// What the hook does when it fires, and when: before a read of `path` (or after one, or
-/// when its length is asked, or once the store has asked whether it exists).
+/// when its length is asked, or once the store has asked whether it exists, or once it
+/// has listed it as a directory).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Moment {
     BeforeRead,
     AfterRead,
     AtLength,
     AfterExists,
+    AfterList,
 }
 
 pub type Step = Box<dyn FnOnce() + Send>;
@@ -110,7 +112,9 @@ impl Storage for Hooked {
         self.disk.remove(path)
     }
     fn list(&self, dir: &str) -> io::Result<Vec<String>> {
-        self.disk.list(dir)
+        let names = self.disk.list(dir);
+        fire(&self.armed, dir, Moment::AfterList);
+        names
     }
     fn create_dir(&self, dir: &str) -> io::Result<()> {
         self.disk.create_dir(dir)
