@@ -175,6 +175,17 @@ fn spawn_worker(args: &[&str]) -> Result<std::process::Child> {
         .context("spawn worker")
 }
 
+/// Waits for a worker and fails loudly if it did (its error is on the inherited stderr).
+fn check_worker(name: &str, child: &mut std::process::Child) -> Result<()> {
+    let status = child
+        .wait()
+        .with_context(|| format!("wait for worker {name}"))?;
+    if !status.success() {
+        bail!("worker {name} failed ({status}); its error is on stderr above");
+    }
+    Ok(())
+}
+
 fn follow_latency(dir: &Path) -> Result<()> {
     let store = Store::open(dir, shared_options())?;
     let mut subscription = store.subscribe("live", 0)?;
@@ -188,7 +199,7 @@ fn follow_latency(dir: &Path) -> Result<()> {
         let sent: u128 = event.data.parse().context("send time")?;
         latencies.push(now_nanos().saturating_sub(sent));
     }
-    child.wait()?;
+    check_worker("follow-writer", &mut child)?;
     latencies.sort_unstable();
     let percentile = |fraction: f64| {
         let index = ((latencies.len() - 1) as f64 * fraction) as usize;
@@ -218,14 +229,16 @@ fn aggregate(dir: &Path, processes: usize, sessions: usize, shared: bool) -> Res
         })
         .collect::<Result<_>>()?;
     let mut total = 0u64;
-    for mut child in children {
+    for (process, mut child) in children.into_iter().enumerate() {
         let stdout = child.stdout.take().context("stdout")?;
         for line in BufReader::new(stdout).lines() {
             if let Ok(count) = line?.trim().parse::<u64>() {
                 total += count;
             }
         }
-        child.wait()?;
+        // A worker that failed printed no count: summing without it would report a lower
+        // (or zero) rate as if it were measured.
+        check_worker(&format!("appender {process}"), &mut child)?;
     }
     Ok(total as f64 / AGGREGATE_RUN.as_secs_f64())
 }

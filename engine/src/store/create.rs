@@ -69,6 +69,26 @@ pub(super) fn check_creatable(storage: &dyn Storage, label: &Path) -> Result<()>
     Ok(())
 }
 
+/// [`check_creatable`] before the lock, which races with another process creating the
+/// store under its lock: that one's `MANIFEST` may appear between the caller's look for it
+/// and the listing, and its first segment after it. Creation writes `MANIFEST` before any
+/// entry the check refuses, so a refusal with `MANIFEST` present now means the store was
+/// created meanwhile: the open goes on to the lock, which decides (F-01-4, F-08-4). Without
+/// this, one of several processes creating a store at once failed with `NotAStore`.
+pub(super) fn check_creatable_before_lock(storage: &dyn Storage, label: &Path) -> Result<()> {
+    let refusal = match check_creatable(storage, label) {
+        Ok(()) => return Ok(()),
+        Err(refusal) => refusal,
+    };
+    let created_meanwhile = storage
+        .exists(MANIFEST_FILE)
+        .map_err(io_error("store list"))?;
+    if created_meanwhile {
+        return Ok(());
+    }
+    Err(refusal)
+}
+
 /// Creates the store's first files (F-01-4 steps 2-4) in a directory that
 /// [`check_creatable`] accepted under the lock.
 pub(super) fn create_store(storage: &dyn Storage) -> Result<Manifest> {

@@ -39,7 +39,8 @@ pub(crate) use writer::ParsedEvent;
 pub use writer::PendingReceipt;
 
 use create::{
-    check_creatable, create_store, discard_checkpoint, remove_orphans, start_log, undo_create,
+    check_creatable, check_creatable_before_lock, create_store, discard_checkpoint, remove_orphans,
+    start_log, undo_create,
 };
 use line::push_json_line;
 use maintenance::MaintenanceSignal;
@@ -473,7 +474,7 @@ impl Store {
                     path: label.to_path_buf(),
                 });
             }
-            check_creatable(storage.as_ref(), label)?;
+            check_creatable_before_lock(storage.as_ref(), label)?;
         }
         if options.shared && !options.read_only {
             return Store::open_shared(storage, options, label);

@@ -241,6 +241,93 @@ fn an_exclusive_writer_and_a_shared_one_exclude_each_other() {
     shared_store.close().expect("close");
 }
 
+/// Opens a new store on `disk` with `options` while another process creates it at the
+/// worst moment: right after this open, before its lock, looked for `MANIFEST` and found
+/// none, or (`(path, moment)` = `("", AfterList)`) listed the directory before the
+/// creation and `wal/` after it. The creator (opened with `creator`, with one event in
+/// session "first") is returned alive beside the outcome.
+fn open_while_another_creates(
+    disk: &SimStorage,
+    (path, moment): (&str, Moment),
+    creator: Options,
+    options: Options,
+) -> (dshdb::Result<Store>, Store) {
+    let slot = std::sync::Arc::new(parking_lot::Mutex::new(None));
+    let filled = slot.clone();
+    let other = disk.clone();
+    let step: Step = Box::new(move || {
+        let store = open_sim(&other, creator).expect("the other process creates the store");
+        let mut writer = store.create_session_with_id("first").expect("create");
+        writer.append(chunk(&data(1, 0))).expect("append");
+        drop(writer);
+        *filled.lock() = Some(store);
+    });
+    let hooked = Hooked::new(disk, path.to_string(), moment, step);
+    let opened = Store::open_on(hooked.clone(), options, std::path::Path::new("sim"));
+    assert!(
+        hooked.fired(),
+        "the other process created the store meanwhile"
+    );
+    let creator = slot.lock().take().expect("the creator is open");
+    (opened, creator)
+}
+
+/// The pre-lock look for `MANIFEST` that found none.
+const MANIFEST_LOOKED_FOR: (&str, Moment) = ("MANIFEST", Moment::AfterExists);
+/// The pre-lock listing of the store directory, before `wal/`'s.
+const STORE_DIR_LISTED: (&str, Moment) = ("", Moment::AfterList);
+
+#[test]
+fn a_creation_between_the_pre_lock_listings_is_joined_not_called_damage() {
+    let disk = SimStorage::new();
+    let (opened, creator) = open_while_another_creates(&disk, STORE_DIR_LISTED, shared(), shared());
+    // Before the fix: `CorruptFile { "MANIFEST" }` ("missing while sim holds segments"),
+    // for the creator's first segment, listed in `wal/` after the directory without it.
+    let joiner = opened.expect("the second process joins the store the first created");
+    assert_eq!(joiner.session("first").expect("seen").events, 1);
+    joiner.close().expect("close joiner");
+    creator.close().expect("close creator");
+}
+
+#[test]
+fn two_processes_creating_one_store_at_once_both_open_it() {
+    let disk = SimStorage::new();
+    let (opened, creator) =
+        open_while_another_creates(&disk, MANIFEST_LOOKED_FOR, shared(), shared());
+    // Before the fix: `NotAStore`, from the pre-lock check that listed the creator's
+    // `MANIFEST` as a foreign entry (1 worker in ~40 runs of 8 `processes` workers).
+    let joiner = opened.expect("the second process joins the store the first created");
+    assert_eq!(joiner.session("first").expect("seen").events, 1);
+    let mut writer = joiner.create_session_with_id("second").expect("create");
+    writer.append(chunk(&data(2, 0))).expect("append");
+    drop(writer);
+    assert!(
+        creator.refresh().expect("refresh"),
+        "the joiner's commit is new"
+    );
+    assert_eq!(creator.session("second").expect("seen").events, 1);
+    joiner.close().expect("close joiner");
+    creator.close().expect("close creator");
+}
+
+#[test]
+fn an_exclusive_open_racing_a_creation_gets_locked_and_changes_nothing() {
+    let disk = SimStorage::new();
+    let (opened, creator) =
+        open_while_another_creates(&disk, MANIFEST_LOOKED_FOR, sim_writable(), sim_writable());
+    assert!(
+        matches!(opened, Err(Error::Locked { .. })),
+        "a typed refusal while the creator holds the store, got {:?}",
+        opened.map(|_| ())
+    );
+    creator.close().expect("close creator");
+    drop(creator);
+    let reopened = open_sim(&disk, shared()).expect("the created store opens");
+    let events = reopened.read("first", 0, u64::MAX).expect("read");
+    assert_eq!(events.len(), 1, "the creator's event is intact");
+    reopened.close().expect("close");
+}
+
 /// The crash-enumeration workload: `processes` stores on one disk, each on its own thread,
 /// each writing its own sessions; every step also moves one session's lease to the next
 /// process, so that writers take over sessions others wrote.

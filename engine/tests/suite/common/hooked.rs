@@ -10,12 +10,15 @@ use std::io;
 use std::sync::Arc;
 
 /// What the hook does when it fires, and when: before a read of `path` (or after one, or
-/// when its length is asked).
+/// when its length is asked, or once the store has asked whether it exists, or once it
+/// has listed it as a directory).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Moment {
     BeforeRead,
     AfterRead,
     AtLength,
+    AfterExists,
+    AfterList,
 }
 
 pub type Step = Box<dyn FnOnce() + Send>;
@@ -109,7 +112,9 @@ impl Storage for Hooked {
         self.disk.remove(path)
     }
     fn list(&self, dir: &str) -> io::Result<Vec<String>> {
-        self.disk.list(dir)
+        let names = self.disk.list(dir);
+        fire(&self.armed, dir, Moment::AfterList);
+        names
     }
     fn create_dir(&self, dir: &str) -> io::Result<()> {
         self.disk.create_dir(dir)
@@ -118,7 +123,9 @@ impl Storage for Hooked {
         self.disk.sync_dir(dir)
     }
     fn exists(&self, path: &str) -> io::Result<bool> {
-        self.disk.exists(path)
+        let exists = self.disk.exists(path);
+        fire(&self.armed, path, Moment::AfterExists);
+        exists
     }
     fn remove_dir(&self, dir: &str) -> io::Result<()> {
         self.disk.remove_dir(dir)
