@@ -3,10 +3,11 @@
 //! ([`visit_dsh_part`], which moves a cut to the next line start), and the calling thread
 //! writes the buffers in seq order. A single-threaded export of DSH's packed layout spends
 //! its time reading write-ahead frames (checksums, UTF-8 checks) and rendering rows member by
-//! member; on two cores this halves the wall time, byte for byte the same output.
+//! member; on two free cores the parts run side by side, byte for byte the same output.
 //!
-//! Memory stays bounded: a worker takes one of [`PARTS_IN_FLIGHT`] buffers before it takes
-//! a part, and gets it back once the part is written, so at most that many parts are held.
+//! Memory stays bounded: a worker takes one of [`PARTS_IN_FLIGHT_PER_WORKER`] buffers per
+//! worker before it takes a part, and it comes back once the part is written, so at most
+//! that many parts are held.
 
 use super::dsh_lines::visit_dsh_part;
 use super::{ExchangeError, Result};
