@@ -127,43 +127,129 @@ pub fn visit_dsh_lines(
     to: u64,
     mut visit: impl FnMut(DshLine<'_>) -> Result<()>,
 ) -> Result<()> {
-    let mut walk = Walk {
-        id,
-        pending: Pending::None,
-        row: RowLine::default(),
-        line: String::new(),
-        row_bytes: Vec::new(),
-    };
-    // The store's visitor speaks the store's error type: an exchange error (a damaged row, a
-    // failed write) is kept here and stops the walk through a placeholder the caller never
-    // sees.
-    let mut failure: Option<ExchangeError> = None;
+    let mut walk = Walk::new(id);
     // A long range is a scan: its blocks are read ahead on another thread and kept out of
     // the shared cache. A short one is a read a caller may repeat: its block is cached.
-    let walk_entries = |visit_entry: &mut dyn FnMut(EntryView<'_, '_>) -> crate::Result<()>| {
-        if to.saturating_sub(from) > EVENTS_PER_READ {
-            store.visit_entries_in(&mut ReadScan::default(), id, from, to, visit_entry)
+    let mut scan = (to.saturating_sub(from) > EVENTS_PER_READ).then(ReadScan::default);
+    walk_entries(store, scan.as_mut(), id, (from, to), |entry| {
+        match entry {
+            EntryView::Event(event) => walk.event(event, &mut visit)?,
+            EntryView::Row(row) => walk.row_entry(row, &mut visit)?,
+        }
+        Ok(Flow::Continue)
+    })?;
+    walk.flush(&mut visit)
+}
+
+/// Visits the DSH lines that *start* at a seq in `from..to` of a session of `events`
+/// events: the members of a row that started before `from` are left to the part before
+/// (skipped), and the members of a row still open at `to` are taken from past `to`. The
+/// parts `0..a`, `a..b`, `b..events` therefore visit exactly the lines one walk of the
+/// whole session visits, in the same bytes: a walk's state is reset by every event that
+/// does not continue a row, which is where a part starts and stops.
+pub(crate) fn visit_dsh_part(
+    store: &Store,
+    scan: &mut ReadScan,
+    id: &str,
+    (from, to): (u64, u64),
+    events: u64,
+    mut visit: impl FnMut(DshLine<'_>) -> Result<()>,
+) -> Result<()> {
+    let mut walk = Walk::new(id);
+    let mut skipping = from > 0;
+    walk_entries(store, Some(&mut *scan), id, (from, to), |entry| {
+        if skipping {
+            skipping = walk.skip_continuations(entry, &mut visit)?;
         } else {
-            store.visit_entries(id, from, to, visit_entry)
+            match entry {
+                EntryView::Event(event) => walk.event(event, &mut visit)?,
+                EntryView::Row(row) => walk.row_entry(row, &mut visit)?,
+            }
+        }
+        Ok(Flow::Continue)
+    })?;
+    if skipping {
+        // The whole range continues a row that started before it: no line starts here.
+        return Ok(());
+    }
+    let mut at = to;
+    while at < events {
+        let step_end = events.min(at.saturating_add(EVENTS_PER_READ));
+        let stopped = walk_entries(store, Some(&mut *scan), id, (at, step_end), |entry| {
+            walk.continuations(entry, &mut visit)
+        })?;
+        if stopped {
+            break;
+        }
+        at = step_end;
+    }
+    walk.flush(&mut visit)
+}
+
+/// Whether a walk goes on after an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Walks the entries of `from..to` with `handle` until it says [`Flow::Stop`]; returns
+/// whether it did. With a `scan`, the walk is a step of that scan (its block buffer, not
+/// the shared cache).
+fn walk_entries(
+    store: &Store,
+    scan: Option<&mut ReadScan>,
+    id: &str,
+    (from, to): (u64, u64),
+    mut handle: impl FnMut(EntryView<'_, '_>) -> Result<Flow>,
+) -> Result<bool> {
+    // The store's visitor speaks the store's error type: an exchange error (a damaged row, a
+    // failed write) or a stop is kept here and ends the walk through a placeholder the
+    // caller never sees.
+    let mut failure: Option<ExchangeError> = None;
+    let mut stopped = false;
+    let mut visit_entry = |entry: EntryView<'_, '_>| match handle(entry) {
+        Ok(Flow::Continue) => Ok(()),
+        outcome => {
+            match outcome {
+                Err(error) => failure = Some(error),
+                _ => stopped = true,
+            }
+            Err(crate::Error::InvalidInput {
+                reason: "visit stopped".to_owned(),
+            })
         }
     };
-    let walked = walk_entries(&mut |entry| {
-        let walked = match entry {
-            EntryView::Event(event) => walk.event(event, &mut visit),
-            EntryView::Row(row) => walk.row_entry(row, &mut visit),
-        };
-        walked.map_err(|error| {
-            failure = Some(error);
-            crate::Error::InvalidInput {
-                reason: "visit stopped".to_owned(),
-            }
-        })
-    });
+    let walked = match scan {
+        Some(scan) => store.visit_entries_in(scan, id, from, to, &mut visit_entry),
+        None => store.visit_entries(id, from, to, &mut visit_entry),
+    };
     if let Some(error) = failure {
         return Err(error);
     }
+    if stopped {
+        return Ok(true);
+    }
     walked?;
-    walk.flush(&mut visit)
+    Ok(false)
+}
+
+/// Why a member-by-member pass over a row entry ended early: a failure, or a stop.
+enum Halt {
+    Failed(ExchangeError),
+    Stop,
+}
+
+impl From<crate::Error> for Halt {
+    fn from(error: crate::Error) -> Self {
+        Halt::Failed(error.into())
+    }
+}
+
+impl From<ExchangeError> for Halt {
+    fn from(error: ExchangeError) -> Self {
+        Halt::Failed(error)
+    }
 }
 
 /// The walk's state between events.
@@ -182,7 +268,82 @@ fn continues_row(flags: u8) -> bool {
     flags & EVENT_FLAG_ROW_MEMBER != 0 && flags & EVENT_FLAG_ROW_START == 0
 }
 
+impl<'a> Walk<'a> {
+    fn new(id: &'a str) -> Self {
+        Walk {
+            id,
+            pending: Pending::None,
+            row: RowLine::default(),
+            line: String::new(),
+            row_bytes: Vec::new(),
+        }
+    }
+}
+
 impl Walk<'_> {
+    /// A part's first entries: steps over the events that continue a row (the part before
+    /// renders them) and walks on from the first that does not. Returns whether it is still
+    /// skipping.
+    fn skip_continuations(
+        &mut self,
+        entry: EntryView<'_, '_>,
+        visit: &mut impl FnMut(DshLine<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        let row = match entry {
+            EntryView::Event(event) if continues_row(event.flags) => return Ok(true),
+            EntryView::Event(event) => {
+                self.event(event, visit)?;
+                return Ok(false);
+            }
+            EntryView::Row(row) => row,
+        };
+        if !continues_row(row.first_flags()) {
+            self.row_entry(row, visit)?;
+            return Ok(false);
+        }
+        let mut skipping = true;
+        row.visit_events(|event| {
+            skipping = skipping && continues_row(event.flags);
+            match skipping {
+                true => Ok(()),
+                false => self.event(event, visit),
+            }
+        })?;
+        Ok(skipping)
+    }
+
+    /// Past a part's end: walks the events that continue the part's last row, and stops
+    /// at the first that does not (the next part's first line).
+    fn continuations(
+        &mut self,
+        entry: EntryView<'_, '_>,
+        visit: &mut impl FnMut(DshLine<'_>) -> Result<()>,
+    ) -> Result<Flow> {
+        let row = match entry {
+            EntryView::Event(event) if continues_row(event.flags) => {
+                self.event(event, visit)?;
+                return Ok(Flow::Continue);
+            }
+            EntryView::Event(_) => return Ok(Flow::Stop),
+            EntryView::Row(row) => row,
+        };
+        let whole = continues_row(row.first_flags())
+            && (row.member_count() == 1 || continues_row(row.member_flags()));
+        if whole {
+            self.row_entry(row, visit)?;
+            return Ok(Flow::Continue);
+        }
+        let walked = row.visit_events(|event| match continues_row(event.flags) {
+            true => self.event(event, visit).map_err(Halt::Failed),
+            false => Err(Halt::Stop),
+        });
+        match walked {
+            Ok(()) => Ok(Flow::Continue),
+            Err(Halt::Stop) => Ok(Flow::Stop),
+            Err(Halt::Failed(error)) => Err(error),
+        }
+    }
+
     fn event(
         &mut self,
         event: &EventView<'_>,

@@ -31,6 +31,7 @@ mod bounded;
 pub mod canonical;
 mod dsh_lines;
 pub mod layout;
+mod parts;
 pub(crate) mod scan;
 pub mod spill_lines;
 #[cfg(feature = "sqlite")]
@@ -62,6 +63,7 @@ pub use zstd_codec::{
 };
 
 use crate::limits::IMPORT_BATCH_BYTES;
+use crate::storage::coding::widen;
 /// Prefix of a hex-encoded verbatim envelope.
 pub(crate) const HEX_PREFIX: &str = "{\"dshdb:hex\":\"";
 
@@ -534,6 +536,11 @@ pub fn write_dsh_jsonl(store: &Store, id: &str, out: &mut impl std::io::Write) -
     out.write_all(header.as_bytes()).map_err(write_error)?;
     out.write_all(b"\n").map_err(write_error)?;
     let mut written = header.len() as u64 + 1;
+    if let Some(workers) = parts::export_workers(summary.events) {
+        let plan = (summary.events, parts::EXPORT_PART_EVENTS);
+        let lines = parts::write_lines_in_parts(store, id, plan, workers, out)?;
+        return Ok(written + lines);
+    }
     visit_dsh_lines(store, id, 0, summary.events, |line| {
         out.write_all(line.bytes).map_err(write_error)?;
         out.write_all(b"\n").map_err(write_error)?;
@@ -541,6 +548,27 @@ pub fn write_dsh_jsonl(store: &Store, id: &str, out: &mut impl std::io::Write) -
         Ok(())
     })?;
     Ok(written)
+}
+
+/// [`write_dsh_jsonl`] rendered by `workers` threads in parts of `part_events` seqs,
+/// whatever the session's size (the export takes this way on its own for large sessions
+/// on several cores): for tests that cut sessions at every seq.
+#[doc(hidden)]
+pub fn write_dsh_jsonl_in_parts(
+    store: &Store,
+    id: &str,
+    part_events: u64,
+    workers: usize,
+    out: &mut impl std::io::Write,
+) -> Result<u64> {
+    let summary = store.session(id)?;
+    let header = header_line(&summary.header_json);
+    out.write_all(header.as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+        .map_err(|source| crate::Error::io("export write", source))?;
+    let plan = (summary.events, part_events);
+    let lines = parts::write_lines_in_parts(store, id, plan, workers.max(1), out)?;
+    Ok(widen(header.len() + 1) + lines)
 }
 
 /// The stored events as DSH's session model sees them (decoded from the exported lines).

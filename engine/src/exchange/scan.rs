@@ -626,6 +626,9 @@ fn with_row_shape<T>(
     first_data: &str,
     use_shape: impl FnOnce(&RowShape<'_>) -> Option<T>,
 ) -> Option<T> {
+    if let Some(shape) = canonical_row_shape(first_data) {
+        return use_shape(&shape);
+    }
     let outer = object_members_borrowed(first_data)?;
     if !has_exact_keys(&outer, &["turn", "step", "chunk"], &[]) {
         return None;
@@ -644,6 +647,52 @@ fn with_row_shape<T>(
         return None;
     }
     use_shape(&shape)
+}
+
+/// The shape of a text or reasoning row's first member whose `data` is exactly what
+/// [`RowShape::member_prefix`] writes, one string token and [`MEMBER_DATA_SUFFIX`], with
+/// plain integers: read by matching the text instead of parsing it (export starts every
+/// row with this; a general parse cost about as much as the rest of the row). Anything
+/// else is `None`, for the general way, which gives the same shape for these texts.
+fn canonical_row_shape(data: &str) -> Option<RowShape<'_>> {
+    let rest = data.strip_prefix("{\"turn\":")?;
+    let (turn, rest) = split_plain_integer(rest)?;
+    let rest = rest.strip_prefix(",\"step\":")?;
+    let (step, rest) = split_plain_integer(rest)?;
+    let rest = rest.strip_prefix(",\"chunk\":{\"type\":\"")?;
+    let (tag, rest) = [RowTag::Text, RowTag::Reasoning]
+        .into_iter()
+        .find_map(|tag| Some((tag, rest.strip_prefix(tag.chunk_type())?)))?;
+    let rest = rest.strip_prefix("\",\"index\":")?;
+    let (index, rest) = split_plain_integer(rest)?;
+    let payload = rest
+        .strip_prefix(",\"text\":")?
+        .strip_suffix(MEMBER_DATA_SUFFIX)?;
+    is_one_string_token(payload).then_some(RowShape {
+        tag,
+        turn,
+        step,
+        index,
+        id: None,
+        name: None,
+    })
+}
+
+/// Longest integer text [`canonical_row_shape`] takes: a safe integer's digits and sign.
+const MAX_PLAIN_INTEGER_BYTES: usize = 17;
+
+/// Splits a JSON integer without fraction or exponent (`-?(0|[1-9][0-9]*)`, at most
+/// [`MAX_PLAIN_INTEGER_BYTES`]) off the front of `text`.
+fn split_plain_integer(text: &str) -> Option<(&str, &str)> {
+    let bytes = text.as_bytes();
+    let sign = usize::from(bytes.first() == Some(&b'-'));
+    let digits = bytes[sign..]
+        .iter()
+        .take_while(|byte| byte.is_ascii_digit())
+        .count();
+    let leading_zero = digits > 1 && bytes[sign] == b'0';
+    let end = sign + digits;
+    (digits > 0 && !leading_zero && end <= MAX_PLAIN_INTEGER_BYTES).then(|| text.split_at(end))
 }
 
 fn member_prefix(shape: &RowShape<'_>) -> Option<String> {
@@ -698,6 +747,50 @@ pub(crate) fn is_row_payload_token(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The matched shape of a canonical first member is the parsed one (same prefix, head
+    /// and middle); a member it does not match goes the general way.
+    #[test]
+    fn a_canonical_row_start_is_matched_as_the_general_way_parses_it() {
+        let matched = [
+            r#"{"turn":1,"step":0,"chunk":{"type":"text-delta","index":0,"text":"a\"b"}}"#,
+            r#"{"turn":-12,"step":30,"chunk":{"type":"reasoning-delta","index":7,"text":""}}"#,
+        ];
+        let general_only = [
+            r#"{"turn":01,"step":0,"chunk":{"type":"text-delta","index":0,"text":"a"}}"#,
+            r#"{"turn":1.5,"step":0,"chunk":{"type":"text-delta","index":0,"text":"a"}}"#,
+            r#"{"turn":1,"step":0,"chunk":{"type":"text-delta","index":0,"text":"a","x":1}}"#,
+            r#"{"turn":1,"step":0,"chunk":{"type":"tool-call-delta","index":0,"id":"c","argumentsDelta":"a"}}"#,
+            r#"{"turn":1,"step":0,"chunk":{"type":"text-delta","index":0,"text":"a"},"turn":2}"#,
+            r#"{"step":0,"turn":1,"chunk":{"type":"text-delta","index":0,"text":"a"}}"#,
+        ];
+        let parts = |shape: &RowShape<'_>| {
+            let (mut head, mut middle) = (Vec::new(), Vec::new());
+            shape.push_row_head(&mut head, 3, 4);
+            shape.push_row_middle(&mut middle);
+            (shape.member_prefix(), head, middle)
+        };
+        for data in matched {
+            let fast = canonical_row_shape(data).map(|shape| parts(&shape));
+            assert!(fast.is_some(), "{data}");
+            let outer = object_members_borrowed(data).expect("an object");
+            let chunk = object_members_borrowed(raw_member(&outer, "chunk").expect("chunk"))
+                .expect("an object");
+            let general = RowShape {
+                tag: canonical_row_shape(data).expect("matched").tag,
+                turn: raw_member(&outer, "turn").expect("turn"),
+                step: raw_member(&outer, "step").expect("step"),
+                index: raw_member(&chunk, "index").expect("index"),
+                id: None,
+                name: None,
+            };
+            assert_eq!(fast, Some(parts(&general)), "{data}");
+        }
+        for data in general_only {
+            assert!(canonical_row_shape(data).is_none(), "{data}");
+        }
+        assert!(row_member_prefix(general_only[1]).is_some());
+    }
 
     /// Row lines (and lines that only open like one) decode the same parsed once as the
     /// general way: duplicate `type` members either way round, an escaped tag, a lone

@@ -70,6 +70,19 @@ impl Default for ReadScan {
     }
 }
 
+impl ReadScan {
+    /// A scan that decompresses its blocks on its own thread: for callers that already
+    /// keep every core busy with scans of their own (an export's parts).
+    pub fn on_this_thread() -> Self {
+        ReadScan {
+            blocks: WalkBlocks {
+                cached_a_miss: true,
+                scan: ScanBuffer::default(),
+            },
+        }
+    }
+}
+
 impl WalkBlocks {
     fn block(
         &mut self,
@@ -455,7 +468,6 @@ impl Store {
     ) -> Result<()> {
         let extent = slice.extent;
         let (bytes, base, form) = self.extent_bytes(&extent, blocks)?;
-        let in_run = form != FrameForm::Segment;
         let corrupt = |offset: u64, reason: &str| Error::Corrupt {
             segment: extent.file,
             offset,
@@ -471,6 +483,11 @@ impl Store {
         let skip = u64::from(slice.skip);
         let wanted = skip.saturating_add(u64::from(slice.take));
         let mut member_data = Vec::new();
+        // One lookup of the segment's salt for all its frames (not one per event).
+        let salt = match form {
+            FrameForm::Segment => Some(self.salt_of(extent.file)?),
+            FrameForm::Run | FrameForm::RunWithRows => None,
+        };
         while seen < wanted {
             let offset = base + widen(at);
             let frame = span
@@ -508,7 +525,7 @@ impl Store {
                     offset,
                     frame_bytes: checked_u32(peek.total_bytes, "frame length")?,
                 };
-                let event = self.decode_record(frame, &position, in_run)?;
+                let event = decode_record(frame, &position, salt)?;
                 if event.seq != slice.first_seq + seen {
                     return Err(corrupt(offset, "indexed event has another seq"));
                 }
@@ -672,34 +689,34 @@ impl Store {
         files.insert(segment, file.clone());
         Ok(file)
     }
+}
 
-    pub(super) fn decode_record<'a>(
-        &self,
-        bytes: &'a [u8],
-        position: &Position,
-        in_run: bool,
-    ) -> Result<EventRecord<'a>> {
-        let corrupt = |reason: String| match in_run {
-            true => Error::CorruptRun {
-                run: position.segment,
-                offset: position.offset,
-                reason,
-            },
-            false => Error::Corrupt {
-                segment: position.segment,
-                offset: position.offset,
-                reason,
-            },
-        };
-        let frame = if in_run {
-            decode_run_frame(bytes)
-        } else {
-            decode_frame(bytes, self.salt_of(position.segment)?)
-        }
-        .map_err(|error| corrupt(format!("{error:?}")))?;
-        match Record::decode(&frame) {
-            Ok(Some(Record::Event(event))) => Ok(event),
-            _ => Err(corrupt("indexed frame is not an event".to_string())),
-        }
+/// Decodes the event frame at the start of `bytes`: a write-ahead frame checked against its
+/// segment's `salt`, or (no salt) a frame of a run block.
+fn decode_record<'a>(
+    bytes: &'a [u8],
+    position: &Position,
+    salt: Option<u64>,
+) -> Result<EventRecord<'a>> {
+    let corrupt = |reason: String| match salt {
+        None => Error::CorruptRun {
+            run: position.segment,
+            offset: position.offset,
+            reason,
+        },
+        Some(_) => Error::Corrupt {
+            segment: position.segment,
+            offset: position.offset,
+            reason,
+        },
+    };
+    let frame = match salt {
+        None => decode_run_frame(bytes),
+        Some(salt) => decode_frame(bytes, salt),
+    }
+    .map_err(|error| corrupt(format!("{error:?}")))?;
+    match Record::decode(&frame) {
+        Ok(Some(Record::Event(event))) => Ok(event),
+        _ => Err(corrupt("indexed frame is not an event".to_string())),
     }
 }

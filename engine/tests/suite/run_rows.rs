@@ -8,7 +8,9 @@
 use crate::common;
 
 use common::*;
-use dshdb::exchange::{export_dsh_jsonl, export_dsh_jsonl_zstd, visit_dsh_lines};
+use dshdb::exchange::{
+    export_dsh_jsonl, export_dsh_jsonl_zstd, visit_dsh_lines, write_dsh_jsonl_in_parts,
+};
 use dshdb::limits::MAX_ROW_ENTRY_BYTES;
 use dshdb::storage::commit::Durability;
 use dshdb::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
@@ -246,10 +248,33 @@ fn every_export_view(store: &Store) -> Vec<Vec<Line>> {
             }
         }
         let plain = export_dsh_jsonl(store, &id).expect("export");
+        assert_parts_export_the_same(store, &id, &plain, 1..=total + 1);
         let framed = export_dsh_jsonl_zstd(store, &id).expect("zstd export");
         views.push(vec![(plain, false, false), (framed, false, false)]);
     }
     views
+}
+
+/// The export cut into parts of every size in `part_sizes` (rendered on several threads,
+/// each cut moved to the next line start) is byte for byte the one-walk export `plain`.
+fn assert_parts_export_the_same(
+    store: &Store,
+    id: &str,
+    plain: &[u8],
+    part_sizes: impl IntoIterator<Item = u64>,
+) {
+    for part_events in part_sizes {
+        for workers in [1, 3] {
+            let mut parts = Vec::new();
+            let written = write_dsh_jsonl_in_parts(store, id, part_events, workers, &mut parts)
+                .unwrap_or_else(|error| panic!("{id} parts of {part_events}: {error}"));
+            assert_eq!(written, parts.len() as u64);
+            assert!(
+                parts == plain,
+                "{id}: parts of {part_events} events, {workers} workers, differ"
+            );
+        }
+    }
 }
 
 /// Export renders a sealed row entry from its stored payloads instead of its members'
@@ -313,6 +338,9 @@ fn a_row_larger_than_one_entry_exports_as_one_line_after_sealing() {
             before == views(&store),
             "{context}: sealing changed the export"
         );
+        let plain = export_dsh_jsonl(&store, BIG_ROW_SESSION).expect("export");
+        let cut_inside = [7, 1000, members as u64 / 3, members as u64];
+        assert_parts_export_the_same(&store, BIG_ROW_SESSION, &plain, cut_inside);
         let whole = dsh_lines(&store, BIG_ROW_SESSION, 0, u64::MAX);
         assert_eq!(whole.len(), 2, "{context}: turn/start and one row line");
         assert!(whole[1].2, "{context}: the row is one packed line");
