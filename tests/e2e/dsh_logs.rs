@@ -168,6 +168,7 @@ fn json_format_round_trips_through_a_second_store() {
         "{}",
         text(&output.stderr)
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Copies a fixture into a DSH sessions root at `<root>/<project>/<session dir>/session.jsonl`.
