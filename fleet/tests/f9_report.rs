@@ -344,7 +344,10 @@ async fn tail_publish_throughput(
         .map(|factor| (group_bytes * factor, 1, false))
         .collect();
     let split = (messages_per_publish.ceil() as usize).max(1);
-    cases.push((group_bytes, split, false));
+    if split > 1 {
+        // Split unfenced: the first case already is a single message of this payload.
+        cases.push((group_bytes, split, false));
+    }
     cases.push((group_bytes, split, true));
     let mut runs = Vec::new();
     for (case, (bytes, messages, fenced)) in cases.into_iter().enumerate() {

@@ -132,10 +132,7 @@ pub fn visit_dsh_lines(
     // the shared cache. A short one is a read a caller may repeat: its block is cached.
     let mut scan = (to.saturating_sub(from) > EVENTS_PER_READ).then(ReadScan::default);
     walk_entries(store, scan.as_mut(), id, (from, to), |entry| {
-        match entry {
-            EntryView::Event(event) => walk.event(event, &mut visit)?,
-            EntryView::Row(row) => walk.row_entry(row, &mut visit)?,
-        }
+        walk.entry(entry, &mut visit)?;
         Ok(Flow::Continue)
     })?;
     walk.flush(&mut visit)
@@ -161,10 +158,7 @@ pub(crate) fn visit_dsh_part(
         if skipping {
             skipping = walk.skip_continuations(entry, &mut visit)?;
         } else {
-            match entry {
-                EntryView::Event(event) => walk.event(event, &mut visit)?,
-                EntryView::Row(row) => walk.row_entry(row, &mut visit)?,
-            }
+            walk.entry(entry, &mut visit)?;
         }
         Ok(Flow::Continue)
     })?;
@@ -281,6 +275,18 @@ impl<'a> Walk<'a> {
 }
 
 impl Walk<'_> {
+    /// One entry of the walk: a single event, or a row entry's members.
+    fn entry(
+        &mut self,
+        entry: EntryView<'_, '_>,
+        visit: &mut impl FnMut(DshLine<'_>) -> Result<()>,
+    ) -> Result<()> {
+        match entry {
+            EntryView::Event(event) => self.event(event, visit),
+            EntryView::Row(row) => self.row_entry(row, visit),
+        }
+    }
+
     /// A part's first entries: steps over the events that continue a row (the part before
     /// renders them) and walks on from the first that does not. Returns whether it is still
     /// skipping.

@@ -530,24 +530,7 @@ pub fn export_dsh_jsonl(store: &Store, id: &str) -> Result<Vec<u8>> {
 /// Writes a session as DSH `session.jsonl` to `out`, streamed: memory stays bounded by one
 /// packed row whatever the session's size. Returns the bytes written.
 pub fn write_dsh_jsonl(store: &Store, id: &str, out: &mut impl std::io::Write) -> Result<u64> {
-    let summary = store.session(id)?;
-    let write_error = |source| crate::Error::io("export write", source);
-    let header = header_line(&summary.header_json);
-    out.write_all(header.as_bytes()).map_err(write_error)?;
-    out.write_all(b"\n").map_err(write_error)?;
-    let mut written = header.len() as u64 + 1;
-    if let Some(workers) = parts::export_workers(summary.events) {
-        let plan = (summary.events, parts::EXPORT_PART_EVENTS);
-        let lines = parts::write_lines_in_parts(store, id, plan, workers, out)?;
-        return Ok(written + lines);
-    }
-    visit_dsh_lines(store, id, 0, summary.events, |line| {
-        out.write_all(line.bytes).map_err(write_error)?;
-        out.write_all(b"\n").map_err(write_error)?;
-        written += line.bytes.len() as u64 + 1;
-        Ok(())
-    })?;
-    Ok(written)
+    write_dsh_jsonl_with(store, id, None, out)
 }
 
 /// [`write_dsh_jsonl`] rendered by `workers` threads in parts of `part_events` seqs,
@@ -561,14 +544,39 @@ pub fn write_dsh_jsonl_in_parts(
     workers: usize,
     out: &mut impl std::io::Write,
 ) -> Result<u64> {
+    write_dsh_jsonl_with(store, id, Some((part_events, workers.max(1))), out)
+}
+
+/// The header line, then the lines: in parts of `(part_events, workers)` when given, else
+/// in parts when the session is large enough on a machine with several cores
+/// ([`parts::export_workers`]), else in one walk on this thread.
+fn write_dsh_jsonl_with(
+    store: &Store,
+    id: &str,
+    parts_plan: Option<(u64, usize)>,
+    out: &mut impl std::io::Write,
+) -> Result<u64> {
     let summary = store.session(id)?;
+    let write_error = |source| crate::Error::io("export write", source);
     let header = header_line(&summary.header_json);
-    out.write_all(header.as_bytes())
-        .and_then(|()| out.write_all(b"\n"))
-        .map_err(|source| crate::Error::io("export write", source))?;
-    let plan = (summary.events, part_events);
-    let lines = parts::write_lines_in_parts(store, id, plan, workers.max(1), out)?;
-    Ok(widen(header.len() + 1) + lines)
+    out.write_all(header.as_bytes()).map_err(write_error)?;
+    out.write_all(b"\n").map_err(write_error)?;
+    let mut written = widen(header.len()) + 1;
+    let parts_plan = parts_plan.or_else(|| {
+        parts::export_workers(summary.events).map(|workers| (parts::EXPORT_PART_EVENTS, workers))
+    });
+    if let Some((part_events, workers)) = parts_plan {
+        let plan = (summary.events, part_events);
+        let lines = parts::write_lines_in_parts(store, id, plan, workers, out)?;
+        return Ok(written + lines);
+    }
+    visit_dsh_lines(store, id, 0, summary.events, |line| {
+        out.write_all(line.bytes).map_err(write_error)?;
+        out.write_all(b"\n").map_err(write_error)?;
+        written += widen(line.bytes.len()) + 1;
+        Ok(())
+    })?;
+    Ok(written)
 }
 
 /// The stored events as DSH's session model sees them (decoded from the exported lines).

@@ -71,8 +71,9 @@ impl Default for ReadScan {
 }
 
 impl ReadScan {
-    /// A scan that decompresses its blocks on its own thread: for callers that already
-    /// keep every core busy with scans of their own (an export's parts).
+    /// A scan that decompresses each block on the thread that walks it, with no read-ahead
+    /// thread: for callers that already keep every core busy with scans of their own (an
+    /// export's parts).
     pub fn on_this_thread() -> Self {
         ReadScan {
             blocks: WalkBlocks {
