@@ -403,6 +403,12 @@ fn backend(error: BackendError) -> FleetError {
 
 /// Waits for a local append; blocks the thread only as long as the fsync takes.
 fn wait_local(pending: Box<dyn LocalPending>) -> FleetResult<()> {
+    if pending.is_settled() {
+        // Usual in `replicated` mode: the local fsync ends before the quorum ack. Handing
+        // the worker to a blocking thread for a wait that returns at once cost a thread
+        // hand-off per append (a tenth of the node's CPU in the F9 ingest).
+        return pending.wait();
+    }
     let multi_thread = tokio::runtime::Handle::try_current()
         .map(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
         .unwrap_or(false);

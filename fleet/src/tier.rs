@@ -15,6 +15,9 @@ use std::sync::Arc;
 /// A local append in flight: [`LocalPending::wait`] returns once it is durable.
 pub trait LocalPending: Send {
     fn wait(self: Box<Self>) -> FleetResult<()>;
+
+    /// Whether [`LocalPending::wait`] would return at once.
+    fn is_settled(&self) -> bool;
 }
 
 /// The node's local store.
@@ -63,6 +66,10 @@ impl LocalPending for EnginePending {
     fn wait(self: Box<Self>) -> FleetResult<()> {
         self.0.wait()?;
         Ok(())
+    }
+
+    fn is_settled(&self) -> bool {
+        self.0.is_settled()
     }
 }
 
@@ -142,6 +149,10 @@ struct Done;
 impl LocalPending for Done {
     fn wait(self: Box<Self>) -> FleetResult<()> {
         Ok(())
+    }
+
+    fn is_settled(&self) -> bool {
+        true
     }
 }
 

@@ -30,6 +30,8 @@ pub const MAX_RUN_BODY_BYTES: usize = 512 * 1024 * 1024;
 pub const RUN_ZSTD_LEVEL: i32 = 3;
 /// Fixed bytes of a record body before its three texts.
 const RECORD_FIXED_BYTES: usize = 8 + 8 + 1 + 4 * 3;
+/// A record's `body_len u32 | crc32 u32` before its body.
+const RECORD_PREFIX_BYTES: usize = 4 + 4;
 
 /// A tail message: one commit batch of one session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,20 +159,29 @@ fn len_u32(length: usize) -> u32 {
     u32::try_from(length).unwrap_or(u32::MAX)
 }
 
-/// Appends one record: `body_len u32 | crc32 u32 | body`.
+/// Appends one record: `body_len u32 | crc32 u32 | body`. The body is written in place
+/// and its length and CRC filled in after (no body buffer per event).
 fn put_record(out: &mut Vec<u8>, event: &Event) {
-    let mut body = Vec::with_capacity(
-        RECORD_FIXED_BYTES + event.event_type.len() + event.data.len() + event.envelope.len(),
-    );
-    body.extend_from_slice(&event.seq.to_le_bytes());
-    body.extend_from_slice(&event.time.to_le_bytes());
-    body.push(event.flags);
-    put_text(&mut body, &event.event_type);
-    put_text(&mut body, &event.data);
-    put_text(&mut body, &event.envelope);
-    out.extend_from_slice(&len_u32(body.len()).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    out.extend_from_slice(&body);
+    let start = out.len();
+    out.reserve(RECORD_PREFIX_BYTES + record_body_bytes(event));
+    out.extend_from_slice(&[0; RECORD_PREFIX_BYTES]);
+    let body_start = out.len();
+    out.extend_from_slice(&event.seq.to_le_bytes());
+    out.extend_from_slice(&event.time.to_le_bytes());
+    out.push(event.flags);
+    put_text(out, &event.event_type);
+    put_text(out, &event.data);
+    put_text(out, &event.envelope);
+    let body = &out[body_start..];
+    let length = len_u32(body.len()).to_le_bytes();
+    let crc = crc32fast::hash(body).to_le_bytes();
+    out[start..start + 4].copy_from_slice(&length);
+    out[start + 4..body_start].copy_from_slice(&crc);
+}
+
+/// The bytes of `event`'s record body.
+fn record_body_bytes(event: &Event) -> usize {
+    RECORD_FIXED_BYTES + event.event_type.len() + event.data.len() + event.envelope.len()
 }
 
 /// A cursor over bytes that fails with a typed error instead of panicking.
@@ -272,6 +283,9 @@ pub fn check_contiguous(events: &[Event], first: u64, what: &'static str) -> Fle
     Ok(())
 }
 
+/// The fixed bytes of [`put_header`]: magic, version, session length, first seq, count.
+const TAIL_HEADER_BYTES: usize = 4 + 1 + 2 + 8 + 4;
+
 fn put_header(out: &mut Vec<u8>, magic: [u8; 4], session: &str, first_seq: u64, count: usize) {
     out.extend_from_slice(&magic);
     out.push(WIRE_VERSION);
@@ -324,7 +338,12 @@ impl TailBatch {
 
     /// `DSHT | version | session | first_seq | count | epoch u64 | records`.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        let records: usize = self
+            .events
+            .iter()
+            .map(|event| RECORD_PREFIX_BYTES + record_body_bytes(event))
+            .sum();
+        let mut out = Vec::with_capacity(TAIL_HEADER_BYTES + self.session.len() + 8 + records);
         put_header(
             &mut out,
             TAIL_MAGIC,

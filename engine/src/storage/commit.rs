@@ -61,9 +61,14 @@ pub struct SegmentContext {
     /// Offset below which the segment is known durable (goes into commit records).
     pub durable_offset: u64,
     /// Session numbers whose header record this segment already holds.
-    pub defined_sessions: HashSet<u32>,
+    defined_sessions: HashSet<u32>,
     /// Type numbers whose definition record this segment already holds.
-    pub defined_types: HashSet<u32>,
+    defined_types: HashSet<u32>,
+    /// What the batch being encoded added to the two sets, so that a refused batch takes
+    /// its definitions back. (Cloning the sets for every batch instead cost time in
+    /// proportion to the sessions in the segment, under the log's lock, on every append.)
+    added_sessions: Vec<u32>,
+    added_types: Vec<u32>,
 }
 
 struct Active {
@@ -305,14 +310,7 @@ impl State {
         State {
             active: Active {
                 file,
-                context: SegmentContext {
-                    segment,
-                    salt,
-                    base_offset: tail,
-                    durable_offset: tail,
-                    defined_sessions: HashSet::new(),
-                    defined_types: HashSet::new(),
-                },
+                context: SegmentContext::new(segment, salt, tail, tail),
             },
             manifest,
             queue: VecDeque::new(),
@@ -439,30 +437,37 @@ impl Log {
             shared.take_write_lock(&mut state)?;
         }
         let mut bytes = Vec::new();
-        let mut context_snapshot = state.active.context.clone_sets();
-        let mut outcome = encode(&mut context_snapshot, &mut bytes)?;
-        check_batch_size(bytes.len(), shared.options.max_batch_bytes)?;
+        let max_batch_bytes = shared.options.max_batch_bytes;
+        let mut outcome = encode_batch(
+            &mut state.active.context,
+            &mut bytes,
+            &mut encode,
+            max_batch_bytes,
+        )?;
         let fits = state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES
             <= shared.options.segment_bytes;
         if !fits {
+            state.active.context.undo_batch();
             // In a new segment the batch repeats its session headers and type definitions:
             // size the segment for that encoding, so that a batch larger than a segment gets
             // a segment of its own instead of being refused (F-03-9).
-            let mut fresh = state.active.context.clone_sets();
-            fresh.defined_sessions.clear();
-            fresh.defined_types.clear();
+            let mut fresh = state.active.context.without_definitions();
             bytes.clear();
-            encode(&mut fresh, &mut bytes)?;
-            check_batch_size(bytes.len(), shared.options.max_batch_bytes)?;
+            encode_batch(&mut fresh, &mut bytes, &mut encode, max_batch_bytes)?;
             let capacity = shared
                 .options
                 .segment_bytes
                 .max(SEGMENT_HEADER_BYTES + bytes.len() as u64 + SEAL_FRAME_BYTES);
             shared.roll(&mut state, capacity)?;
             bytes.clear();
-            context_snapshot = state.active.context.clone_sets();
-            outcome = encode(&mut context_snapshot, &mut bytes)?;
+            outcome = encode_batch(
+                &mut state.active.context,
+                &mut bytes,
+                &mut encode,
+                max_batch_bytes,
+            )?;
             if state.active.context.base_offset + bytes.len() as u64 + SEAL_FRAME_BYTES > capacity {
+                state.active.context.undo_batch();
                 return Err(Error::TooLarge {
                     what: "batch",
                     unit: "bytes",
@@ -473,8 +478,6 @@ impl Log {
         }
         let ticket = state.next_ticket;
         let context = &mut state.active.context;
-        context.defined_sessions = context_snapshot.defined_sessions;
-        context.defined_types = context_snapshot.defined_types;
         let submitted = Submitted {
             ticket,
             segment: context.segment,
@@ -495,6 +498,16 @@ impl Log {
             shared.work.notify_one();
         }
         Ok((submitted, outcome))
+    }
+
+    /// Whether waiting for `ticket` would return at once (reached, poisoned or stopped):
+    /// lets an async caller skip handing its thread to a blocking wait.
+    pub fn is_settled(&self, ticket: u64, durable: bool) -> bool {
+        self.shared
+            .state
+            .lock()
+            .wait_outcome(ticket, durable)
+            .is_some()
     }
 
     /// Waits until `ticket` is written (`Buffered`) or durable (otherwise).
@@ -889,16 +902,79 @@ impl Drop for Log {
 }
 
 impl SegmentContext {
-    fn clone_sets(&self) -> SegmentContext {
+    fn new(segment: u64, salt: u64, base_offset: u64, durable_offset: u64) -> SegmentContext {
         SegmentContext {
-            segment: self.segment,
-            salt: self.salt,
-            base_offset: self.base_offset,
-            durable_offset: self.durable_offset,
-            defined_sessions: self.defined_sessions.clone(),
-            defined_types: self.defined_types.clone(),
+            segment,
+            salt,
+            base_offset,
+            durable_offset,
+            defined_sessions: HashSet::new(),
+            defined_types: HashSet::new(),
+            added_sessions: Vec::new(),
+            added_types: Vec::new(),
         }
     }
+
+    /// The same position in a segment that holds no definitions yet.
+    fn without_definitions(&self) -> SegmentContext {
+        SegmentContext::new(
+            self.segment,
+            self.salt,
+            self.base_offset,
+            self.durable_offset,
+        )
+    }
+
+    /// Records that the segment now holds `session`'s header; `false` if it already did.
+    pub fn define_session(&mut self, session: u32) -> bool {
+        let new = self.defined_sessions.insert(session);
+        if new {
+            self.added_sessions.push(session);
+        }
+        new
+    }
+
+    /// Records that the segment now holds `type_number`'s definition; `false` if it
+    /// already did.
+    pub fn define_type(&mut self, type_number: u32) -> bool {
+        let new = self.defined_types.insert(type_number);
+        if new {
+            self.added_types.push(type_number);
+        }
+        new
+    }
+
+    fn begin_batch(&mut self) {
+        self.added_sessions.clear();
+        self.added_types.clear();
+    }
+
+    /// Takes back the definitions of the batch being encoded (it was refused or moved).
+    fn undo_batch(&mut self) {
+        for session in self.added_sessions.drain(..) {
+            self.defined_sessions.remove(&session);
+        }
+        for type_number in self.added_types.drain(..) {
+            self.defined_types.remove(&type_number);
+        }
+    }
+}
+
+/// Encodes one batch into `out` on `context`, checking its size; a refused batch leaves
+/// `context`'s definitions as they were.
+fn encode_batch<T>(
+    context: &mut SegmentContext,
+    out: &mut Vec<u8>,
+    encode: &mut impl FnMut(&mut SegmentContext, &mut Vec<u8>) -> Result<T>,
+    max_batch_bytes: u64,
+) -> Result<T> {
+    context.begin_batch();
+    let encoded = encode(context, out)
+        .and_then(|outcome| check_batch_size(out.len(), max_batch_bytes).map(|()| outcome));
+    if encoded.is_err() {
+        context.undo_batch();
+    }
+    encoded
 }
 
 impl State {
@@ -1110,14 +1186,7 @@ impl Shared {
         state.enqueue(old_file, old_segment, old_offset, seal, Some(trim));
         state.active = Active {
             file,
-            context: SegmentContext {
-                segment: id,
-                salt,
-                base_offset: SEGMENT_HEADER_BYTES,
-                durable_offset: SEGMENT_HEADER_BYTES,
-                defined_sessions: HashSet::new(),
-                defined_types: HashSet::new(),
-            },
+            context: SegmentContext::new(id, salt, SEGMENT_HEADER_BYTES, SEGMENT_HEADER_BYTES),
         };
         Ok(())
     }
@@ -1346,14 +1415,12 @@ impl Shared {
             state.manifest = read_manifest_in_force(self.storage.as_ref())?;
             state.active = Active {
                 file,
-                context: SegmentContext {
-                    segment: tail.segment,
-                    salt: tail.salt,
-                    base_offset: tail.written_end,
-                    durable_offset: SEGMENT_HEADER_BYTES,
-                    defined_sessions: HashSet::new(),
-                    defined_types: HashSet::new(),
-                },
+                context: SegmentContext::new(
+                    tail.segment,
+                    tail.salt,
+                    tail.written_end,
+                    SEGMENT_HEADER_BYTES,
+                ),
             };
         }
         let context = &mut state.active.context;

@@ -334,3 +334,67 @@ fn a_full_disk_in_group_commit_reaches_every_waiter_and_later_appends() {
         assert_disk_full(&flush, operation, "a later flush");
     }
 }
+
+/// Submits a batch that defines `session` (a header's worth of `bytes` when new) and fails
+/// with `refuse` after encoding, if given. Returns whether the batch wrote the header.
+fn submit_defining(log: &Log, session: u32, bytes: usize, refuse: bool) -> Result<bool> {
+    let (_, wrote_header) = log.submit(Durability::Sync, |context, out| {
+        let new = context.define_session(session);
+        if new {
+            out.resize(out.len() + bytes, b'h');
+        }
+        if refuse {
+            return Err(Error::invalid("refused after encoding"));
+        }
+        Ok(new)
+    })?;
+    Ok(wrote_header)
+}
+
+/// A batch refused after it defined a session (by its own encoder, or by the batch size
+/// limit) leaves no definition behind: the next batch of the session writes the header
+/// again. Taken back from the journal, not from a copy of the sets.
+#[test]
+fn a_refused_batch_takes_back_the_definitions_it_made() {
+    let disk = SimStorage::new();
+    let log = stopped_log(&disk);
+    assert!(submit_defining(&log, 3, 10, true).is_err());
+    assert!(
+        submit_defining(&log, 3, 10, false).expect("accepted"),
+        "the header of the refused batch was taken back"
+    );
+    assert!(
+        !submit_defining(&log, 3, 10, false).expect("accepted"),
+        "an accepted definition stays"
+    );
+    let oversized = usize::try_from(DEFAULT_MAX_BATCH_BYTES).expect("fits") + 1;
+    let refused = submit_defining(&log, 4, oversized, false).expect_err("over the limit");
+    assert!(matches!(refused, Error::TooLarge { .. }), "{refused:?}");
+    assert!(
+        submit_defining(&log, 4, 10, false).expect("accepted"),
+        "the oversized batch's header was taken back"
+    );
+}
+
+/// A batch that does not fit the active segment goes to a new one, where it defines its
+/// session again; the full segment keeps only the definitions of batches it holds.
+#[test]
+fn a_batch_moved_to_a_new_segment_defines_its_session_there() {
+    let disk = SimStorage::new();
+    let log = stopped_log(&disk);
+    assert!(submit_defining(&log, 1, 10, false).expect("first"));
+    let segment_bytes = usize::try_from(log.shared.options.segment_bytes).expect("fits");
+    assert!(submit_defining(&log, 2, segment_bytes / 2, false).expect("second"));
+    let before = log.shared.state.lock().active.context.segment;
+    assert!(submit_defining(&log, 5, segment_bytes / 2 + 1, false).expect("rolled"));
+    let state = log.shared.state.lock();
+    assert_ne!(
+        state.active.context.segment, before,
+        "the third batch rolled"
+    );
+    assert!(state.active.context.defined_sessions.contains(&5));
+    assert!(
+        !state.active.context.defined_sessions.contains(&1),
+        "a new segment starts without the old one's definitions"
+    );
+}

@@ -138,7 +138,10 @@ impl<'a> ParsedEvent<'a> {
     }
 }
 
-/// Waits as the durability asks; returns whether the batch is durable.
+/// An event frame's bytes beyond its data and envelope (frame header, seq, time, type and
+/// flags, lengths), rounded up: what a batch reserves per event before encoding.
+const EVENT_FRAME_ESTIMATE_BYTES: usize = 64;
+
 /// A batch queued by [`SessionWriter::submit_batch`] (or an append on its way).
 #[must_use = "a pending batch is acknowledged only by waiting for it"]
 pub struct PendingReceipt {
@@ -155,6 +158,17 @@ impl PendingReceipt {
         self.first_seq
     }
 
+    /// Whether [`PendingReceipt::wait`] would return at once: the batch is as durable as
+    /// it was submitted, or the log failed. An async caller checks this before handing
+    /// its thread to a blocking wait.
+    pub fn is_settled(&self) -> bool {
+        match (self.durability, self.store.log()) {
+            (Durability::Batched { .. }, _) | (_, Err(_)) => true,
+            (Durability::Sync, Ok(log)) => log.is_settled(self.ticket, true),
+            (Durability::Buffered, Ok(log)) => log.is_settled(self.ticket, false),
+        }
+    }
+
     /// Waits until the batch is as durable as it was submitted (durable for
     /// `submit_batch`). An error means it must not be taken as durable.
     pub fn wait(self) -> Result<Receipt> {
@@ -168,6 +182,7 @@ impl PendingReceipt {
     }
 }
 
+/// Waits as the durability asks; returns whether the batch is durable.
 pub(super) fn wait_for(log: &Log, ticket: u64, durability: Durability) -> Result<bool> {
     match durability {
         Durability::Sync => log.wait(ticket, true).map(|()| true),
@@ -183,7 +198,7 @@ pub(super) fn encode_header_if_new(
     seed: Option<Seed>,
     header_json: &str,
 ) -> Result<()> {
-    if context.defined_sessions.insert(number) {
+    if context.define_session(number) {
         Record::SessionHeader {
             session: number,
             seed_parent: seed.map_or(NO_SEED_PARENT, |seed| seed.parent),
@@ -262,7 +277,13 @@ impl Store {
                 entry.header_json.clone(),
             )
         };
+        let estimated_bytes: usize = events
+            .iter()
+            .map(|event| EVENT_FRAME_ESTIMATE_BYTES + event.data.len() + event.envelope.len())
+            .sum();
         let submitted = log.submit(durability, |context, out| {
+            // One reservation instead of the buffer regrowing frame by frame.
+            out.reserve(estimated_bytes);
             encode_header_if_new(context, out, number, seed, &header_json)?;
             // A batch is mostly runs of one type (a packed row's chunks): a type is looked
             // up in the segment's set once per run, not once per event.
@@ -271,7 +292,7 @@ impl Store {
                 if previous_type.replace(*type_number) == Some(*type_number) {
                     continue;
                 }
-                if context.defined_types.insert(*type_number) {
+                if context.define_type(*type_number) {
                     Record::TypeDefinition {
                         type_number: *type_number,
                         name: event.event_type.as_bytes(),
