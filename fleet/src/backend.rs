@@ -15,10 +15,10 @@ pub struct Fence {
 }
 
 /// One message to append to the tail log.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct TailPublish {
     pub subject: String,
-    pub payload: Vec<u8>,
+    pub payload: bytes::Bytes,
     /// Deduplication id (`Nats-Msg-Id`): a retry with the same id within the window is
     /// acknowledged with the first copy's sequence and not stored twice.
     pub msg_id: String,

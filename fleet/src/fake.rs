@@ -127,7 +127,7 @@ impl FakeStream {
             TailMessage {
                 stream_seq,
                 subject: message.subject,
-                payload: message.payload,
+                payload: message.payload.to_vec(),
             },
         );
         stream_seq

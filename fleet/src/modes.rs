@@ -261,7 +261,7 @@ pub(crate) fn tail_message(
     let first_seq = batch.first_seq();
     TailPublish {
         subject: session_subject(&batch.session, shard),
-        payload,
+        payload: payload.into(),
         msg_id: format!("{}/{first_seq}/e{}", batch.session, owned.epoch),
         fence: Some(Fence {
             subject: epoch_subject(shard),

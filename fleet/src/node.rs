@@ -988,7 +988,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         self.tail
             .publish(TailPublish {
                 subject: subject.clone(),
-                payload: to_json(&marker),
+                payload: to_json(&marker).into(),
                 msg_id: format!(
                     "e/{shard}/{epoch}/{}/{}",
                     self.config.node_id, self.config.generation
@@ -1437,19 +1437,20 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 }
             }
         }
-        let group = GroupTurn {
+        let mut group = GroupTurn {
             node: self,
             stream,
             group: self.take_group(stream),
             finished: false,
         };
+        // The messages move to the publish: the turn keeps only what answers each write.
         let writes: Vec<GroupWrite> = group
             .group
-            .iter()
+            .iter_mut()
             .map(|write| GroupWrite {
                 shard: write.shard,
                 owned: write.owned,
-                message: write.message.clone(),
+                message: std::mem::take(&mut write.message),
             })
             .collect();
         let started = std::time::Instant::now();
@@ -1537,7 +1538,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 }
                 let payloads: Vec<&[u8]> = indices
                     .iter()
-                    .map(|index| writes[*index].message.payload.as_slice())
+                    .map(|index| writes[*index].message.payload.as_ref())
                     .collect();
                 let payload = TailGroup::encode_from(shard, first.owned.epoch, &payloads);
                 let digest = blake3::hash(&payload).to_hex();
@@ -1547,7 +1548,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                     message: TailPublish {
                         subject: group_subject(shard),
                         msg_id: format!("g/{shard}/e{}/{}", first.owned.epoch, &digest[..32]),
-                        payload,
+                        payload: payload.into(),
                         fence: first.message.fence.clone(),
                         headers: vec![
                             ("Dsh-Epoch".to_string(), first.owned.epoch.to_string()),

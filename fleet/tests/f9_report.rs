@@ -230,7 +230,7 @@ async fn tail_publish_latencies(token: &str) -> Vec<Duration> {
     for index in 0..LATENCY_APPENDS as u64 {
         let message = TailPublish {
             subject: subject.clone(),
-            payload: event_data(&subject, index).into_bytes(),
+            payload: event_data(&subject, index).into_bytes().into(),
             msg_id: format!("f9floor{token}x{index}"),
             fence: None,
             headers: Vec::new(),
@@ -397,7 +397,7 @@ async fn publish_closed_loop(
                             TailPublish {
                                 msg_id: format!("{subject}x{index}"),
                                 subject,
-                                payload: vec![b'x'; bytes / messages],
+                                payload: vec![b'x'; bytes / messages].into(),
                                 fence: fence.clone(),
                                 headers: Vec::new(),
                             }
@@ -425,7 +425,7 @@ async fn publish_closed_loop(
 async fn floor_marker(nats: &Nats, subject: &str) -> Fence {
     let marker = TailPublish {
         subject: subject.to_string(),
-        payload: Vec::new(),
+        payload: bytes::Bytes::new(),
         msg_id: format!("{subject}x-marker"),
         fence: None,
         headers: Vec::new(),

@@ -1409,7 +1409,7 @@ fn concurrent_writes_of_one_shard_are_not_taken_for_a_fence() {
     let tail = world.tail.client(LinkControl::default());
     let fenced = |index: usize| TailPublish {
         subject: format!("dsh.99.{index}.s.x"),
-        payload: vec![1],
+        payload: vec![1].into(),
         msg_id: format!("probe/{index}"),
         fence: Some(Fence {
             subject: "dsh.99.0.e".to_string(),
