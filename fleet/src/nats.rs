@@ -306,7 +306,7 @@ impl TailLog for Nats {
             });
         let pending = self
             .context
-            .publish_with_headers(message.subject, headers, message.payload.into())
+            .publish_with_headers(message.subject, headers, message.payload)
             .await
             .map_err(|error| publish_error(&fence_subject, expected, error))?;
         let ack = pending
@@ -354,7 +354,7 @@ impl TailLog for Nats {
                 // Staged by the server without an answer; the commit's answer covers them
                 // (a lost one makes the batch incomplete, refused as a whole).
                 client
-                    .publish_with_headers(message.subject, headers, message.payload.into())
+                    .publish_with_headers(message.subject, headers, message.payload)
                     .await
                     .map_err(|error| unavailable("group publish", error))?;
             }
@@ -364,7 +364,7 @@ impl TailLog for Nats {
         };
         let pending = self
             .context
-            .publish_with_headers(subject, headers, payload.into())
+            .publish_with_headers(subject, headers, payload)
             .await
             .map_err(|error| batch_error(&fence_subject, expected, error))?;
         let ack = pending
