@@ -32,6 +32,7 @@ pub mod canonical;
 mod dsh_lines;
 pub mod layout;
 mod parts;
+mod row_line;
 pub(crate) mod scan;
 pub mod spill_lines;
 #[cfg(feature = "sqlite")]
@@ -48,6 +49,7 @@ use crate::storage::frame::{
 use crate::store::{now_millis, Event, NewEvent, ParsedEvent, Store};
 use scan::{pack_row, Record, Scanned};
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 
 pub use bounded::{
     ImportLimits, IMPORT_LINE_ENVELOPE_BYTES, MAX_IMPORT_LINE_BYTES, MAX_IMPORT_PLAINTEXT_BYTES,
@@ -239,9 +241,9 @@ pub(crate) fn stored_line(
             // The members' texts move into the stored events: nothing is copied per member.
             for (position, event) in members.into_iter().enumerate() {
                 let mut stored = OwnedEvent {
-                    event_type: event.event_type,
+                    event_type: Cow::Owned(event.event_type),
                     time: event.time,
-                    data: event.data,
+                    data: StagedData::Parsed(event.data),
                     envelope: String::new(),
                     flags: EVENT_FLAG_ROW_MEMBER,
                 };
@@ -288,39 +290,78 @@ pub(crate) fn batch_ranges(
 }
 
 pub(crate) struct OwnedEvent {
-    event_type: String,
+    event_type: Cow<'static, str>,
     time: i64,
-    /// Parsed when the line was read: the store need not parse it again
+    /// Known to be one JSON value when the line was read: the store need not parse it again
     /// ([`OwnedEvent::as_parsed`]).
-    data: Box<RawValue>,
+    data: StagedData,
     envelope: String,
     pub(crate) flags: u8,
 }
 
+/// An event's `data` text on its way to the store, one JSON value either way.
+enum StagedData {
+    /// Parsed from the line.
+    Parsed(Box<RawValue>),
+    /// A packed row member's text built from the parts the one-pass row reader checked
+    /// ([`row_line::CanonicalRow::member_data`]): no serde pass per member.
+    Built(String),
+}
+
+impl StagedData {
+    fn text(&self) -> &str {
+        match self {
+            StagedData::Parsed(raw) => raw.get(),
+            StagedData::Built(text) => text,
+        }
+    }
+}
+
 impl OwnedEvent {
+    /// A member of a packed row read in one pass; `data` is
+    /// [`row_line::CanonicalRow::member_data`]'s text.
+    pub(crate) fn row_member(time: i64, data: String, flags: u8) -> Self {
+        Self {
+            event_type: Cow::Borrowed(scan::ROW_MEMBER_TYPE),
+            time,
+            data: StagedData::Built(data),
+            envelope: String::new(),
+            flags,
+        }
+    }
+
     /// Bytes the event stores, about (its payload and envelope).
     pub(crate) fn stored_bytes(&self) -> usize {
-        self.data.get().len() + self.envelope.len()
+        self.data.text().len() + self.envelope.len()
     }
 
     pub(crate) fn as_new(&self) -> NewEvent<'_> {
         NewEvent {
             event_type: &self.event_type,
             time: Some(self.time),
-            data: self.data.get(),
+            data: self.data.text(),
             envelope: &self.envelope,
             flags: self.flags,
         }
     }
 
     pub(crate) fn as_parsed(&self) -> ParsedEvent<'_> {
-        ParsedEvent::new(
-            &self.event_type,
-            self.time,
-            &self.data,
-            &self.envelope,
-            self.flags,
-        )
+        match &self.data {
+            StagedData::Parsed(data) => ParsedEvent::new(
+                &self.event_type,
+                self.time,
+                data,
+                &self.envelope,
+                self.flags,
+            ),
+            StagedData::Built(data) => ParsedEvent::built(
+                &self.event_type,
+                self.time,
+                (data, row_line::MEMBER_DATA_DEPTH),
+                &self.envelope,
+                self.flags,
+            ),
+        }
     }
 }
 
@@ -373,9 +414,9 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
     // reading the keys costs as much as the rest of the line).
     if let Some(envelope) = line.and_then(|line| canonical_envelope(event, line)) {
         return OwnedEvent {
-            event_type: event.event_type.clone(),
+            event_type: Cow::Owned(event.event_type.clone()),
             time: event.time,
-            data: event.data.clone(),
+            data: StagedData::Parsed(event.data.clone()),
             envelope,
             flags: 0,
         };
@@ -393,18 +434,18 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
             || object_keys(&format!("{{{}}}", candidate.envelope)).is_ok();
         if envelope_ok && candidate.to_json_line().as_bytes() == raw {
             return OwnedEvent {
-                event_type: candidate.event_type,
+                event_type: Cow::Owned(candidate.event_type),
                 time: candidate.time,
-                data: event.data.clone(),
+                data: StagedData::Parsed(event.data.clone()),
                 envelope: candidate.envelope,
                 flags: 0,
             };
         }
     }
     OwnedEvent {
-        event_type: event.event_type.clone(),
+        event_type: Cow::Owned(event.event_type.clone()),
         time: event.time,
-        data: event.data.clone(),
+        data: StagedData::Parsed(event.data.clone()),
         envelope: verbatim_envelope(raw),
         flags: EVENT_FLAG_VERBATIM_LINE,
     }

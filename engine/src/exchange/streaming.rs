@@ -22,6 +22,7 @@
 //! ([`super::MAX_IMPORT_PLAINTEXT_BYTES`] is the in-memory import's).
 
 use super::bounded::{ImportLimits, LineGuard};
+use super::row_line::{opens_as_row, read_canonical_row, CanonicalRow};
 use super::scan::{check_header, decode_record, Record};
 use super::zstd_codec::torn_tail;
 use super::{
@@ -30,7 +31,7 @@ use super::{
 };
 use crate::limits::{STREAM_DECODE_BYTES, STREAM_READ_BYTES};
 use crate::session::{RestoreCheck, TURN_END};
-use crate::storage::frame::EVENT_FLAG_BATCH_START;
+use crate::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
 use crate::store::{is_stage_id, now_millis, ParsedEvent, SessionWriter, Store};
 use std::collections::VecDeque;
 use std::io::Read;
@@ -471,10 +472,7 @@ impl<P: Plaintext> Lines<P> {
 
     fn next(&mut self) -> Streamed<LineRead> {
         loop {
-            if let Some(at) = self.buffer[self.searched..]
-                .iter()
-                .position(|&byte| byte == b'\n')
-            {
+            if let Some(at) = memchr::memchr(b'\n', &self.buffer[self.searched..]) {
                 let end = self.searched + at;
                 self.line = self.start..end;
                 let offset = self.base + self.start as u64;
@@ -521,11 +519,58 @@ struct LineScanner {
     gap: Option<String>,
 }
 
-fn has_turn_end(record: &Record) -> bool {
-    record
-        .events()
-        .iter()
-        .any(|event| event.event_type == TURN_END)
+/// A committed line's content.
+enum Decoded<'line> {
+    /// A packed row exactly as DSH writes it, read in one pass (`row_line`).
+    Row(CanonicalRow<'line>),
+    /// Any other line, read the general way ([`decode_record`]).
+    Record(Record),
+}
+
+impl Decoded<'_> {
+    fn events(&self) -> u64 {
+        match self {
+            Decoded::Row(row) => row.members(),
+            Decoded::Record(record) => record.events().len() as u64,
+        }
+    }
+
+    /// A row's members are `assistant/chunk` events.
+    fn has_turn_end(&self) -> bool {
+        match self {
+            Decoded::Row(_) => false,
+            Decoded::Record(record) => record
+                .events()
+                .iter()
+                .any(|event| event.event_type == TURN_END),
+        }
+    }
+
+    /// The first event whose seq is not the one expected from `expected` on: its seq and
+    /// the one expected.
+    fn misplaced(&self, expected: u64) -> Option<(u64, u64)> {
+        match self {
+            Decoded::Row(row) => (row.seq0 != expected).then_some((row.seq0, expected)),
+            Decoded::Record(record) => record
+                .events()
+                .iter()
+                .zip(expected..)
+                .find(|(event, expected)| event.seq != *expected)
+                .map(|(event, expected)| (event.seq, expected)),
+        }
+    }
+}
+
+/// Decodes one line: a row as DSH writes it in one pass, anything else the general way.
+fn decode_line(raw: &[u8]) -> Result<Decoded<'_>, ()> {
+    let row = opens_as_row(raw)
+        .then(|| std::str::from_utf8(raw).ok())
+        .flatten()
+        .and_then(read_canonical_row);
+    match row {
+        Some(row) => Ok(Decoded::Row(row)),
+        None => decode_record(raw).map(Decoded::Record),
+    }
 }
 
 impl LineScanner {
@@ -541,43 +586,38 @@ impl LineScanner {
 
     /// Takes the next complete line, ending at plaintext offset `end` (after its `\n`);
     /// returns its record when it is committed.
-    fn line(&mut self, raw: &[u8], end: u64) -> Streamed<Option<Record>> {
+    fn line<'line>(&mut self, raw: &'line [u8], end: u64) -> Streamed<Option<Decoded<'line>>> {
         if self.gap.is_some() {
             return Ok(None);
         }
         self.line_number += 1;
-        let decoded = decode_record(raw);
+        let decoded = decode_line(raw);
         if self.issue.is_some() {
-            if decoded.as_ref().is_ok_and(has_turn_end) {
+            if decoded.as_ref().is_ok_and(Decoded::has_turn_end) {
                 return Err(Stop::HandOver);
             }
             return Ok(None);
         }
-        let Ok(record) = decoded else {
+        let Ok(decoded) = decoded else {
             self.issue = Some(format!(
                 "corrupt session log: unparsable committed event at line {}",
                 self.line_number
             ));
             return Ok(None);
         };
-        let misplaced = record
-            .events()
-            .iter()
-            .zip(self.expected..)
-            .find(|(event, expected)| event.seq != *expected);
-        if let Some((bad, expected)) = misplaced {
-            if has_turn_end(&record) {
+        if let Some((bad, expected)) = decoded.misplaced(self.expected) {
+            if decoded.has_turn_end() {
                 return Err(Stop::HandOver);
             }
             self.gap = Some(format!(
-                "corrupt session log: seq gap in committed region at line {} (expected {expected}, got {})",
-                self.line_number, bad.seq
+                "corrupt session log: seq gap in committed region at line {} (expected {expected}, got {bad})",
+                self.line_number
             ));
             return Ok(None);
         }
-        self.expected += record.events().len() as u64;
+        self.expected += decoded.events();
         self.committed = end;
-        Ok(Some(record))
+        Ok(Some(decoded))
     }
 
     /// The discardable tail, given the plaintext length read.
@@ -624,7 +664,7 @@ fn writer_stopped() -> Stop {
 
 impl Stage {
     /// Adds one line's events (a packed row's members stay in one batch).
-    fn push(&mut self, events: Vec<OwnedEvent>) -> Streamed<()> {
+    fn push(&mut self, events: impl IntoIterator<Item = OwnedEvent>) -> Streamed<()> {
         if self.batch_bytes >= self.limit {
             self.flush()?;
         }
@@ -778,18 +818,29 @@ fn stage_lines(
     } = lines.next()?
     {
         let end = offset + lines.line().len() as u64 + 1;
-        if let Some(record) = scanner.line(lines.line(), end)? {
-            for event in record.events() {
-                check.admit(event).map_err(|_| Stop::HandOver)?;
-            }
-            report.events += record.events().len() as u64;
+        if let Some(decoded) = scanner.line(lines.line(), end)? {
+            report.events += decoded.events();
             report.lines += 1;
             let flag = if batch_start {
                 EVENT_FLAG_BATCH_START
             } else {
                 0
             };
-            stage.push(stored_line(lines.line(), record, flag, &mut report))?;
+            match decoded {
+                Decoded::Row(row) => {
+                    check
+                        .admit_chunk_row(row.seq0, row.members(), row.last_time())
+                        .map_err(|_| Stop::HandOver)?;
+                    report.rows += 1;
+                    stage_row(stage, &row, flag)?;
+                }
+                Decoded::Record(record) => {
+                    for event in record.events() {
+                        check.admit(event).map_err(|_| Stop::HandOver)?;
+                    }
+                    stage.push(stored_line(lines.line(), record, flag, &mut report))?;
+                }
+            }
         }
         let consumed = lines.source.consumed();
         if consumed - reported >= STREAM_READ_BYTES as u64 {
@@ -808,6 +859,26 @@ fn stage_lines(
     check.finish(now_millis()).map_err(|_| Stop::HandOver)?;
     stage.flush()?;
     Ok(report)
+}
+
+/// Stages a row read in one pass as [`stored_line`] stores a row whose re-packing is its
+/// line (which it is, by construction): its members split, the first flagged as the row's
+/// start and with `batch_flag`, no verbatim copy.
+fn stage_row(stage: &mut Stage, row: &CanonicalRow<'_>, batch_flag: u8) -> Streamed<()> {
+    let prefix = row.shape.member_prefix();
+    let members =
+        row.member_data(&prefix)
+            .zip(&row.times)
+            .enumerate()
+            .map(|(position, (data, time))| {
+                let flags = if position == 0 {
+                    EVENT_FLAG_ROW_START | batch_flag
+                } else {
+                    EVENT_FLAG_ROW_MEMBER
+                };
+                OwnedEvent::row_member(*time, data, flags)
+            });
+    stage.push(members)
 }
 
 #[cfg(test)]

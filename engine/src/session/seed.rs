@@ -369,6 +369,33 @@ impl RestoreCheck {
         Ok(())
     }
 
+    /// [`Self::admit`] of a packed row's `members` `assistant/chunk` events, seqs from
+    /// `seq0`, the last at `last_time`, none ignorable and none with `surfaceOp` or
+    /// `sourceEventSeqs` (what a row decodes to), without building them.
+    ///
+    /// What [`Self::admit`] does with such an event depends on its seq alone: the type is
+    /// known, neither removed nor migrated; the repair scan does not look at chunks; the
+    /// seed rules of a log-only type are the seq check; and the surface fold applies it as
+    /// log-only ([`SurfaceFold::apply_log_only`]). So the members are admitted seq by seq.
+    pub fn admit_chunk_row(
+        &mut self,
+        seq0: u64,
+        members: u64,
+        last_time: i64,
+    ) -> Result<(), RestoreUndecided> {
+        let mut last_seq = seq0;
+        for seq in (0..members).map(|offset| seq0.saturating_add(offset)) {
+            let undecided = RestoreUndecided { seq };
+            usize::try_from(seq).map_err(|_| undecided)?;
+            self.fold.apply_log_only(seq).map_err(|_| undecided)?;
+            last_seq = seq;
+        }
+        if members > 0 {
+            self.last = Some((last_seq, last_time, false));
+        }
+        Ok(())
+    }
+
     /// The seed validation of one event (index = seq) and its surface fold.
     fn seed_event(&mut self, event: &SessionEvent) -> Result<(), SessionError> {
         let index = usize::try_from(event.seq).map_err(|_| SessionError::SeedNotContiguous {
