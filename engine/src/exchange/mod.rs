@@ -49,7 +49,6 @@ use crate::storage::frame::{
 use crate::store::{now_millis, Event, NewEvent, ParsedEvent, Store};
 use scan::{pack_row, Record, Scanned};
 use serde_json::value::RawValue;
-use std::borrow::Cow;
 
 pub use bounded::{
     ImportLimits, IMPORT_LINE_ENVELOPE_BYTES, MAX_IMPORT_LINE_BYTES, MAX_IMPORT_PLAINTEXT_BYTES,
@@ -241,9 +240,9 @@ pub(crate) fn stored_line(
             // The members' texts move into the stored events: nothing is copied per member.
             for (position, event) in members.into_iter().enumerate() {
                 let mut stored = OwnedEvent {
-                    event_type: Cow::Owned(event.event_type),
+                    event_type: event.event_type,
                     time: event.time,
-                    data: StagedData::Parsed(event.data),
+                    data: event.data,
                     envelope: String::new(),
                     flags: EVENT_FLAG_ROW_MEMBER,
                 };
@@ -290,78 +289,39 @@ pub(crate) fn batch_ranges(
 }
 
 pub(crate) struct OwnedEvent {
-    event_type: Cow<'static, str>,
+    event_type: String,
     time: i64,
-    /// Known to be one JSON value when the line was read: the store need not parse it again
+    /// Parsed when the line was read: the store need not parse it again
     /// ([`OwnedEvent::as_parsed`]).
-    data: StagedData,
+    data: Box<RawValue>,
     envelope: String,
     pub(crate) flags: u8,
 }
 
-/// An event's `data` text on its way to the store, one JSON value either way.
-enum StagedData {
-    /// Parsed from the line.
-    Parsed(Box<RawValue>),
-    /// A packed row member's text built from the parts the one-pass row reader checked
-    /// ([`row_line::CanonicalRow::member_data`]): no serde pass per member.
-    Built(String),
-}
-
-impl StagedData {
-    fn text(&self) -> &str {
-        match self {
-            StagedData::Parsed(raw) => raw.get(),
-            StagedData::Built(text) => text,
-        }
-    }
-}
-
 impl OwnedEvent {
-    /// A member of a packed row read in one pass; `data` is
-    /// [`row_line::CanonicalRow::member_data`]'s text.
-    pub(crate) fn row_member(time: i64, data: String, flags: u8) -> Self {
-        Self {
-            event_type: Cow::Borrowed(scan::ROW_MEMBER_TYPE),
-            time,
-            data: StagedData::Built(data),
-            envelope: String::new(),
-            flags,
-        }
-    }
-
     /// Bytes the event stores, about (its payload and envelope).
     pub(crate) fn stored_bytes(&self) -> usize {
-        self.data.text().len() + self.envelope.len()
+        self.data.get().len() + self.envelope.len()
     }
 
     pub(crate) fn as_new(&self) -> NewEvent<'_> {
         NewEvent {
             event_type: &self.event_type,
             time: Some(self.time),
-            data: self.data.text(),
+            data: self.data.get(),
             envelope: &self.envelope,
             flags: self.flags,
         }
     }
 
     pub(crate) fn as_parsed(&self) -> ParsedEvent<'_> {
-        match &self.data {
-            StagedData::Parsed(data) => ParsedEvent::new(
-                &self.event_type,
-                self.time,
-                data,
-                &self.envelope,
-                self.flags,
-            ),
-            StagedData::Built(data) => ParsedEvent::built(
-                &self.event_type,
-                self.time,
-                (data, row_line::MEMBER_DATA_DEPTH),
-                &self.envelope,
-                self.flags,
-            ),
-        }
+        ParsedEvent::new(
+            &self.event_type,
+            self.time,
+            &self.data,
+            &self.envelope,
+            self.flags,
+        )
     }
 }
 
@@ -414,9 +374,9 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
     // reading the keys costs as much as the rest of the line).
     if let Some(envelope) = line.and_then(|line| canonical_envelope(event, line)) {
         return OwnedEvent {
-            event_type: Cow::Owned(event.event_type.clone()),
+            event_type: event.event_type.clone(),
             time: event.time,
-            data: StagedData::Parsed(event.data.clone()),
+            data: event.data.clone(),
             envelope,
             flags: 0,
         };
@@ -434,18 +394,18 @@ pub(crate) fn plain_event(event: &SessionEvent, raw: &[u8]) -> OwnedEvent {
             || object_keys(&format!("{{{}}}", candidate.envelope)).is_ok();
         if envelope_ok && candidate.to_json_line().as_bytes() == raw {
             return OwnedEvent {
-                event_type: Cow::Owned(candidate.event_type),
+                event_type: candidate.event_type,
                 time: candidate.time,
-                data: StagedData::Parsed(event.data.clone()),
+                data: event.data.clone(),
                 envelope: candidate.envelope,
                 flags: 0,
             };
         }
     }
     OwnedEvent {
-        event_type: Cow::Owned(event.event_type.clone()),
+        event_type: event.event_type.clone(),
         time: event.time,
-        data: StagedData::Parsed(event.data.clone()),
+        data: event.data.clone(),
         envelope: verbatim_envelope(raw),
         flags: EVENT_FLAG_VERBATIM_LINE,
     }

@@ -41,22 +41,15 @@ impl CanonicalRow<'_> {
     pub(crate) fn last_time(&self) -> i64 {
         self.times.last().copied().unwrap_or_default()
     }
+}
 
-    /// Every member's `data` text: `prefix` ([`RowShape::member_prefix`]), its payload, and
-    /// [`MEMBER_DATA_SUFFIX`]. One JSON value by construction (checked parts).
-    pub(crate) fn member_data<'row>(
-        &'row self,
-        prefix: &'row str,
-    ) -> impl Iterator<Item = String> + 'row {
-        self.payloads.iter().map(move |payload| {
-            let mut data =
-                String::with_capacity(prefix.len() + payload.len() + MEMBER_DATA_SUFFIX.len());
-            data.push_str(prefix);
-            data.push_str(payload);
-            data.push_str(MEMBER_DATA_SUFFIX);
-            data
-        })
-    }
+/// Appends a row member's `data` text to `out`: `prefix` ([`RowShape::member_prefix`]),
+/// its `payload` and [`MEMBER_DATA_SUFFIX`]. One JSON value by construction (checked
+/// parts), nesting [`MEMBER_DATA_DEPTH`] deep.
+pub(crate) fn push_member_data(out: &mut String, prefix: &str, payload: &str) {
+    out.push_str(prefix);
+    out.push_str(payload);
+    out.push_str(MEMBER_DATA_SUFFIX);
 }
 
 /// How every line [`read_canonical_row`] reads starts (before the row's tag).

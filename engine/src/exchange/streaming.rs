@@ -22,7 +22,10 @@
 //! ([`super::MAX_IMPORT_PLAINTEXT_BYTES`] is the in-memory import's).
 
 use super::bounded::{ImportLimits, LineGuard};
-use super::row_line::{opens_as_row, read_canonical_row, CanonicalRow};
+use super::row_line::{
+    opens_as_row, push_member_data, read_canonical_row, CanonicalRow, MEMBER_DATA_DEPTH,
+};
+use super::scan::ROW_MEMBER_TYPE;
 use super::scan::{check_header, decode_record, Record};
 use super::zstd_codec::torn_tail;
 use super::{
@@ -646,13 +649,66 @@ impl LineScanner {
 /// The writing thread sends each batch back once written, and this thread empties it and
 /// gathers the next one in it: the events are freed by the thread that allocated them (a
 /// free from another thread takes the allocator's arena lock, and the two threads contended
-/// for it on every event), and the batch's vector is not grown again from empty.
+/// for it on every event), and the batch's vector and texts are not grown again from empty.
 struct Stage {
-    batches: SyncSender<Vec<OwnedEvent>>,
-    written: Receiver<Vec<OwnedEvent>>,
-    batch: Vec<OwnedEvent>,
+    batches: SyncSender<Batch>,
+    written: Receiver<Batch>,
+    batch: Batch,
     batch_bytes: usize,
     limit: usize,
+}
+
+/// Events on their way to the stage.
+#[derive(Default)]
+struct Batch {
+    events: Vec<StagedEvent>,
+    /// The `data` texts of the batch's row members, one after another: one buffer reused
+    /// from batch to batch instead of an allocation per member.
+    texts: String,
+}
+
+enum StagedEvent {
+    /// An event of a line read the general way ([`stored_line`]).
+    Line(OwnedEvent),
+    /// A member of a row read in one pass: its `data` is `texts[data]` of its batch.
+    RowMember {
+        time: i64,
+        data: std::ops::Range<usize>,
+        flags: u8,
+    },
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.events.clear();
+        self.texts.clear();
+    }
+
+    /// The batch as the store takes it.
+    fn parsed(&self) -> crate::Result<Vec<ParsedEvent<'_>>> {
+        self.events
+            .iter()
+            .map(|event| self.parsed_event(event))
+            .collect()
+    }
+
+    fn parsed_event<'a>(&'a self, event: &'a StagedEvent) -> crate::Result<ParsedEvent<'a>> {
+        match event {
+            StagedEvent::Line(owned) => Ok(owned.as_parsed()),
+            StagedEvent::RowMember { time, data, flags } => {
+                let text = self.texts.get(data.clone()).ok_or_else(|| {
+                    crate::Error::invalid("a staged row member's text is not in its batch")
+                })?;
+                Ok(ParsedEvent::built(
+                    ROW_MEMBER_TYPE,
+                    *time,
+                    (text, MEMBER_DATA_DEPTH),
+                    "",
+                    *flags,
+                ))
+            }
+        }
+    }
 }
 
 /// The writing thread stopped; its own result says why.
@@ -662,25 +718,54 @@ fn writer_stopped() -> Stop {
     )))
 }
 
+/// Per-event framing overhead in a batch's size, roughly, in bytes.
+const EVENT_FRAMING_BYTES: usize = 64;
+
 impl Stage {
     /// Adds one line's events (a packed row's members stay in one batch).
-    fn push(&mut self, events: impl IntoIterator<Item = OwnedEvent>) -> Streamed<()> {
+    fn push(&mut self, events: Vec<OwnedEvent>) -> Streamed<()> {
         if self.batch_bytes >= self.limit {
             self.flush()?;
         }
         for event in events {
-            // Per-event framing overhead, roughly.
-            self.batch_bytes += event.stored_bytes() + 64;
-            self.batch.push(event);
+            self.batch_bytes += event.stored_bytes() + EVENT_FRAMING_BYTES;
+            self.batch.events.push(StagedEvent::Line(event));
+        }
+        Ok(())
+    }
+
+    /// Adds a row read in one pass as [`stored_line`] stores a row whose re-packing is its
+    /// line (which it is, by construction): its members split, the first flagged as the
+    /// row's start and with `batch_flag`, no verbatim copy.
+    fn push_row(&mut self, row: &CanonicalRow<'_>, batch_flag: u8) -> Streamed<()> {
+        if self.batch_bytes >= self.limit {
+            self.flush()?;
+        }
+        let prefix = row.shape.member_prefix();
+        for (position, (payload, time)) in row.payloads.iter().zip(&row.times).enumerate() {
+            let start = self.batch.texts.len();
+            push_member_data(&mut self.batch.texts, &prefix, payload);
+            let data = start..self.batch.texts.len();
+            self.batch_bytes += data.len() + EVENT_FRAMING_BYTES;
+            let flags = if position == 0 {
+                EVENT_FLAG_ROW_START | batch_flag
+            } else {
+                EVENT_FLAG_ROW_MEMBER
+            };
+            self.batch.events.push(StagedEvent::RowMember {
+                time: *time,
+                data,
+                flags,
+            });
         }
         Ok(())
     }
 
     fn flush(&mut self) -> Streamed<()> {
-        if self.batch.is_empty() {
+        if self.batch.events.is_empty() {
             return Ok(());
         }
-        let capacity = self.batch.capacity();
+        let capacity = (self.batch.events.capacity(), self.batch.texts.capacity());
         let batch = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
         self.batches.send(batch).map_err(|_| writer_stopped())?;
@@ -689,8 +774,11 @@ impl Stage {
             written.clear();
             self.batch = written;
         }
-        if self.batch.capacity() == 0 {
-            self.batch = Vec::with_capacity(capacity);
+        if self.batch.events.capacity() == 0 {
+            self.batch = Batch {
+                events: Vec::with_capacity(capacity.0),
+                texts: String::with_capacity(capacity.1),
+            };
         }
         Ok(())
     }
@@ -700,11 +788,11 @@ impl Stage {
 /// ([`Stage`]), until the channel closes or an append fails.
 fn write_batches(
     writer: &mut SessionWriter,
-    batches: Receiver<Vec<OwnedEvent>>,
-    written: Sender<Vec<OwnedEvent>>,
+    batches: Receiver<Batch>,
+    written: Sender<Batch>,
 ) -> crate::Result<()> {
     for batch in batches {
-        let events: Vec<ParsedEvent<'_>> = batch.iter().map(OwnedEvent::as_parsed).collect();
+        let events = batch.parsed()?;
         writer.append_parsed_batch(&events)?;
         drop(events);
         // Once the gathering thread has stopped, the batch is dropped here instead.
@@ -763,7 +851,7 @@ fn stream(
         let mut stage = Stage {
             batches: sender,
             written,
-            batch: Vec::new(),
+            batch: Batch::default(),
             batch_bytes: 0,
             limit: options.stage_batch_bytes,
         };
@@ -832,7 +920,7 @@ fn stage_lines(
                         .admit_chunk_row(row.seq0, row.members(), row.last_time())
                         .map_err(|_| Stop::HandOver)?;
                     report.rows += 1;
-                    stage_row(stage, &row, flag)?;
+                    stage.push_row(&row, flag)?;
                 }
                 Decoded::Record(record) => {
                     for event in record.events() {
@@ -859,26 +947,6 @@ fn stage_lines(
     check.finish(now_millis()).map_err(|_| Stop::HandOver)?;
     stage.flush()?;
     Ok(report)
-}
-
-/// Stages a row read in one pass as [`stored_line`] stores a row whose re-packing is its
-/// line (which it is, by construction): its members split, the first flagged as the row's
-/// start and with `batch_flag`, no verbatim copy.
-fn stage_row(stage: &mut Stage, row: &CanonicalRow<'_>, batch_flag: u8) -> Streamed<()> {
-    let prefix = row.shape.member_prefix();
-    let members =
-        row.member_data(&prefix)
-            .zip(&row.times)
-            .enumerate()
-            .map(|(position, (data, time))| {
-                let flags = if position == 0 {
-                    EVENT_FLAG_ROW_START | batch_flag
-                } else {
-                    EVENT_FLAG_ROW_MEMBER
-                };
-                OwnedEvent::row_member(*time, data, flags)
-            });
-    stage.push(members)
 }
 
 #[cfg(test)]

@@ -114,10 +114,15 @@ fn agrees(line: &str) -> bool {
     };
     let prefix = row.shape.member_prefix();
     let fast: Vec<(u64, i64, String)> = row
-        .member_data(&prefix)
+        .payloads
+        .iter()
         .zip(row.seq0..)
         .zip(&row.times)
-        .map(|((data, seq), time)| (seq, *time, data))
+        .map(|((payload, seq), time)| {
+            let mut data = String::new();
+            push_member_data(&mut data, &prefix, payload);
+            (seq, *time, data)
+        })
         .collect();
     let general: Vec<(u64, i64, String)> = members
         .iter()
