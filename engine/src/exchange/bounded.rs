@@ -64,7 +64,7 @@ impl LineGuard {
             });
         }
         let mut rest = chunk;
-        while let Some(newline) = rest.iter().position(|&byte| byte == b'\n') {
+        while let Some(newline) = memchr::memchr(b'\n', rest) {
             self.check_line(self.open_line.saturating_add(newline))?;
             self.completed_lines += 1;
             self.open_line = 0;

@@ -32,6 +32,7 @@ pub mod canonical;
 mod dsh_lines;
 pub mod layout;
 mod parts;
+mod row_line;
 pub(crate) mod scan;
 pub mod spill_lines;
 #[cfg(feature = "sqlite")]

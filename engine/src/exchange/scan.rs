@@ -34,7 +34,7 @@ impl RowTag {
         }
     }
 
-    fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         match self {
             RowTag::Text => "text-chunks",
             RowTag::Reasoning => "reasoning-chunks",
@@ -277,7 +277,7 @@ pub(crate) fn decode_record(raw: &[u8]) -> Result<Record, ()> {
 }
 
 /// [`decode_record`] of a line's text without [`row_parsed_once`].
-fn decode_generally(text: &str) -> Result<Record, ()> {
+pub(crate) fn decode_generally(text: &str) -> Result<Record, ()> {
     let tag = record_tag(text)?;
     match tag.as_deref().and_then(RowTag::from_tag) {
         Some(tag) => expand_row(tag, text),
@@ -362,7 +362,7 @@ impl RowShape<'_> {
     /// What every member's `data` text starts with, in DSH key order: the data object up to
     /// the chunk's payload key (`"text":` or `"argumentsDelta":`); the payload and
     /// [`MEMBER_DATA_SUFFIX`] follow.
-    fn member_prefix(&self) -> String {
+    pub(crate) fn member_prefix(&self) -> String {
         let (id, name) = (self.id.unwrap_or("null"), self.name.unwrap_or(""));
         let mut prefix = String::with_capacity(96 + self.shared_bytes());
         prefix.push_str("{\"turn\":");
@@ -683,7 +683,7 @@ const MAX_PLAIN_INTEGER_BYTES: usize = 17;
 
 /// Splits a JSON integer without fraction or exponent (`-?(0|[1-9][0-9]*)`, at most
 /// [`MAX_PLAIN_INTEGER_BYTES`]) off the front of `text`.
-fn split_plain_integer(text: &str) -> Option<(&str, &str)> {
+pub(crate) fn split_plain_integer(text: &str) -> Option<(&str, &str)> {
     let bytes = text.as_bytes();
     let sign = usize::from(bytes.first() == Some(&b'-'));
     let digits = bytes[sign..]

@@ -22,6 +22,10 @@
 //! ([`super::MAX_IMPORT_PLAINTEXT_BYTES`] is the in-memory import's).
 
 use super::bounded::{ImportLimits, LineGuard};
+use super::row_line::{
+    opens_as_row, push_member_data, read_canonical_row, CanonicalRow, MEMBER_DATA_DEPTH,
+};
+use super::scan::ROW_MEMBER_TYPE;
 use super::scan::{check_header, decode_record, Record};
 use super::zstd_codec::torn_tail;
 use super::{
@@ -30,7 +34,7 @@ use super::{
 };
 use crate::limits::{STREAM_DECODE_BYTES, STREAM_READ_BYTES};
 use crate::session::{RestoreCheck, TURN_END};
-use crate::storage::frame::EVENT_FLAG_BATCH_START;
+use crate::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
 use crate::store::{is_stage_id, now_millis, ParsedEvent, SessionWriter, Store};
 use std::collections::VecDeque;
 use std::io::Read;
@@ -471,10 +475,7 @@ impl<P: Plaintext> Lines<P> {
 
     fn next(&mut self) -> Streamed<LineRead> {
         loop {
-            if let Some(at) = self.buffer[self.searched..]
-                .iter()
-                .position(|&byte| byte == b'\n')
-            {
+            if let Some(at) = memchr::memchr(b'\n', &self.buffer[self.searched..]) {
                 let end = self.searched + at;
                 self.line = self.start..end;
                 let offset = self.base + self.start as u64;
@@ -521,11 +522,58 @@ struct LineScanner {
     gap: Option<String>,
 }
 
-fn has_turn_end(record: &Record) -> bool {
-    record
-        .events()
-        .iter()
-        .any(|event| event.event_type == TURN_END)
+/// A committed line's content.
+enum Decoded<'line> {
+    /// A packed row exactly as DSH writes it, read in one pass (`row_line`).
+    Row(CanonicalRow<'line>),
+    /// Any other line, read the general way ([`decode_record`]).
+    Record(Record),
+}
+
+impl Decoded<'_> {
+    fn events(&self) -> u64 {
+        match self {
+            Decoded::Row(row) => row.members(),
+            Decoded::Record(record) => record.events().len() as u64,
+        }
+    }
+
+    /// A row's members are `assistant/chunk` events.
+    fn has_turn_end(&self) -> bool {
+        match self {
+            Decoded::Row(_) => false,
+            Decoded::Record(record) => record
+                .events()
+                .iter()
+                .any(|event| event.event_type == TURN_END),
+        }
+    }
+
+    /// The first event whose seq is not the one expected from `expected` on: its seq and
+    /// the one expected.
+    fn misplaced(&self, expected: u64) -> Option<(u64, u64)> {
+        match self {
+            Decoded::Row(row) => (row.seq0 != expected).then_some((row.seq0, expected)),
+            Decoded::Record(record) => record
+                .events()
+                .iter()
+                .zip(expected..)
+                .find(|(event, expected)| event.seq != *expected)
+                .map(|(event, expected)| (event.seq, expected)),
+        }
+    }
+}
+
+/// Decodes one line: a row as DSH writes it in one pass, anything else the general way.
+fn decode_line(raw: &[u8]) -> Result<Decoded<'_>, ()> {
+    let row = opens_as_row(raw)
+        .then(|| std::str::from_utf8(raw).ok())
+        .flatten()
+        .and_then(read_canonical_row);
+    match row {
+        Some(row) => Ok(Decoded::Row(row)),
+        None => decode_record(raw).map(Decoded::Record),
+    }
 }
 
 impl LineScanner {
@@ -541,43 +589,38 @@ impl LineScanner {
 
     /// Takes the next complete line, ending at plaintext offset `end` (after its `\n`);
     /// returns its record when it is committed.
-    fn line(&mut self, raw: &[u8], end: u64) -> Streamed<Option<Record>> {
+    fn line<'line>(&mut self, raw: &'line [u8], end: u64) -> Streamed<Option<Decoded<'line>>> {
         if self.gap.is_some() {
             return Ok(None);
         }
         self.line_number += 1;
-        let decoded = decode_record(raw);
+        let decoded = decode_line(raw);
         if self.issue.is_some() {
-            if decoded.as_ref().is_ok_and(has_turn_end) {
+            if decoded.as_ref().is_ok_and(Decoded::has_turn_end) {
                 return Err(Stop::HandOver);
             }
             return Ok(None);
         }
-        let Ok(record) = decoded else {
+        let Ok(decoded) = decoded else {
             self.issue = Some(format!(
                 "corrupt session log: unparsable committed event at line {}",
                 self.line_number
             ));
             return Ok(None);
         };
-        let misplaced = record
-            .events()
-            .iter()
-            .zip(self.expected..)
-            .find(|(event, expected)| event.seq != *expected);
-        if let Some((bad, expected)) = misplaced {
-            if has_turn_end(&record) {
+        if let Some((bad, expected)) = decoded.misplaced(self.expected) {
+            if decoded.has_turn_end() {
                 return Err(Stop::HandOver);
             }
             self.gap = Some(format!(
-                "corrupt session log: seq gap in committed region at line {} (expected {expected}, got {})",
-                self.line_number, bad.seq
+                "corrupt session log: seq gap in committed region at line {} (expected {expected}, got {bad})",
+                self.line_number
             ));
             return Ok(None);
         }
-        self.expected += record.events().len() as u64;
+        self.expected += decoded.events();
         self.committed = end;
-        Ok(Some(record))
+        Ok(Some(decoded))
     }
 
     /// The discardable tail, given the plaintext length read.
@@ -606,13 +649,66 @@ impl LineScanner {
 /// The writing thread sends each batch back once written, and this thread empties it and
 /// gathers the next one in it: the events are freed by the thread that allocated them (a
 /// free from another thread takes the allocator's arena lock, and the two threads contended
-/// for it on every event), and the batch's vector is not grown again from empty.
+/// for it on every event), and the batch's vector and texts are not grown again from empty.
 struct Stage {
-    batches: SyncSender<Vec<OwnedEvent>>,
-    written: Receiver<Vec<OwnedEvent>>,
-    batch: Vec<OwnedEvent>,
+    batches: SyncSender<Batch>,
+    written: Receiver<Batch>,
+    batch: Batch,
     batch_bytes: usize,
     limit: usize,
+}
+
+/// Events on their way to the stage.
+#[derive(Default)]
+struct Batch {
+    events: Vec<StagedEvent>,
+    /// The `data` texts of the batch's row members, one after another: one buffer reused
+    /// from batch to batch instead of an allocation per member.
+    texts: String,
+}
+
+enum StagedEvent {
+    /// An event of a line read the general way ([`stored_line`]).
+    Line(OwnedEvent),
+    /// A member of a row read in one pass: its `data` is `texts[data]` of its batch.
+    RowMember {
+        time: i64,
+        data: std::ops::Range<usize>,
+        flags: u8,
+    },
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.events.clear();
+        self.texts.clear();
+    }
+
+    /// The batch as the store takes it.
+    fn parsed(&self) -> crate::Result<Vec<ParsedEvent<'_>>> {
+        self.events
+            .iter()
+            .map(|event| self.parsed_event(event))
+            .collect()
+    }
+
+    fn parsed_event<'a>(&'a self, event: &'a StagedEvent) -> crate::Result<ParsedEvent<'a>> {
+        match event {
+            StagedEvent::Line(owned) => Ok(owned.as_parsed()),
+            StagedEvent::RowMember { time, data, flags } => {
+                let text = self.texts.get(data.clone()).ok_or_else(|| {
+                    crate::Error::invalid("a staged row member's text is not in its batch")
+                })?;
+                Ok(ParsedEvent::built(
+                    ROW_MEMBER_TYPE,
+                    *time,
+                    (text, MEMBER_DATA_DEPTH),
+                    "",
+                    *flags,
+                ))
+            }
+        }
+    }
 }
 
 /// The writing thread stopped; its own result says why.
@@ -622,6 +718,9 @@ fn writer_stopped() -> Stop {
     )))
 }
 
+/// Per-event framing overhead in a batch's size, roughly, in bytes.
+const EVENT_FRAMING_BYTES: usize = 64;
+
 impl Stage {
     /// Adds one line's events (a packed row's members stay in one batch).
     fn push(&mut self, events: Vec<OwnedEvent>) -> Streamed<()> {
@@ -629,18 +728,44 @@ impl Stage {
             self.flush()?;
         }
         for event in events {
-            // Per-event framing overhead, roughly.
-            self.batch_bytes += event.stored_bytes() + 64;
-            self.batch.push(event);
+            self.batch_bytes += event.stored_bytes() + EVENT_FRAMING_BYTES;
+            self.batch.events.push(StagedEvent::Line(event));
+        }
+        Ok(())
+    }
+
+    /// Adds a row read in one pass as [`stored_line`] stores a row whose re-packing is its
+    /// line (which it is, by construction): its members split, the first flagged as the
+    /// row's start and with `batch_flag`, no verbatim copy.
+    fn push_row(&mut self, row: &CanonicalRow<'_>, batch_flag: u8) -> Streamed<()> {
+        if self.batch_bytes >= self.limit {
+            self.flush()?;
+        }
+        let prefix = row.shape.member_prefix();
+        for (position, (payload, time)) in row.payloads.iter().zip(&row.times).enumerate() {
+            let start = self.batch.texts.len();
+            push_member_data(&mut self.batch.texts, &prefix, payload);
+            let data = start..self.batch.texts.len();
+            self.batch_bytes += data.len() + EVENT_FRAMING_BYTES;
+            let flags = if position == 0 {
+                EVENT_FLAG_ROW_START | batch_flag
+            } else {
+                EVENT_FLAG_ROW_MEMBER
+            };
+            self.batch.events.push(StagedEvent::RowMember {
+                time: *time,
+                data,
+                flags,
+            });
         }
         Ok(())
     }
 
     fn flush(&mut self) -> Streamed<()> {
-        if self.batch.is_empty() {
+        if self.batch.events.is_empty() {
             return Ok(());
         }
-        let capacity = self.batch.capacity();
+        let capacity = (self.batch.events.capacity(), self.batch.texts.capacity());
         let batch = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
         self.batches.send(batch).map_err(|_| writer_stopped())?;
@@ -649,8 +774,11 @@ impl Stage {
             written.clear();
             self.batch = written;
         }
-        if self.batch.capacity() == 0 {
-            self.batch = Vec::with_capacity(capacity);
+        if self.batch.events.capacity() == 0 {
+            self.batch = Batch {
+                events: Vec::with_capacity(capacity.0),
+                texts: String::with_capacity(capacity.1),
+            };
         }
         Ok(())
     }
@@ -660,11 +788,11 @@ impl Stage {
 /// ([`Stage`]), until the channel closes or an append fails.
 fn write_batches(
     writer: &mut SessionWriter,
-    batches: Receiver<Vec<OwnedEvent>>,
-    written: Sender<Vec<OwnedEvent>>,
+    batches: Receiver<Batch>,
+    written: Sender<Batch>,
 ) -> crate::Result<()> {
     for batch in batches {
-        let events: Vec<ParsedEvent<'_>> = batch.iter().map(OwnedEvent::as_parsed).collect();
+        let events = batch.parsed()?;
         writer.append_parsed_batch(&events)?;
         drop(events);
         // Once the gathering thread has stopped, the batch is dropped here instead.
@@ -723,7 +851,7 @@ fn stream(
         let mut stage = Stage {
             batches: sender,
             written,
-            batch: Vec::new(),
+            batch: Batch::default(),
             batch_bytes: 0,
             limit: options.stage_batch_bytes,
         };
@@ -778,18 +906,29 @@ fn stage_lines(
     } = lines.next()?
     {
         let end = offset + lines.line().len() as u64 + 1;
-        if let Some(record) = scanner.line(lines.line(), end)? {
-            for event in record.events() {
-                check.admit(event).map_err(|_| Stop::HandOver)?;
-            }
-            report.events += record.events().len() as u64;
+        if let Some(decoded) = scanner.line(lines.line(), end)? {
+            report.events += decoded.events();
             report.lines += 1;
             let flag = if batch_start {
                 EVENT_FLAG_BATCH_START
             } else {
                 0
             };
-            stage.push(stored_line(lines.line(), record, flag, &mut report))?;
+            match decoded {
+                Decoded::Row(row) => {
+                    check
+                        .admit_chunk_row(row.seq0, row.members(), row.last_time())
+                        .map_err(|_| Stop::HandOver)?;
+                    report.rows += 1;
+                    stage.push_row(&row, flag)?;
+                }
+                Decoded::Record(record) => {
+                    for event in record.events() {
+                        check.admit(event).map_err(|_| Stop::HandOver)?;
+                    }
+                    stage.push(stored_line(lines.line(), record, flag, &mut report))?;
+                }
+            }
         }
         let consumed = lines.source.consumed();
         if consumed - reported >= STREAM_READ_BYTES as u64 {

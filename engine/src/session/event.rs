@@ -396,6 +396,10 @@ fn parse_surface_op(event_type: &str, text: &str) -> Result<SurfaceOp, SessionEr
 }
 
 fn parse_sources(event_type: &str, seq: u64, text: &str) -> Result<Vec<u64>, SessionError> {
+    // A list in the plain form is read without a serde pass and a box per seq.
+    if let Some(seqs) = super::plain_json::canonical_seq_list(text) {
+        return Ok(seqs);
+    }
     let items: Vec<Box<RawValue>> =
         serde_json::from_str(text).map_err(|_| SessionError::SourcesNotArray {
             seq: seq.to_string(),

@@ -183,8 +183,12 @@ pub fn member<'text>(text: &'text str, key: &str) -> Option<&'text RawValue> {
 /// string is, so a lone surrogate escape is refused the same way) without building any
 /// value: an event's envelope can cite thousands of seqs, and each number as a `Value`
 /// (arbitrary precision) costs an allocation. Duplicate keys are listed as often as they
-/// stand.
+/// stand. An object in the plain form (`plain_json::plain_object_keys`) is read without
+/// serde: an envelope's `sourceEventSeqs` cites thousands of seqs.
 pub fn object_keys(text: &str) -> Result<Vec<String>, serde_json::Error> {
+    if let Some(keys) = super::plain_json::plain_object_keys(text) {
+        return Ok(keys);
+    }
     serde_json::from_str::<ObjectKeys>(text).map(|keys| keys.0)
 }
 

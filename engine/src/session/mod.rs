@@ -9,6 +9,7 @@
 //! - [`legacy`]: read-side same-version migrations (never rewrite stored bytes).
 //! - [`repair`]: crash-repair closers with DSH's exact text and key order.
 //! - [`relational`]: the optional companions (turn/step invariant, tool pairing).
+//! - [`plain_json`]: serde-free readings of JSON texts in the plain form DSH writes.
 
 pub mod error;
 pub mod event;
@@ -16,6 +17,7 @@ pub mod json;
 pub mod legacy;
 pub mod line;
 pub mod message;
+pub mod plain_json;
 pub mod relational;
 pub mod repair;
 pub mod seed;

@@ -363,21 +363,61 @@ impl RestoreCheck {
         if !event.ignorable && !is_known_event_type(&event.event_type) {
             return Err(undecided);
         }
-        self.repair.observe(event);
-        self.seed_event(event).map_err(|_| undecided)?;
+        // A message-bearing event's payload is parsed once for the repair scan and the
+        // seed rules: for these types `RepairScan::observe` reads the same parse.
+        let parsed = is_surface_eligible_type(&event.event_type).then(|| event.data_value());
+        match &parsed {
+            Some(data) => self
+                .repair
+                .observe_parsed(&event.event_type, event.seq, data),
+            None => self.repair.observe(event),
+        }
+        self.seed_event(event, parsed).map_err(|_| undecided)?;
         self.last = Some((event.seq, event.time, event.event_type == END_SEED_TYPE));
         Ok(())
     }
 
-    /// The seed validation of one event (index = seq) and its surface fold.
-    fn seed_event(&mut self, event: &SessionEvent) -> Result<(), SessionError> {
+    /// [`Self::admit`] of a packed row's `members` `assistant/chunk` events, seqs from
+    /// `seq0`, the last at `last_time`, none ignorable and none with `surfaceOp` or
+    /// `sourceEventSeqs` (what a row decodes to), without building them.
+    ///
+    /// What [`Self::admit`] does with such an event depends on its seq alone: the type is
+    /// known, neither removed nor migrated; the repair scan does not look at chunks; the
+    /// seed rules of a log-only type are the seq check; and the surface fold applies it as
+    /// log-only ([`SurfaceFold::apply_log_only`]). So the members are admitted seq by seq.
+    pub fn admit_chunk_row(
+        &mut self,
+        seq0: u64,
+        members: u64,
+        last_time: i64,
+    ) -> Result<(), RestoreUndecided> {
+        let mut last_seq = seq0;
+        for seq in (0..members).map(|offset| seq0.saturating_add(offset)) {
+            let undecided = RestoreUndecided { seq };
+            usize::try_from(seq).map_err(|_| undecided)?;
+            self.fold.apply_log_only(seq).map_err(|_| undecided)?;
+            last_seq = seq;
+        }
+        if members > 0 {
+            self.last = Some((last_seq, last_time, false));
+        }
+        Ok(())
+    }
+
+    /// The seed validation of one event (index = seq) and its surface fold; `parsed` is
+    /// the event's payload ([`SessionEvent::data_value`]) when the caller parsed it.
+    fn seed_event(
+        &mut self,
+        event: &SessionEvent,
+        parsed: Option<serde_json::Value>,
+    ) -> Result<(), SessionError> {
         let index = usize::try_from(event.seq).map_err(|_| SessionError::SeedNotContiguous {
             index: usize::MAX,
             seq: event.seq,
         })?;
         if is_surface_eligible_type(&event.event_type) {
             // One parse serves the seed rules and the surface's rewrite key.
-            let data = event.data_value();
+            let data = parsed.unwrap_or_else(|| event.data_value());
             validate_seed_event_parsed(index, event, SeedMode::Restore, Some(&data))?;
             let is_result = event.event_type == super::event::TOOL_RESULT;
             let rewrite_key = is_result.then(|| super::surface::rewrite_key_from(data));
@@ -401,7 +441,7 @@ impl RestoreCheck {
         };
         let closers = self.repair.closers(last_seq, last_time);
         for closer in &closers {
-            self.seed_event(closer)
+            self.seed_event(closer, None)
                 .map_err(|_| RestoreUndecided { seq: closer.seq })?;
             self.last = Some((closer.seq, closer.time, closer.event_type == END_SEED_TYPE));
         }
@@ -426,5 +466,63 @@ impl RestoreCheck {
             .apply_keeping_no_message(&marker, None)
             .map(drop)
             .map_err(|_| RestoreUndecided { seq })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(event_type: &str, seq: u64, time: i64, data: &str) -> SessionEvent {
+        SessionEvent::with_data_text(event_type, seq, time, data.to_owned()).expect("JSON data")
+    }
+
+    fn chunk(seq: u64, time: i64) -> SessionEvent {
+        let data = r#"{"turn":1,"step":1,"chunk":{"type":"text-delta","index":0,"text":"a"}}"#;
+        event("assistant/chunk", seq, time, data)
+    }
+
+    /// The state [`RestoreCheck::admit`] leaves: what the later checks and `finish` read.
+    fn state(check: &RestoreCheck) -> (Option<(u64, i64, bool)>, u64, Vec<u64>) {
+        (check.last, check.fold.next_seq(), check.fold.nodes())
+    }
+
+    /// A row admitted as a whole leaves the check as its members admitted one by one do,
+    /// whatever comes after it (an open turn the closers finish, a wrong seq).
+    #[test]
+    fn a_row_admitted_whole_is_its_members_admitted_one_by_one() {
+        let opening = [
+            event("turn/start", 0, 10, r#"{"turn":1}"#),
+            event("step/start", 1, 11, r#"{"turn":1,"step":1}"#),
+        ];
+        // Times of a row with a negative gap; rows of one and of several members.
+        for times in [vec![12], vec![12, 15, 13, 40]] {
+            let members = u64::try_from(times.len()).expect("a few members");
+            let (mut whole, mut one_by_one) =
+                (RestoreCheck::new("s", 1024), RestoreCheck::new("s", 1024));
+            for opened in &opening {
+                whole.admit(opened).expect("admitted");
+                one_by_one.admit(opened).expect("admitted");
+            }
+            whole
+                .admit_chunk_row(2, members, *times.last().expect("a member"))
+                .expect("admitted whole");
+            for (seq, time) in (2..).zip(&times) {
+                one_by_one.admit(&chunk(seq, *time)).expect("admitted");
+            }
+            assert_eq!(state(&whole), state(&one_by_one));
+            let next = 2 + members;
+            let wrong = event("step/end", next + 1, 50, r#"{"turn":1,"step":1}"#);
+            assert!(whole.admit(&wrong).is_err() && one_by_one.admit(&wrong).is_err());
+            let step_end = event("step/end", next, 50, r#"{"turn":1,"step":1}"#);
+            assert!(whole.admit(&step_end).is_ok() && one_by_one.admit(&step_end).is_ok());
+            assert_eq!(state(&whole), state(&one_by_one));
+            assert!(whole.finish(99).is_ok() && one_by_one.finish(99).is_ok());
+        }
+        let mut misplaced = RestoreCheck::new("s", 1024);
+        assert_eq!(
+            misplaced.admit_chunk_row(3, 2, 0),
+            Err(RestoreUndecided { seq: 3 })
+        );
     }
 }

@@ -71,16 +71,22 @@ pub fn check_data_depth(data: &str) -> Result<()> {
             b'"' => position = after_string(bytes, position),
             b'[' | b'{' => {
                 depth += 1;
-                if depth > MAX_EVENT_DATA_DEPTH {
-                    return Err(Error::invalid(format!(
-                        "event data is nested more than {MAX_EVENT_DATA_DEPTH} levels deep \
-                         (arrays and objects); no session view could read it back"
-                    )));
-                }
+                check_depth(depth)?;
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// Refuses `data` nesting arrays and objects `depth` deep, past [`MAX_EVENT_DATA_DEPTH`].
+fn check_depth(depth: usize) -> Result<()> {
+    if depth > MAX_EVENT_DATA_DEPTH {
+        return Err(Error::invalid(format!(
+            "event data is nested more than {MAX_EVENT_DATA_DEPTH} levels deep \
+             (arrays and objects); no session view could read it back"
+        )));
     }
     Ok(())
 }
@@ -111,10 +117,15 @@ pub(super) fn validate_event(event: &NewEvent<'_>) -> Result<()> {
 }
 
 /// [`validate_event`] of an event whose `data` is the text of a parsed JSON value
-/// ([`super::ParsedEvent`]): every check but parsing `data` again.
-pub(super) fn validate_parsed_event(event: &NewEvent<'_>) -> Result<()> {
+/// ([`super::ParsedEvent`]): every check but parsing `data` again, and with its nesting
+/// `depth` taken as given when its builder knows it.
+pub(super) fn validate_parsed_event(event: &NewEvent<'_>, depth: Option<usize>) -> Result<()> {
     check_type_and_size(event)?;
-    check_parsed_event(event)
+    match depth {
+        Some(depth) => check_depth(depth)?,
+        None => check_data_depth(event.data)?,
+    }
+    check_flags_and_envelope(event)
 }
 
 fn check_type_and_size(event: &NewEvent<'_>) -> Result<()> {
@@ -137,6 +148,11 @@ fn check_type_and_size(event: &NewEvent<'_>) -> Result<()> {
 /// The checks after `data` is known to be one JSON value: its depth, the flags, the envelope.
 fn check_parsed_event(event: &NewEvent<'_>) -> Result<()> {
     check_data_depth(event.data)?;
+    check_flags_and_envelope(event)
+}
+
+/// The flags and the envelope of an event.
+fn check_flags_and_envelope(event: &NewEvent<'_>) -> Result<()> {
     if event.flags & !KNOWN_EVENT_FLAGS != 0 {
         return Err(Error::invalid(format!(
             "unknown event flags {:#x}",

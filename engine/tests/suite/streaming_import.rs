@@ -160,6 +160,114 @@ fn streaming_import_equals_the_in_memory_import_on_every_fixture() {
     );
 }
 
+/// The fixture with DSH's packed rows, canonical and odd ones.
+const PACKED_ROWS_FIXTURE: &str = "syn-packed-chunks";
+
+/// A small deterministic generator (xorshift64*): a failure names a reproducible log.
+struct Draws(u64);
+
+impl Draws {
+    fn below(&mut self, bound: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let draw = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound as u64;
+        usize::try_from(draw).expect("below a usize bound")
+    }
+}
+
+/// Bytes a mutation writes: JSON's structure, whitespace, digits, signs, escapes.
+const MUTATION_BYTES: &[u8] = b" ,:\"\\{}[]0-19.eu\x01";
+
+/// One to two byte edits (delete, insert, overwrite, bump a digit) of `line`.
+fn mutated_line(line: &[u8], draws: &mut Draws) -> Vec<u8> {
+    let mut bytes = line.to_vec();
+    for _ in 0..1 + draws.below(2) {
+        let at = draws.below(bytes.len());
+        let byte = MUTATION_BYTES[draws.below(MUTATION_BYTES.len())];
+        match draws.below(4) {
+            0 => {
+                bytes.remove(at);
+            }
+            1 => bytes.insert(at, byte),
+            2 => bytes[at] = byte,
+            _ if bytes[at].is_ascii_digit() => bytes[at] = b'0' + (bytes[at] - b'0' + 1) % 10,
+            _ => bytes.insert(at, b' '),
+        }
+    }
+    bytes
+}
+
+/// The streaming import reads DSH's own row lines in one pass, and every other line the
+/// general way; the in-memory import reads every line the general way. On logs whose row
+/// lines are mutated (odd key order, whitespace, negative or non-integer gaps, a seq gap, a
+/// broken line before a `turn/end`, ...) both give the same report and exports, or the
+/// same refusal text, and a refusal leaves nothing.
+#[test]
+fn mutated_row_lines_import_as_the_in_memory_import_does() {
+    if !present() {
+        return;
+    }
+    let bytes = fs::read(fixture_path(PACKED_ROWS_FIXTURE, "input.jsonl")).expect("input");
+    // The fixture's `1e0` gap made an integer: that row becomes one DSH writes.
+    let text = String::from_utf8(bytes)
+        .expect("UTF-8 fixture")
+        .replace(",1e0]", ",1]");
+    let lines: Vec<&[u8]> = text
+        .as_bytes()
+        .split_inclusive(|&byte| byte == b'\n')
+        .collect();
+    let rows: Vec<usize> = (0..lines.len())
+        .filter(|&index| lines[index].windows(7).any(|window| window == b"-chunks"))
+        .collect();
+    assert!(rows.len() >= 4, "the fixture's rows: {rows:?}");
+    let mut draws = Draws(0x1405_eed5_0000_0014);
+    let (mut accepted, mut compared) = (0, 0);
+    for variant in 0..400 {
+        let mut log: Vec<Vec<u8>> = lines.iter().map(|line| line.to_vec()).collect();
+        // The first variant is the fixture itself; the others mutate one or two rows.
+        for _ in 0..usize::from(variant > 0) * (1 + draws.below(2)) {
+            let row = rows[draws.below(rows.len())];
+            let body = &log[row][..log[row].len() - 1];
+            let mut edited = mutated_line(body, &mut draws);
+            edited.push(b'\n');
+            log[row] = edited;
+        }
+        let input = log.concat();
+        for (zstd, input) in inputs_of(&input) {
+            let reference = new_store(&SimStorage::new());
+            let expected = if zstd {
+                import_dsh_jsonl_zstd(&reference, &input)
+            } else {
+                import_dsh_jsonl(&reference, &input)
+            };
+            let expected = outcome(&reference, expected);
+            let store = new_store(&SimStorage::new());
+            let got = outcome(&store, streamed(&store, &input, zstd, &Cell::new(0)));
+            assert!(
+                got == expected,
+                "variant {variant} (zstd {zstd}):\n{}\n{got:?}\n{expected:?}",
+                String::from_utf8_lossy(&input)
+            );
+            if expected.is_err() {
+                assert!(store.sessions().is_empty(), "variant {variant}: a session");
+            }
+            assert!(
+                store.stages().is_empty(),
+                "variant {variant}: a stage is left"
+            );
+            accepted += usize::from(expected.is_ok());
+            compared += 1;
+        }
+    }
+    eprintln!("mutated rows: {compared} imports compared, {accepted} accepted");
+    // Most edits break a row before the `turn/end`, which DSH refuses; some keep it.
+    assert!(
+        accepted * 20 >= compared,
+        "{accepted} of {compared} accepted"
+    );
+}
+
 #[test]
 fn a_refusal_after_staged_batches_keeps_dshs_text_and_leaves_no_trace() {
     if !present() {
