@@ -132,13 +132,7 @@ impl<'a> ParsedEvent<'a> {
         flags: u8,
     ) -> Self {
         Self {
-            event: NewEvent {
-                event_type,
-                time: Some(time),
-                data: data.get(),
-                envelope,
-                flags,
-            },
+            event: timed_event(event_type, time, data.get(), envelope, flags),
             depth: None,
         }
     }
@@ -155,15 +149,25 @@ impl<'a> ParsedEvent<'a> {
         flags: u8,
     ) -> Self {
         Self {
-            event: NewEvent {
-                event_type,
-                time: Some(time),
-                data,
-                envelope,
-                flags,
-            },
+            event: timed_event(event_type, time, data, envelope, flags),
             depth: Some(depth),
         }
+    }
+}
+
+fn timed_event<'a>(
+    event_type: &'a str,
+    time: i64,
+    data: &'a str,
+    envelope: &'a str,
+    flags: u8,
+) -> NewEvent<'a> {
+    NewEvent {
+        event_type,
+        time: Some(time),
+        data,
+        envelope,
+        flags,
     }
 }
 

@@ -91,6 +91,25 @@ fn zstd_file(plain: &[u8], lines_per_frame: usize) -> Vec<u8> {
 
 type Outcome = std::result::Result<(ImportReport, Vec<u8>, Vec<u8>), String>;
 
+/// `input` imported streaming (into the store returned) and in memory (the reference):
+/// their outcomes.
+fn streamed_and_in_memory(
+    input: &[u8],
+    zstd: bool,
+    handed_over: &Cell<usize>,
+) -> (Store, Outcome, Outcome) {
+    let reference = new_store(&SimStorage::new());
+    let expected = if zstd {
+        import_dsh_jsonl_zstd(&reference, input)
+    } else {
+        import_dsh_jsonl(&reference, input)
+    };
+    let expected = outcome(&reference, expected);
+    let store = new_store(&SimStorage::new());
+    let got = outcome(&store, streamed(&store, input, zstd, handed_over));
+    (store, got, expected)
+}
+
 /// What an import left: its report and the session's DSH exports, or the error text.
 fn outcome(store: &Store, result: Result<ImportReport>) -> Outcome {
     let report = result.map_err(|error| error.to_string())?;
@@ -123,15 +142,7 @@ fn streaming_import_equals_the_in_memory_import_on_every_fixture() {
     for name in case_names() {
         let bytes = fs::read(fixture_path(&name, "input.jsonl")).expect("input");
         for (zstd, input) in inputs_of(&bytes) {
-            let reference = new_store(&SimStorage::new());
-            let expected = if zstd {
-                import_dsh_jsonl_zstd(&reference, &input)
-            } else {
-                import_dsh_jsonl(&reference, &input)
-            };
-            let expected = outcome(&reference, expected);
-            let store = new_store(&SimStorage::new());
-            let got = outcome(&store, streamed(&store, &input, zstd, &handed_over));
+            let (store, got, expected) = streamed_and_in_memory(&input, zstd, &handed_over);
             assert!(
                 got == expected,
                 "{name} (zstd {zstd}): {got:?}\n{expected:?}"
@@ -235,15 +246,7 @@ fn mutated_row_lines_import_as_the_in_memory_import_does() {
         }
         let input = log.concat();
         for (zstd, input) in inputs_of(&input) {
-            let reference = new_store(&SimStorage::new());
-            let expected = if zstd {
-                import_dsh_jsonl_zstd(&reference, &input)
-            } else {
-                import_dsh_jsonl(&reference, &input)
-            };
-            let expected = outcome(&reference, expected);
-            let store = new_store(&SimStorage::new());
-            let got = outcome(&store, streamed(&store, &input, zstd, &Cell::new(0)));
+            let (store, got, expected) = streamed_and_in_memory(&input, zstd, &Cell::new(0));
             assert!(
                 got == expected,
                 "variant {variant} (zstd {zstd}):\n{}\n{got:?}\n{expected:?}",
