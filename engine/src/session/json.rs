@@ -155,7 +155,20 @@ pub fn object_members(text: &str) -> Option<Vec<(String, Box<RawValue>)>> {
 /// `data` member, which the import otherwise copies twice (the line's members, then
 /// `data`'s) before it reads the payloads.
 pub fn object_members_borrowed(text: &str) -> Option<Vec<(String, &RawValue)>> {
-    let every = serde_json::from_str::<BorrowedMembers<'_>>(text).ok()?.0;
+    object_members_as_written(text).map(resolve_duplicates)
+}
+
+/// Every member of an object text as it stands, duplicates included, values borrowed:
+/// the one parse [`object_members_borrowed`] makes, for a reader that must also know
+/// whether a key repeats.
+pub fn object_members_as_written(text: &str) -> Option<Vec<(String, &RawValue)>> {
+    serde_json::from_str::<BorrowedMembers<'_>>(text)
+        .ok()
+        .map(|members| members.0)
+}
+
+/// The members of [`object_members_as_written`] as [`object_members_borrowed`] gives them.
+pub fn resolve_duplicates(every: Vec<(String, &RawValue)>) -> Vec<(String, &RawValue)> {
     // First-appearance order, the last duplicate's value (what the owned reading keeps).
     let mut members: Vec<(String, &RawValue)> = Vec::with_capacity(every.len());
     for (key, value) in every {
@@ -164,7 +177,7 @@ pub fn object_members_borrowed(text: &str) -> Option<Vec<(String, &RawValue)>> {
             None => members.push((key, value)),
         }
     }
-    Some(members)
+    members
 }
 
 /// The raw text of member `key` of an object text (last duplicate wins).
