@@ -936,7 +936,7 @@ mod tests {
     /// its strict UTF-8 check first, reads every line as the lossy general way does.
     #[test]
     fn a_plain_line_parsed_once_decodes_as_the_general_way() {
-        let mut draws = Draws(0x5eed_0f_0e_1e_a5e);
+        let mut draws = Draws(0x0005_eed0_f0e1_ea5e);
         let (mut lines, mut decided) = (0, 0);
         let mut check = |bytes: &[u8]| {
             let text = String::from_utf8_lossy(bytes);
