@@ -341,6 +341,14 @@ impl ObjectText {
         Self::default()
     }
 
+    /// An empty object text with room for about `bytes` bytes: a migrated payload is
+    /// rebuilt from its members, and growing it by doubling copies it again and again.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            text: String::with_capacity(bytes),
+        }
+    }
+
     /// Appends a member whose value is already JSON text.
     pub fn raw(mut self, key: &str, value_text: &str) -> Self {
         self.text.push(if self.text.is_empty() { '{' } else { ',' });
@@ -367,6 +375,16 @@ impl ObjectText {
 
 /// `JSON.stringify` of a string (serde_json escapes exactly what JS escapes for valid UTF-8).
 pub fn string_text(value: &str) -> String {
+    // Nothing to escape (the usual key or id): the text is the value quoted, without a
+    // `Value` built and serialized for it.
+    let plain = |byte: u8| byte >= 0x20 && byte != b'"' && byte != b'\\';
+    if value.bytes().all(plain) {
+        let mut text = String::with_capacity(value.len() + 2);
+        text.push('"');
+        text.push_str(value);
+        text.push('"');
+        return text;
+    }
     serde_json::Value::String(value.to_owned()).to_string()
 }
 
@@ -468,6 +486,24 @@ mod tests {
         };
         assert!(json_equal(&left, &right));
         assert!(!json_equal(&left, &serde_json::json!({"a": 1})));
+    }
+
+    /// The quoted text of a string with nothing to escape is serde's text.
+    #[test]
+    fn string_text_is_serdes_text() {
+        for value in [
+            "",
+            "id",
+            "legacy-message:s:1",
+            "a\"b",
+            "a\\b",
+            "tab\t",
+            "\u{7f}\u{e9}\u{2028}",
+            "\u{1}",
+        ] {
+            let serde = serde_json::Value::String(value.to_owned()).to_string();
+            assert_eq!(string_text(value), serde, "{value:?}");
+        }
     }
 
     #[test]

@@ -158,13 +158,29 @@ fn value_of<'members>(members: &'members Members<'_>, key: &str) -> Option<&'mem
         .map(|(_, value)| value.get())
 }
 
+/// Room for a member's punctuation in an object text: quotes, colon, comma.
+const MEMBER_PUNCTUATION_BYTES: usize = 4;
+
+/// Room for what a migration adds to a payload besides its members (ids, roles, a
+/// wrapping `message`), in bytes.
+const MIGRATION_EXTRA_BYTES: usize = 256;
+
 fn without(members: &Members<'_>, keys: &[&str]) -> ObjectText {
-    members
+    let kept = || {
+        members
+            .iter()
+            .filter(|(name, _)| !keys.contains(&name.as_str()))
+    };
+    // Sized for all the members (those left out too: `identify_assistant` adds them back
+    // inside `message`).
+    let bytes: usize = members
         .iter()
-        .filter(|(name, _)| !keys.contains(&name.as_str()))
-        .fold(ObjectText::new(), |object, (name, value)| {
-            object.raw(name, value.get())
-        })
+        .map(|(name, value)| name.len() + value.get().len() + MEMBER_PUNCTUATION_BYTES)
+        .sum();
+    kept().fold(
+        ObjectText::with_capacity(bytes + MIGRATION_EXTRA_BYTES),
+        |object, (name, value)| object.raw(name, value.get()),
+    )
 }
 
 /// `turn/start {turn, trigger}` → `{turn}`; turn ≥ 1 and a non-empty `trigger.kind`.
@@ -296,10 +312,11 @@ fn identify_assistant(session_id: &str, seq: u64, members: &Members<'_>) -> Stri
     } else {
         source = source.string("kind", "model");
     }
-    let message = ObjectText::new()
+    let content = value_of(members, "content").unwrap_or("[]");
+    let message = ObjectText::with_capacity(content.len() + MIGRATION_EXTRA_BYTES)
         .string("id", &legacy_id(session_id, seq))
         .string("role", "assistant")
-        .raw("content", value_of(members, "content").unwrap_or("[]"))
+        .raw("content", content)
         .raw("source", &source.finish())
         .finish();
     without(members, &["content", "provenance"])
@@ -310,10 +327,12 @@ fn identify_assistant(session_id: &str, seq: u64, members: &Members<'_>) -> Stri
 /// `{…rest, callId, content, isError}` → `{…rest, message:{id, role, content:[tool-result], source}}`.
 fn identify_tool_result(id_text: &str, members: &Members<'_>) -> String {
     let call_id = value_of(members, "callId").unwrap_or("null");
-    let mut block = ObjectText::new()
+    let content = value_of(members, "content").unwrap_or("[]");
+    let room = content.len() + MIGRATION_EXTRA_BYTES;
+    let mut block = ObjectText::with_capacity(room)
         .string("type", "tool-result")
         .raw("toolCallId", call_id)
-        .raw("content", value_of(members, "content").unwrap_or("[]"));
+        .raw("content", content);
     if let Some(is_error) = value_of(members, "isError") {
         block = block.raw("isError", is_error);
     }
@@ -321,7 +340,7 @@ fn identify_tool_result(id_text: &str, members: &Members<'_>) -> String {
         .string("kind", "tool")
         .raw("callId", call_id)
         .finish();
-    let message = ObjectText::new()
+    let message = ObjectText::with_capacity(room)
         .raw("id", id_text)
         .string("role", "user")
         .raw("content", &format!("[{}]", block.finish()))
