@@ -2,7 +2,11 @@
 //! events and packed chunk rows) and the committed-region / discardable-tail rule.
 
 use super::{DroppedTail, ExchangeError};
-use crate::session::json::{js_safe_integer, object_members_borrowed, value_lossy};
+use crate::session::event::parse_event_members;
+use crate::session::json::{
+    js_safe_integer, object_members_as_written, object_members_borrowed, resolve_duplicates,
+    value_lossy,
+};
 use crate::session::{parse_event_line, SessionEvent};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -269,14 +273,22 @@ fn record_tag(text: &str) -> Result<Option<String>, ()> {
 }
 
 pub(crate) fn decode_record(raw: &[u8]) -> Result<Record, ()> {
-    let text = String::from_utf8_lossy(raw);
+    // `from_utf8` first: the same text for valid UTF-8, checked several times faster than
+    // the lossy decoder checks it.
+    let text = match std::str::from_utf8(raw) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(raw),
+    };
     if let Some(row) = row_parsed_once(&text) {
         return row;
+    }
+    if let Some(event) = event_parsed_once(&text) {
+        return event;
     }
     decode_generally(&text)
 }
 
-/// [`decode_record`] of a line's text without [`row_parsed_once`].
+/// [`decode_record`] of a line's text without [`row_parsed_once`] or [`event_parsed_once`].
 pub(crate) fn decode_generally(text: &str) -> Result<Record, ()> {
     let tag = record_tag(text)?;
     match tag.as_deref().and_then(RowTag::from_tag) {
@@ -306,6 +318,41 @@ fn row_parsed_once(text: &str) -> Option<Result<Record, ()>> {
     let tag_text: String = serde_json::from_str(raw_member(&top, "type")?).ok()?;
     let tag = RowTag::from_tag(&tag_text)?;
     Some(expand_row_members(tag, &top))
+}
+
+/// A plain event line decoded with one parse of the line instead of two ([`record_tag`],
+/// then [`parse_event_line`]'s): `None` when that cannot decide, and [`decode_record`] goes
+/// the general way. It decides only a line that parses as an object with exactly one
+/// member whose key reads `type`, that member a string token without escapes or control
+/// characters that is no row tag. For such a line [`record_tag`]'s parse succeeds (the
+/// same grammar for every other member, which both parses skip the same way, and no
+/// duplicate field) and gives that tag, so the general way calls [`parse_event_line`],
+/// which reads these same members again.
+fn event_parsed_once(text: &str) -> Option<Result<Record, ()>> {
+    let every = object_members_as_written(text)?;
+    let mut tags = every.iter().filter(|(name, _)| name == "type");
+    let (_, tag) = tags.next()?;
+    if tags.next().is_some() {
+        return None;
+    }
+    let tag = plain_string_content(tag.get())?;
+    if RowTag::from_tag(tag).is_some() {
+        return None;
+    }
+    let members = resolve_duplicates(every);
+    Some(
+        parse_event_members(&members)
+            .map(Record::Event)
+            .map_err(|_| ()),
+    )
+}
+
+/// The content of a string token without escapes or control characters (which every
+/// JSON reader reads as that content), or `None`.
+fn plain_string_content(token: &str) -> Option<&str> {
+    let content = token.strip_prefix('"')?.strip_suffix('"')?;
+    let plain = |byte: u8| byte >= 0x20 && byte != b'"' && byte != b'\\';
+    content.bytes().all(plain).then_some(content)
 }
 
 /// An object's members as [`object_members_borrowed`] gives them.
@@ -824,5 +871,96 @@ mod tests {
             );
         }
         assert!(decided >= 6, "the one-parse way decided {decided} lines");
+    }
+
+    /// Plain event lines in DSH's shapes, and the odd ones issue #14 names: duplicate
+    /// `type` members (with a number out of double range, which the general way's second
+    /// read refuses), a key that reads `type` through an escape, an escaped or non-string
+    /// tag, a row tag on an event's shape, lone surrogates, whitespace.
+    const PLAIN_LINES: [&str; 12] = [
+        r#"{"type":"turn/start","seq":0,"time":1786000000000,"data":{"turn":1,"trigger":{"kind":"message","source":{"kind":"user","rpcId":"rpc-1"}}}}"#,
+        r#"{"type":"assistant/message","seq":5,"time":7,"data":{"turn":1,"step":1,"content":[{"type":"text","text":"a\nb\"c\ud800"}],"provenance":{"provider":"p","model":"m"},"usage":{"in":1e400,"out":-0}},"sourceEventSeqs":[1,2,3,4],"surfaceOp":"append"}"#,
+        r#"{"type":"tool/result","seq":9,"time":8,"data":{"turn":1,"step":1,"callId":"call_1","content":[{"type":"text","text":"ok"}],"isError":false},"sourceEventSeqs":[8],"surfaceOp":{"op":"replace","start":1,"end":2}}"#,
+        r#"{"type":"user/message","seq":2,"time":3,"data":{"content":[{"type":"text","text":"hi"}],"source":{"kind":"user"}},"surfaceOp":"append","ignorable":true}"#,
+        r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1,"n":1e400},"type":"turn/end"}"#,
+        r#"{"type":"turn/start","seq":0,"time":1,"data":{"turn":1},"typ\u0065":"turn/end"}"#,
+        r#"{"type":"turn\/start","seq":0,"time":1,"data":{"turn":1}}"#,
+        r#"{"type":7,"seq":0,"time":1,"data":{"turn":1}}"#,
+        r#"{"type":"text-chunks","seq":0,"time":1,"data":{"turn":1}}"#,
+        r#"{"type":"x/\ud800","seq":0,"time":1,"data":{"turn":1}}"#,
+        r#" {"type" : "turn/end", "seq":3 ,"time":1.0,"data":{"turn":1,"reason":{"kind":"completed"}}} "#,
+        r#"{"seq":1,"data":{"\ud800":1},"time":-0,"type":"step/start"}"#,
+    ];
+
+    /// A deterministic stream of draws (a 64-bit LCG's high bits).
+    struct Draws(u64);
+
+    impl Draws {
+        fn below(&mut self, bound: usize) -> usize {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) as usize % bound.max(1)
+        }
+    }
+
+    /// Bytes a mutation writes: JSON's structure, whitespace, digits, escapes, control
+    /// characters, and the letters of `type`.
+    const MUTATION_BYTES: &[u8] = b" ,:\"\\{}[]0-19.eEu\x01typ\xff";
+
+    fn mutated(line: &str, draws: &mut Draws) -> Vec<u8> {
+        let mut bytes = line.as_bytes().to_vec();
+        for _ in 0..1 + draws.below(2) {
+            let at = draws.below(bytes.len());
+            let byte = MUTATION_BYTES[draws.below(MUTATION_BYTES.len())];
+            match draws.below(4) {
+                0 => {
+                    bytes.remove(at);
+                }
+                1 => bytes.insert(at, byte),
+                2 => bytes[at] = byte,
+                _ => {
+                    // A repeated stretch: duplicate keys and members.
+                    let end = (at + 1 + draws.below(32)).min(bytes.len());
+                    let stretch = bytes[at..end].to_vec();
+                    bytes.splice(at..at, stretch);
+                }
+            }
+        }
+        bytes
+    }
+
+    /// Wherever the one-parse reading of a plain line decides, the general way (a tag
+    /// pass, then the event's) gives the same event or refusal; and `decode_record`, with
+    /// its strict UTF-8 check first, reads every line as the lossy general way does.
+    #[test]
+    fn a_plain_line_parsed_once_decodes_as_the_general_way() {
+        let mut draws = Draws(0x0005_eed0_f0e1_ea5e);
+        let (mut lines, mut decided) = (0, 0);
+        let mut check = |bytes: &[u8]| {
+            let text = String::from_utf8_lossy(bytes);
+            let general = format!("{:?}", decode_generally(&text));
+            if let Some(once) = event_parsed_once(&text) {
+                assert_eq!(format!("{once:?}"), general, "{text}");
+                decided += 1;
+            }
+            assert_eq!(format!("{:?}", decode_record(bytes)), general, "{text}");
+            lines += 1;
+        };
+        for line in PLAIN_LINES {
+            check(line.as_bytes());
+        }
+        for _ in 0..2_000 {
+            for line in PLAIN_LINES {
+                check(&mutated(line, &mut draws));
+            }
+        }
+        assert!(decided > lines / 10, "{decided} of {lines} lines decided");
+        for (line, once) in PLAIN_LINES.iter().zip([
+            true, true, true, true, false, false, false, false, false, false, true, true,
+        ]) {
+            assert_eq!(event_parsed_once(line).is_some(), once, "{line}");
+        }
     }
 }

@@ -262,16 +262,33 @@ pub const OPTIONAL_ENVELOPE_KEYS: [&str; 3] =
     [ENVELOPE_KEYS[4], ENVELOPE_KEYS[5], ENVELOPE_KEYS[6]];
 
 fn parse_line(line: &str, index: Option<usize>) -> Result<SessionEvent, SessionError> {
-    let members = json::object_members(line).ok_or_else(|| SessionError::UnparsableLine {
-        reason: serde_json::from_str::<serde::de::IgnoredAny>(line)
-            .err()
-            .map_or_else(|| "not an object".to_owned(), |error| error.to_string()),
-    })?;
+    // Borrowed: only `data` is copied, once, into the event.
+    let members =
+        json::object_members_borrowed(line).ok_or_else(|| SessionError::UnparsableLine {
+            reason: serde_json::from_str::<serde::de::IgnoredAny>(line)
+                .err()
+                .map_or_else(|| "not an object".to_owned(), |error| error.to_string()),
+        })?;
+    parse_members(&members, index)
+}
+
+/// [`parse_event_line`] of a line whose members (`json::object_members_borrowed`) the
+/// caller has read already.
+pub(crate) fn parse_event_members(
+    members: &[(String, &RawValue)],
+) -> Result<SessionEvent, SessionError> {
+    parse_members(members, None)
+}
+
+fn parse_members(
+    members: &[(String, &RawValue)],
+    index: Option<usize>,
+) -> Result<SessionEvent, SessionError> {
     let field = |key: &str| {
         members
             .iter()
             .find(|(name, _)| name == key)
-            .map(|(_, value)| &**value)
+            .map(|(_, value)| *value)
     };
     let invalid = || SessionError::InvalidEnvelope { index };
     let event_type: String = field("type")

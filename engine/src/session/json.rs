@@ -155,7 +155,20 @@ pub fn object_members(text: &str) -> Option<Vec<(String, Box<RawValue>)>> {
 /// `data` member, which the import otherwise copies twice (the line's members, then
 /// `data`'s) before it reads the payloads.
 pub fn object_members_borrowed(text: &str) -> Option<Vec<(String, &RawValue)>> {
-    let every = serde_json::from_str::<BorrowedMembers<'_>>(text).ok()?.0;
+    object_members_as_written(text).map(resolve_duplicates)
+}
+
+/// Every member of an object text as it stands, duplicates included, values borrowed:
+/// the one parse [`object_members_borrowed`] makes, for a reader that must also know
+/// whether a key repeats.
+pub fn object_members_as_written(text: &str) -> Option<Vec<(String, &RawValue)>> {
+    serde_json::from_str::<BorrowedMembers<'_>>(text)
+        .ok()
+        .map(|members| members.0)
+}
+
+/// The members of [`object_members_as_written`] as [`object_members_borrowed`] gives them.
+pub fn resolve_duplicates(every: Vec<(String, &RawValue)>) -> Vec<(String, &RawValue)> {
     // First-appearance order, the last duplicate's value (what the owned reading keeps).
     let mut members: Vec<(String, &RawValue)> = Vec::with_capacity(every.len());
     for (key, value) in every {
@@ -164,7 +177,7 @@ pub fn object_members_borrowed(text: &str) -> Option<Vec<(String, &RawValue)>> {
             None => members.push((key, value)),
         }
     }
-    Some(members)
+    members
 }
 
 /// The raw text of member `key` of an object text (last duplicate wins).
@@ -328,6 +341,14 @@ impl ObjectText {
         Self::default()
     }
 
+    /// An empty object text with room for about `bytes` bytes: a migrated payload is
+    /// rebuilt from its members, and growing it by doubling copies it again and again.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            text: String::with_capacity(bytes),
+        }
+    }
+
     /// Appends a member whose value is already JSON text.
     pub fn raw(mut self, key: &str, value_text: &str) -> Self {
         self.text.push(if self.text.is_empty() { '{' } else { ',' });
@@ -354,6 +375,16 @@ impl ObjectText {
 
 /// `JSON.stringify` of a string (serde_json escapes exactly what JS escapes for valid UTF-8).
 pub fn string_text(value: &str) -> String {
+    // Nothing to escape (the usual key or id): the text is the value quoted, without a
+    // `Value` built and serialized for it.
+    let plain = |byte: u8| byte >= 0x20 && byte != b'"' && byte != b'\\';
+    if value.bytes().all(plain) {
+        let mut text = String::with_capacity(value.len() + 2);
+        text.push('"');
+        text.push_str(value);
+        text.push('"');
+        return text;
+    }
     serde_json::Value::String(value.to_owned()).to_string()
 }
 
@@ -455,6 +486,24 @@ mod tests {
         };
         assert!(json_equal(&left, &right));
         assert!(!json_equal(&left, &serde_json::json!({"a": 1})));
+    }
+
+    /// The quoted text of a string with nothing to escape is serde's text.
+    #[test]
+    fn string_text_is_serdes_text() {
+        for value in [
+            "",
+            "id",
+            "legacy-message:s:1",
+            "a\"b",
+            "a\\b",
+            "tab\t",
+            "\u{7f}\u{e9}\u{2028}",
+            "\u{1}",
+        ] {
+            let serde = serde_json::Value::String(value.to_owned()).to_string();
+            assert_eq!(string_text(value), serde, "{value:?}");
+        }
     }
 
     #[test]

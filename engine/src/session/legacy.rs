@@ -4,10 +4,12 @@
 
 use super::error::SessionError;
 use super::event::{SessionEvent, SurfaceOp, ASSISTANT_MESSAGE, TOOL_RESULT, USER_MESSAGE};
-use super::json::{self, object_members, raw_from_built, ObjectText};
+use super::json::{self, object_members_borrowed, raw_from_built, ObjectText};
 use serde_json::value::RawValue;
 
-type Members = Vec<(String, Box<RawValue>)>;
+/// An object's members borrowed from its text (`json::object_members_borrowed`): the
+/// migration splices member texts, so copying each value first would be wasted.
+type Members<'text> = Vec<(String, &'text RawValue)>;
 
 /// The read-side view of a stored log after migration.
 #[derive(Debug, Clone)]
@@ -114,7 +116,7 @@ fn migrate_event(
     event: &SessionEvent,
     earlier: &[SessionEvent],
 ) -> Result<Option<SessionEvent>, SessionError> {
-    let Some(members) = object_members(event.data.get()) else {
+    let Some(members) = object_members_borrowed(event.data.get()) else {
         return Ok(None);
     };
     let has = |key: &str| members.iter().any(|(name, _)| name == key);
@@ -149,24 +151,40 @@ fn migrate_event(
     }))
 }
 
-fn value_of<'members>(members: &'members Members, key: &str) -> Option<&'members str> {
+fn value_of<'members>(members: &'members Members<'_>, key: &str) -> Option<&'members str> {
     members
         .iter()
         .find(|(name, _)| name == key)
         .map(|(_, value)| value.get())
 }
 
-fn without(members: &Members, keys: &[&str]) -> ObjectText {
-    members
+/// Room for a member's punctuation in an object text: quotes, colon, comma.
+const MEMBER_PUNCTUATION_BYTES: usize = 4;
+
+/// Room for what a migration adds to a payload besides its members (ids, roles, a
+/// wrapping `message`), in bytes.
+const MIGRATION_EXTRA_BYTES: usize = 256;
+
+fn without(members: &Members<'_>, keys: &[&str]) -> ObjectText {
+    let kept = || {
+        members
+            .iter()
+            .filter(|(name, _)| !keys.contains(&name.as_str()))
+    };
+    // Sized for all the members (those left out too: `identify_assistant` adds them back
+    // inside `message`).
+    let bytes: usize = members
         .iter()
-        .filter(|(name, _)| !keys.contains(&name.as_str()))
-        .fold(ObjectText::new(), |object, (name, value)| {
-            object.raw(name, value.get())
-        })
+        .map(|(name, value)| name.len() + value.get().len() + MEMBER_PUNCTUATION_BYTES)
+        .sum();
+    kept().fold(
+        ObjectText::with_capacity(bytes + MIGRATION_EXTRA_BYTES),
+        |object, (name, value)| object.raw(name, value.get()),
+    )
 }
 
 /// `turn/start {turn, trigger}` → `{turn}`; turn ≥ 1 and a non-empty `trigger.kind`.
-fn migrate_turn_start(members: &Members) -> Result<String, SessionError> {
+fn migrate_turn_start(members: &Members<'_>) -> Result<String, SessionError> {
     let malformed = || SessionError::MalformedLegacy {
         event_type: "turn/start".to_owned(),
     };
@@ -185,11 +203,11 @@ fn migrate_turn_start(members: &Members) -> Result<String, SessionError> {
 }
 
 /// Old `turn/end` reasons → the current `TurnEndReason` (unknown kinds pass through).
-fn migrate_turn_end(members: &Members) -> Result<Option<String>, SessionError> {
+fn migrate_turn_end(members: &Members<'_>) -> Result<Option<String>, SessionError> {
     let malformed = || SessionError::MalformedLegacy {
         event_type: "turn/end".to_owned(),
     };
-    let Some(reason) = value_of(members, "reason").and_then(object_members) else {
+    let Some(reason) = value_of(members, "reason").and_then(object_members_borrowed) else {
         return Ok(None);
     };
     let kind = value_of(&reason, "kind").and_then(|kind| serde_json::from_str::<String>(kind).ok());
@@ -241,7 +259,11 @@ fn migrate_turn_end(members: &Members) -> Result<Option<String>, SessionError> {
 
 /// `steering/message {turn, message}` → the message; flat `{turn, content, source}` → an
 /// identified user message.
-fn migrate_steering(session_id: &str, seq: u64, members: &Members) -> Result<String, SessionError> {
+fn migrate_steering(
+    session_id: &str,
+    seq: u64,
+    members: &Members<'_>,
+) -> Result<String, SessionError> {
     if let Some(message) = value_of(members, "message") {
         return Ok(message.to_owned());
     }
@@ -258,7 +280,7 @@ fn migrate_steering(session_id: &str, seq: u64, members: &Members) -> Result<Str
     }
 }
 
-fn identify_user(session_id: &str, seq: u64, members: &Members) -> String {
+fn identify_user(session_id: &str, seq: u64, members: &Members<'_>) -> String {
     let mut object = without(members, &[]);
     if value_of(members, "id").is_none() {
         object = object.string("id", &legacy_id(session_id, seq));
@@ -270,9 +292,9 @@ fn identify_user(session_id: &str, seq: u64, members: &Members) -> String {
 }
 
 /// `{…rest, content, provenance}` → `{…rest, message:{id, role, content, source:{…provenance, kind}}}`.
-fn identify_assistant(session_id: &str, seq: u64, members: &Members) -> String {
+fn identify_assistant(session_id: &str, seq: u64, members: &Members<'_>) -> String {
     let provenance = value_of(members, "provenance")
-        .and_then(object_members)
+        .and_then(object_members_borrowed)
         .unwrap_or_default();
     let mut source = without(&provenance, &[]);
     let kind_position = provenance.iter().position(|(name, _)| name == "kind");
@@ -290,10 +312,11 @@ fn identify_assistant(session_id: &str, seq: u64, members: &Members) -> String {
     } else {
         source = source.string("kind", "model");
     }
-    let message = ObjectText::new()
+    let content = value_of(members, "content").unwrap_or("[]");
+    let message = ObjectText::with_capacity(content.len() + MIGRATION_EXTRA_BYTES)
         .string("id", &legacy_id(session_id, seq))
         .string("role", "assistant")
-        .raw("content", value_of(members, "content").unwrap_or("[]"))
+        .raw("content", content)
         .raw("source", &source.finish())
         .finish();
     without(members, &["content", "provenance"])
@@ -302,12 +325,14 @@ fn identify_assistant(session_id: &str, seq: u64, members: &Members) -> String {
 }
 
 /// `{…rest, callId, content, isError}` → `{…rest, message:{id, role, content:[tool-result], source}}`.
-fn identify_tool_result(id_text: &str, members: &Members) -> String {
+fn identify_tool_result(id_text: &str, members: &Members<'_>) -> String {
     let call_id = value_of(members, "callId").unwrap_or("null");
-    let mut block = ObjectText::new()
+    let content = value_of(members, "content").unwrap_or("[]");
+    let room = content.len() + MIGRATION_EXTRA_BYTES;
+    let mut block = ObjectText::with_capacity(room)
         .string("type", "tool-result")
         .raw("toolCallId", call_id)
-        .raw("content", value_of(members, "content").unwrap_or("[]"));
+        .raw("content", content);
     if let Some(is_error) = value_of(members, "isError") {
         block = block.raw("isError", is_error);
     }
@@ -315,7 +340,7 @@ fn identify_tool_result(id_text: &str, members: &Members) -> String {
         .string("kind", "tool")
         .raw("callId", call_id)
         .finish();
-    let message = ObjectText::new()
+    let message = ObjectText::with_capacity(room)
         .raw("id", id_text)
         .string("role", "user")
         .raw("content", &format!("[{}]", block.finish()))

@@ -406,9 +406,15 @@ fn check_provenance(event: &SessionEvent, shadowed: &[u64]) -> Result<(), Sessio
     }
     // A compaction's replacement names every event it shadows: thousands of sources in a
     // long session, so membership goes through a set, not a scan per shadowed event.
-    let mut distinct = std::collections::HashSet::with_capacity(sources.len());
-    if !sources.iter().all(|seq| distinct.insert(*seq)) {
-        return Err(SessionError::SourcesDuplicate);
+    // Sources in ascending order (as DSH writes them) are distinct as they stand and are
+    // searched by bisection: no set to build for every message.
+    let ascending = sources.windows(2).all(|pair| pair[0] < pair[1]);
+    let mut distinct = std::collections::HashSet::new();
+    if !ascending {
+        distinct.reserve(sources.len());
+        if !sources.iter().all(|seq| distinct.insert(*seq)) {
+            return Err(SessionError::SourcesDuplicate);
+        }
     }
     if let Some(offender) = sources.iter().find(|source| **source >= event.seq) {
         return Err(SessionError::SourcesNotEarlier {
@@ -416,11 +422,11 @@ fn check_provenance(event: &SessionEvent, shadowed: &[u64]) -> Result<(), Sessio
             seq: event.seq,
         });
     }
-    let missing: Vec<u64> = shadowed
-        .iter()
-        .copied()
-        .filter(|seq| !distinct.contains(seq))
-        .collect();
+    let cited = |seq: &u64| match ascending {
+        true => sources.binary_search(seq).is_ok(),
+        false => distinct.contains(seq),
+    };
+    let missing: Vec<u64> = shadowed.iter().copied().filter(|seq| !cited(seq)).collect();
     if !missing.is_empty() {
         return Err(SessionError::ReplaceMissingShadowed { missing });
     }
@@ -503,4 +509,71 @@ fn with_member(
         out.insert(key.to_owned(), make());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `assertProvenance` as it stood before the ascending-order reading: every list
+    /// through a set.
+    fn provenance_through_a_set(event: &SessionEvent, shadowed: &[u64]) -> String {
+        let sources: &[u64] = event.source_event_seqs.as_deref().unwrap_or(&[]);
+        if event.source_event_seqs.is_some()
+            && sources.is_empty()
+            && event.event_type != ASSISTANT_MESSAGE
+        {
+            return format!("{:?}", SessionError::SourcesEmpty);
+        }
+        let mut distinct = std::collections::HashSet::new();
+        if !sources.iter().all(|seq| distinct.insert(*seq)) {
+            return format!("{:?}", SessionError::SourcesDuplicate);
+        }
+        if let Some(offender) = sources.iter().find(|source| **source >= event.seq) {
+            let error = SessionError::SourcesNotEarlier {
+                offender: *offender,
+                seq: event.seq,
+            };
+            return format!("{error:?}");
+        }
+        let missing: Vec<u64> = shadowed
+            .iter()
+            .copied()
+            .filter(|seq| !distinct.contains(seq))
+            .collect();
+        match missing.is_empty() {
+            true => "Ok(())".to_owned(),
+            false => format!("{:?}", SessionError::ReplaceMissingShadowed { missing }),
+        }
+    }
+
+    /// Ascending, unordered, repeated, late and missing sources give the same verdict
+    /// (and the same first error) as the reading through a set.
+    #[test]
+    fn provenance_in_ascending_order_is_checked_as_through_a_set() {
+        let lists: [&[u64]; 9] = [
+            &[],
+            &[1, 2, 3],
+            &[3, 1, 2],
+            &[1, 1, 2],
+            &[2, 1, 1],
+            &[1, 2, 9],
+            &[9, 2],
+            &[0, 4, 5, 6],
+            &[5, 4, 6, 0],
+        ];
+        let shadowed: [&[u64]; 4] = [&[], &[1, 2], &[4, 6], &[3]];
+        let mut event = SessionEvent::new(TOOL_RESULT, 7, 1, "{}").expect("valid data");
+        for sources in lists {
+            for shadows in shadowed {
+                event.source_event_seqs = Some(sources.to_vec());
+                let verdict = match check_provenance(&event, shadows) {
+                    Ok(()) => "Ok(())".to_owned(),
+                    Err(error) => format!("{error:?}"),
+                };
+                let expected = provenance_through_a_set(&event, shadows);
+                assert_eq!(verdict, expected, "{sources:?} shadowing {shadows:?}");
+            }
+        }
+    }
 }
