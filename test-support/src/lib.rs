@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub mod fixtures;
+pub mod mutation;
 
 /// A fresh directory `<base>/<prefix>-<name>-<pid>-<counter>`, removed when dropped. The pid
 /// and the counter keep parallel tests (and parallel test binaries) apart.

@@ -892,43 +892,14 @@ mod tests {
         r#"{"seq":1,"data":{"\ud800":1},"time":-0,"type":"step/start"}"#,
     ];
 
-    /// A deterministic stream of draws (a 64-bit LCG's high bits).
-    struct Draws(u64);
-
-    impl Draws {
-        fn below(&mut self, bound: usize) -> usize {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) as usize % bound.max(1)
-        }
-    }
+    use dshdb_test_support::mutation::{mutated as mutated_bytes, Draws};
 
     /// Bytes a mutation writes: JSON's structure, whitespace, digits, escapes, control
     /// characters, and the letters of `type`.
     const MUTATION_BYTES: &[u8] = b" ,:\"\\{}[]0-19.eEu\x01typ\xff";
 
     fn mutated(line: &str, draws: &mut Draws) -> Vec<u8> {
-        let mut bytes = line.as_bytes().to_vec();
-        for _ in 0..1 + draws.below(2) {
-            let at = draws.below(bytes.len());
-            let byte = MUTATION_BYTES[draws.below(MUTATION_BYTES.len())];
-            match draws.below(4) {
-                0 => {
-                    bytes.remove(at);
-                }
-                1 => bytes.insert(at, byte),
-                2 => bytes[at] = byte,
-                _ => {
-                    // A repeated stretch: duplicate keys and members.
-                    let end = (at + 1 + draws.below(32)).min(bytes.len());
-                    let stretch = bytes[at..end].to_vec();
-                    bytes.splice(at..at, stretch);
-                }
-            }
-        }
-        bytes
+        mutated_bytes(line.as_bytes(), MUTATION_BYTES, draws)
     }
 
     /// Wherever the one-parse reading of a plain line decides, the general way (a tag
@@ -936,7 +907,7 @@ mod tests {
     /// its strict UTF-8 check first, reads every line as the lossy general way does.
     #[test]
     fn a_plain_line_parsed_once_decodes_as_the_general_way() {
-        let mut draws = Draws(0x0005_eed0_f0e1_ea5e);
+        let mut draws = Draws::new(0x0005_eed0_f0e1_ea5e);
         let (mut lines, mut decided) = (0, 0);
         let mut check = |bytes: &[u8]| {
             let text = String::from_utf8_lossy(bytes);

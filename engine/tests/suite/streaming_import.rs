@@ -13,6 +13,7 @@ use dshdb::exchange::{
 use dshdb::storage::commit::Durability;
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::store::{NewEvent, Options, Store};
+use dshdb_test_support::mutation::{mutated, Draws};
 use std::cell::Cell;
 use std::fs;
 
@@ -174,40 +175,8 @@ fn streaming_import_equals_the_in_memory_import_on_every_fixture() {
 /// The fixture with DSH's packed rows, canonical and odd ones.
 const PACKED_ROWS_FIXTURE: &str = "syn-packed-chunks";
 
-/// A small deterministic generator (xorshift64*): a failure names a reproducible log.
-struct Draws(u64);
-
-impl Draws {
-    fn below(&mut self, bound: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let draw = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % bound as u64;
-        usize::try_from(draw).expect("below a usize bound")
-    }
-}
-
 /// Bytes a mutation writes: JSON's structure, whitespace, digits, signs, escapes.
 const MUTATION_BYTES: &[u8] = b" ,:\"\\{}[]0-19.eu\x01";
-
-/// One to two byte edits (delete, insert, overwrite, bump a digit) of `line`.
-fn mutated_line(line: &[u8], draws: &mut Draws) -> Vec<u8> {
-    let mut bytes = line.to_vec();
-    for _ in 0..1 + draws.below(2) {
-        let at = draws.below(bytes.len());
-        let byte = MUTATION_BYTES[draws.below(MUTATION_BYTES.len())];
-        match draws.below(4) {
-            0 => {
-                bytes.remove(at);
-            }
-            1 => bytes.insert(at, byte),
-            2 => bytes[at] = byte,
-            _ if bytes[at].is_ascii_digit() => bytes[at] = b'0' + (bytes[at] - b'0' + 1) % 10,
-            _ => bytes.insert(at, b' '),
-        }
-    }
-    bytes
-}
 
 /// The streaming import reads DSH's own row lines in one pass, and every other line the
 /// general way; the in-memory import reads every line the general way. On logs whose row
@@ -232,7 +201,7 @@ fn mutated_row_lines_import_as_the_in_memory_import_does() {
         .filter(|&index| lines[index].windows(7).any(|window| window == b"-chunks"))
         .collect();
     assert!(rows.len() >= 4, "the fixture's rows: {rows:?}");
-    let mut draws = Draws(0x1405_eed5_0000_0014);
+    let mut draws = Draws::new(0x1405_eed5_0000_0014);
     let (mut accepted, mut compared) = (0, 0);
     for variant in 0..400 {
         let mut log: Vec<Vec<u8>> = lines.iter().map(|line| line.to_vec()).collect();
@@ -240,7 +209,7 @@ fn mutated_row_lines_import_as_the_in_memory_import_does() {
         for _ in 0..usize::from(variant > 0) * (1 + draws.below(2)) {
             let row = rows[draws.below(rows.len())];
             let body = &log[row][..log[row].len() - 1];
-            let mut edited = mutated_line(body, &mut draws);
+            let mut edited = mutated(body, MUTATION_BYTES, &mut draws);
             edited.push(b'\n');
             log[row] = edited;
         }

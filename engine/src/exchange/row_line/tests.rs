@@ -4,26 +4,7 @@
 use super::*;
 use crate::exchange::scan::{decode_generally, pack_row, Record};
 
-/// A small deterministic generator (xorshift64*), so a failure names a reproducible line.
-struct Draws(u64);
-
-impl Draws {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, bound: usize) -> usize {
-        usize::try_from(self.next() % u64::try_from(bound).expect("a small bound"))
-            .expect("below a usize bound")
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
+use dshdb_test_support::mutation::{mutated as mutated_bytes, Draws};
 
 /// Pieces of payload text: plain, multi-byte, every escape kind, a lone surrogate.
 const PAYLOAD_PIECES: [&str; 12] = [
@@ -81,26 +62,7 @@ fn dsh_row(draws: &mut Draws) -> String {
 const MUTATION_BYTES: &[u8] = b" ,:\"\\{}[]0-19.eEu\x01\x1ftx";
 
 fn mutated(line: &str, draws: &mut Draws) -> Vec<u8> {
-    let mut bytes = line.as_bytes().to_vec();
-    for _ in 0..1 + draws.below(2) {
-        let at = draws.below(bytes.len());
-        let byte = MUTATION_BYTES[draws.below(MUTATION_BYTES.len())];
-        match draws.below(5) {
-            0 => {
-                bytes.remove(at);
-            }
-            1 => bytes.insert(at, byte),
-            2 => bytes[at] = byte,
-            3 if bytes[at].is_ascii_digit() => bytes[at] = b'0' + (bytes[at] - b'0' + 1) % 10,
-            _ => {
-                // A duplicate of a stretch of the line (keys, members, array items).
-                let end = (at + 1 + draws.below(24)).min(bytes.len());
-                let stretch = bytes[at..end].to_vec();
-                bytes.splice(at..at, stretch);
-            }
-        }
-    }
-    bytes
+    mutated_bytes(line.as_bytes(), MUTATION_BYTES, draws)
 }
 
 /// Checks one line: when the one-pass reader decides, the general reader gives the same
@@ -148,7 +110,7 @@ fn agrees(line: &str) -> bool {
 
 #[test]
 fn dsh_rows_are_read_in_one_pass_as_the_general_reader_reads_them() {
-    let mut draws = Draws(0x5eed_1234_abcd_0001);
+    let mut draws = Draws::new(0x5eed_1234_abcd_0001);
     for _ in 0..3_000 {
         let line = dsh_row(&mut draws);
         assert!(agrees(&line), "DSH's own row not read in one pass: {line}");
@@ -157,7 +119,7 @@ fn dsh_rows_are_read_in_one_pass_as_the_general_reader_reads_them() {
 
 #[test]
 fn mutated_rows_decide_only_as_the_general_reader_does() {
-    let mut draws = Draws(0x0dd_ba11_cafe_0002);
+    let mut draws = Draws::new(0x0dd_ba11_cafe_0002);
     let (mut lines, mut decided) = (0, 0);
     for _ in 0..4_000 {
         let line = dsh_row(&mut draws);
