@@ -217,6 +217,9 @@ pub const STREAM_READ_BYTES: usize = MIB;
 /// keeps (16 MiB, the most recent results): a rewrite of an older result hands the log over
 /// to the in-memory import.
 pub const STREAM_CHECK_KEY_BYTES: usize = 16 * MIB;
+/// An event frame's bytes beyond its data and envelope (frame header, seq, time, type and
+/// flags, lengths), rounded up: what a batch reserves, or counts toward its size, per event.
+pub(crate) const EVENT_FRAME_ESTIMATE_BYTES: usize = 64;
 /// Bytes of plaintext a streaming import decompresses at a time from a zstd log (128 KiB).
 pub const STREAM_DECODE_BYTES: usize = 128 * 1024;
 /// Bytes a zstd frame is decompressed by per step before the bounds are checked again.

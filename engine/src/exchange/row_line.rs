@@ -13,9 +13,9 @@
 //! duplicate key, `-0`, `1.0`, a control character, an unsafe integer) is `None`, and goes
 //! the general way, so refusals and their texts are those of the general reader.
 
-use super::scan::{split_plain_integer, RowShape, RowTag, MEMBER_DATA_SUFFIX, ROW_LINE_END};
+use super::scan::{split_plain_integer, RowShape, RowTag, ROW_LINE_END};
 use crate::session::json::MAX_SAFE_INTEGER;
-use crate::session::plain_json::split_canonical_integer;
+use crate::session::plain_json::{is_plain_string_byte, split_canonical_integer};
 
 /// How deep a member's `data` nests objects: the data object, its `chunk` (the payload is
 /// a string).
@@ -43,15 +43,6 @@ impl CanonicalRow<'_> {
     }
 }
 
-/// Appends a row member's `data` text to `out`: `prefix` ([`RowShape::member_prefix`]),
-/// its `payload` and [`MEMBER_DATA_SUFFIX`]. One JSON value by construction (checked
-/// parts), nesting [`MEMBER_DATA_DEPTH`] deep.
-pub(crate) fn push_member_data(out: &mut String, prefix: &str, payload: &str) {
-    out.push_str(prefix);
-    out.push_str(payload);
-    out.push_str(MEMBER_DATA_SUFFIX);
-}
-
 /// How every line [`read_canonical_row`] reads starts (before the row's tag).
 const ROW_OPENING: &str = "{\"type\":\"";
 
@@ -60,7 +51,7 @@ const ROW_OPENING: &str = "{\"type\":\"";
 pub(crate) fn opens_as_row(raw: &[u8]) -> bool {
     raw.strip_prefix(ROW_OPENING.as_bytes())
         .is_some_and(|rest| {
-            [RowTag::Text, RowTag::Reasoning, RowTag::ToolCall]
+            RowTag::ALL
                 .iter()
                 .any(|tag| rest.starts_with(tag.tag().as_bytes()))
         })
@@ -69,7 +60,7 @@ pub(crate) fn opens_as_row(raw: &[u8]) -> bool {
 /// Reads `line` as a packed row exactly as DSH writes it (module doc), or `None`.
 pub(crate) fn read_canonical_row(line: &str) -> Option<CanonicalRow<'_>> {
     let rest = line.strip_prefix(ROW_OPENING)?;
-    let (tag, rest) = [RowTag::Text, RowTag::Reasoning, RowTag::ToolCall]
+    let (tag, rest) = RowTag::ALL
         .into_iter()
         .find_map(|tag| Some((tag, rest.strip_prefix(tag.tag())?)))?;
     let rest = rest.strip_prefix("\",\"seq0\":")?;
@@ -194,7 +185,7 @@ fn escape_bytes(bytes: &[u8]) -> Option<usize> {
 /// Whether a string token's byte ends its plain run: a quote, a backslash or a control
 /// character.
 fn ends_plain_run(byte: u8) -> bool {
-    byte < 0x20 || byte == b'"' || byte == b'\\'
+    !is_plain_string_byte(byte)
 }
 
 /// Bytes at the front of `bytes` before the first one that [`ends_plain_run`]: eight at a

@@ -7,6 +7,7 @@ use crate::session::json::{
     js_safe_integer, object_members_as_written, object_members_borrowed, resolve_duplicates,
     value_lossy,
 };
+use crate::session::plain_json::{split_plain_string, MAX_CANONICAL_INTEGER_BYTES};
 use crate::session::{parse_event_line, SessionEvent};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -37,6 +38,9 @@ impl RowTag {
             _ => None,
         }
     }
+
+    /// Every row tag.
+    pub(crate) const ALL: [RowTag; 3] = [RowTag::Text, RowTag::Reasoning, RowTag::ToolCall];
 
     pub(crate) fn tag(self) -> &'static str {
         match self {
@@ -350,9 +354,9 @@ fn event_parsed_once(text: &str) -> Option<Result<Record, ()>> {
 /// The content of a string token without escapes or control characters (which every
 /// JSON reader reads as that content), or `None`.
 fn plain_string_content(token: &str) -> Option<&str> {
-    let content = token.strip_prefix('"')?.strip_suffix('"')?;
-    let plain = |byte: u8| byte >= 0x20 && byte != b'"' && byte != b'\\';
-    content.bytes().all(plain).then_some(content)
+    split_plain_string(token)
+        .filter(|(_, rest)| rest.is_empty())
+        .map(|(content, _)| content)
 }
 
 /// An object's members as [`object_members_borrowed`] gives them.
@@ -725,11 +729,8 @@ fn canonical_row_shape(data: &str) -> Option<RowShape<'_>> {
     })
 }
 
-/// Longest integer text [`canonical_row_shape`] takes: a safe integer's digits and sign.
-const MAX_PLAIN_INTEGER_BYTES: usize = 17;
-
 /// Splits a JSON integer without fraction or exponent (`-?(0|[1-9][0-9]*)`, at most
-/// [`MAX_PLAIN_INTEGER_BYTES`]) off the front of `text`.
+/// [`MAX_CANONICAL_INTEGER_BYTES`]) off the front of `text`.
 pub(crate) fn split_plain_integer(text: &str) -> Option<(&str, &str)> {
     let bytes = text.as_bytes();
     let sign = usize::from(bytes.first() == Some(&b'-'));
@@ -739,7 +740,7 @@ pub(crate) fn split_plain_integer(text: &str) -> Option<(&str, &str)> {
         .count();
     let leading_zero = digits > 1 && bytes[sign] == b'0';
     let end = sign + digits;
-    (digits > 0 && !leading_zero && end <= MAX_PLAIN_INTEGER_BYTES).then(|| text.split_at(end))
+    (digits > 0 && !leading_zero && end <= MAX_CANONICAL_INTEGER_BYTES).then(|| text.split_at(end))
 }
 
 fn member_prefix(shape: &RowShape<'_>) -> Option<String> {
@@ -749,10 +750,17 @@ fn member_prefix(shape: &RowShape<'_>) -> Option<String> {
 /// A member's `data` text: the row's prefix, the payload, and the closing braces.
 fn member_data_of(prefix: &str, payload: &str) -> String {
     let mut data = String::with_capacity(prefix.len() + payload.len() + MEMBER_DATA_SUFFIX.len());
-    data.push_str(prefix);
-    data.push_str(payload);
-    data.push_str(MEMBER_DATA_SUFFIX);
+    push_member_data(&mut data, prefix, payload);
     data
+}
+
+/// Appends a row member's `data` text to `out`: `prefix` ([`RowShape::member_prefix`]),
+/// its `payload` and [`MEMBER_DATA_SUFFIX`]. One JSON value when the parts are checked
+/// (`row_line::MEMBER_DATA_DEPTH` deep).
+pub(crate) fn push_member_data(out: &mut String, prefix: &str, payload: &str) {
+    out.push_str(prefix);
+    out.push_str(payload);
+    out.push_str(MEMBER_DATA_SUFFIX);
 }
 
 /// How every member's `data` text ends (`member_data`): the chunk object, then the data

@@ -22,17 +22,15 @@
 //! ([`super::MAX_IMPORT_PLAINTEXT_BYTES`] is the in-memory import's).
 
 use super::bounded::{ImportLimits, LineGuard};
-use super::row_line::{
-    opens_as_row, push_member_data, read_canonical_row, CanonicalRow, MEMBER_DATA_DEPTH,
-};
-use super::scan::ROW_MEMBER_TYPE;
+use super::row_line::{opens_as_row, read_canonical_row, CanonicalRow, MEMBER_DATA_DEPTH};
 use super::scan::{check_header, decode_record, Record};
+use super::scan::{push_member_data, ROW_MEMBER_TYPE};
 use super::zstd_codec::torn_tail;
 use super::{
     stored_line, DroppedTail, ExchangeError, ImportReport, OwnedEvent, Result, TornFrame,
     ZSTD_MAGIC,
 };
-use crate::limits::{STREAM_DECODE_BYTES, STREAM_READ_BYTES};
+use crate::limits::{EVENT_FRAME_ESTIMATE_BYTES, STREAM_DECODE_BYTES, STREAM_READ_BYTES};
 use crate::session::{RestoreCheck, TURN_END};
 use crate::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
 use crate::store::{is_stage_id, now_millis, ParsedEvent, SessionWriter, Store};
@@ -718,9 +716,6 @@ fn writer_stopped() -> Stop {
     )))
 }
 
-/// Per-event framing overhead in a batch's size, roughly, in bytes.
-const EVENT_FRAMING_BYTES: usize = 64;
-
 impl Stage {
     /// Adds one line's events (a packed row's members stay in one batch).
     fn push(&mut self, events: Vec<OwnedEvent>) -> Streamed<()> {
@@ -728,7 +723,7 @@ impl Stage {
             self.flush()?;
         }
         for event in events {
-            self.batch_bytes += event.stored_bytes() + EVENT_FRAMING_BYTES;
+            self.batch_bytes += event.stored_bytes() + EVENT_FRAME_ESTIMATE_BYTES;
             self.batch.events.push(StagedEvent::Line(event));
         }
         Ok(())
@@ -746,7 +741,7 @@ impl Stage {
             let start = self.batch.texts.len();
             push_member_data(&mut self.batch.texts, &prefix, payload);
             let data = start..self.batch.texts.len();
-            self.batch_bytes += data.len() + EVENT_FRAMING_BYTES;
+            self.batch_bytes += data.len() + EVENT_FRAME_ESTIMATE_BYTES;
             let flags = if position == 0 {
                 EVENT_FLAG_ROW_START | batch_flag
             } else {

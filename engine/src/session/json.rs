@@ -377,8 +377,7 @@ impl ObjectText {
 pub fn string_text(value: &str) -> String {
     // Nothing to escape (the usual key or id): the text is the value quoted, without a
     // `Value` built and serialized for it.
-    let plain = |byte: u8| byte >= 0x20 && byte != b'"' && byte != b'\\';
-    if value.bytes().all(plain) {
+    if value.bytes().all(super::plain_json::is_plain_string_byte) {
         let mut text = String::with_capacity(value.len() + 2);
         text.push('"');
         text.push_str(value);

@@ -7,7 +7,7 @@
 use super::json::MAX_SAFE_INTEGER;
 
 /// Longest integer text read here: a safe integer's 16 digits and a sign.
-const MAX_CANONICAL_INTEGER_BYTES: usize = 17;
+pub const MAX_CANONICAL_INTEGER_BYTES: usize = 17;
 
 /// Splits an integer off the front of `text` when it is the text `itoa` writes for a safe
 /// integer (no leading zero, no `-0`, no fraction or exponent), with its value; `None`
@@ -80,12 +80,18 @@ pub fn plain_object_keys(text: &str) -> Option<Vec<String>> {
 
 /// Splits a string token without escapes or control characters off the front of `text`:
 /// its content, and the rest after the closing quote.
-fn split_plain_string(text: &str) -> Option<(&str, &str)> {
+pub fn split_plain_string(text: &str) -> Option<(&str, &str)> {
     let body = text.strip_prefix('"')?;
     let end = memchr::memchr2(b'"', b'\\', body.as_bytes())?;
     let content = &body[..end];
-    let plain = body.as_bytes()[end] == b'"' && content.bytes().all(|byte| byte >= 0x20);
+    let plain = body.as_bytes()[end] == b'"' && content.bytes().all(is_plain_string_byte);
     plain.then(|| (content, &body[end + 1..]))
+}
+
+/// Whether a string's byte stands for itself in every JSON reading and writing: not a
+/// control character, a quote or a backslash.
+pub fn is_plain_string_byte(byte: u8) -> bool {
+    byte >= 0x20 && byte != b'"' && byte != b'\\'
 }
 
 /// The rest of `text` after one plain value ([`plain_object_keys`]).

@@ -391,15 +391,13 @@ impl RestoreCheck {
         members: u64,
         last_time: i64,
     ) -> Result<(), RestoreUndecided> {
-        let mut last_seq = seq0;
         for seq in (0..members).map(|offset| seq0.saturating_add(offset)) {
             let undecided = RestoreUndecided { seq };
             usize::try_from(seq).map_err(|_| undecided)?;
             self.fold.apply_log_only(seq).map_err(|_| undecided)?;
-            last_seq = seq;
         }
-        if members > 0 {
-            self.last = Some((last_seq, last_time, false));
+        if let Some(last_offset) = members.checked_sub(1) {
+            self.last = Some((seq0.saturating_add(last_offset), last_time, false));
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 use super::validate::{validate_event, validate_parsed_event};
 use super::{now_millis, NewEvent, Receipt, SessionWriter, Store};
 use crate::error::{Error, Result};
+use crate::limits::EVENT_FRAME_ESTIMATE_BYTES;
 use crate::storage::catalog::{Catalog, Position, Seed};
 use crate::storage::coding::{checked_count_u32, checked_u32, widen};
 use crate::storage::commit::{Durability, Log, SegmentContext};
@@ -54,11 +55,10 @@ impl SessionWriter {
     /// import stages millions of events it has just parsed, and parsing each `data` again
     /// was a tenth of its time. Every other check is made.
     pub(crate) fn append_parsed_batch(&mut self, events: &[ParsedEvent<'_>]) -> Result<Receipt> {
-        let parsed = events;
-        let events: Vec<NewEvent<'_>> = events.iter().map(|parsed| parsed.event).collect();
+        let new_events: Vec<NewEvent<'_>> = events.iter().map(|parsed| parsed.event).collect();
         let durability = self.durability;
-        self.submit_checked(&events, durability, |index, event| {
-            validate_parsed_event(event, parsed[index].depth)
+        self.submit_checked(&new_events, durability, |index, event| {
+            validate_parsed_event(event, events[index].depth)
         })?
         .wait()
     }
@@ -171,10 +171,6 @@ fn timed_event<'a>(
     }
 }
 
-/// An event frame's bytes beyond its data and envelope (frame header, seq, time, type and
-/// flags, lengths), rounded up: what a batch reserves per event before encoding.
-const EVENT_FRAME_ESTIMATE_BYTES: usize = 64;
-
 /// A batch queued by [`SessionWriter::submit_batch`] (or an append on its way).
 #[must_use = "a pending batch is acknowledged only by waiting for it"]
 pub struct PendingReceipt {
@@ -195,10 +191,12 @@ impl PendingReceipt {
     /// it was submitted, or the log failed. An async caller checks this before handing
     /// its thread to a blocking wait.
     pub fn is_settled(&self) -> bool {
-        match (self.durability, self.store.log()) {
-            (Durability::Batched { .. }, _) | (_, Err(_)) => true,
-            (Durability::Sync, Ok(log)) => log.is_settled(self.ticket, true),
-            (Durability::Buffered, Ok(log)) => log.is_settled(self.ticket, false),
+        match awaited_durable(self.durability) {
+            None => true,
+            Some(durable) => self
+                .store
+                .log()
+                .map_or(true, |log| log.is_settled(self.ticket, durable)),
         }
     }
 
@@ -217,10 +215,19 @@ impl PendingReceipt {
 
 /// Waits as the durability asks; returns whether the batch is durable.
 pub(super) fn wait_for(log: &Log, ticket: u64, durability: Durability) -> Result<bool> {
+    match awaited_durable(durability) {
+        None => Ok(false),
+        Some(durable) => log.wait(ticket, durable).map(|()| durable),
+    }
+}
+
+/// What a batch submitted with `durability` is waited for: durable (`Some(true)`), written
+/// (`Some(false)`), or nothing (`None`: `Batched` returns at once).
+fn awaited_durable(durability: Durability) -> Option<bool> {
     match durability {
-        Durability::Sync => log.wait(ticket, true).map(|()| true),
-        Durability::Buffered => log.wait(ticket, false).map(|()| false),
-        Durability::Batched { .. } => Ok(false),
+        Durability::Sync => Some(true),
+        Durability::Buffered => Some(false),
+        Durability::Batched { .. } => None,
     }
 }
 

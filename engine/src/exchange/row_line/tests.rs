@@ -2,7 +2,7 @@
 //! members and a re-packing that is the line itself; on DSH's own rows, it decides.
 
 use super::*;
-use crate::exchange::scan::{decode_generally, pack_row, Record};
+use crate::exchange::scan::{decode_generally, pack_row, push_member_data, Record};
 
 use dshdb_test_support::mutation::{mutated as mutated_bytes, Draws};
 
