@@ -71,6 +71,11 @@ pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 * MIB;
 /// Default largest encoded batch, in bytes: 1 GiB. A batch is built in memory and written by
 /// one write; above a segment's size it gets a segment of its own (F-03-9).
 pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
+/// Emptied batch buffers the log keeps for reuse once their group is written (2).
+pub const SPARE_BATCH_BUFFERS: usize = 2;
+/// Largest batch buffer the log keeps for reuse, in bytes of capacity (32 MiB): a huge
+/// batch's buffer is freed rather than held while the log idles.
+pub const MAX_SPARE_BUFFER_BYTES: usize = 32 * MIB;
 /// Longest a commit group waits for the appenders the previous group woke to submit again.
 /// Waiting lets one `fdatasync` cover them all instead of starting a sync for the first
 /// arrival alone; it only happens when several appenders were active (gathering never
@@ -222,6 +227,11 @@ pub const STREAM_CHECK_KEY_BYTES: usize = 16 * MIB;
 pub(crate) const EVENT_FRAME_ESTIMATE_BYTES: usize = 64;
 /// Bytes of plaintext a streaming import decompresses at a time from a zstd log (128 KiB).
 pub const STREAM_DECODE_BYTES: usize = 128 * 1024;
+/// Plaintext bytes a streaming import's decompressing thread hands over at a time (1 MiB).
+pub const DECODE_AHEAD_CHUNK_BYTES: usize = MIB;
+/// Chunks of [`DECODE_AHEAD_CHUNK_BYTES`] the decompressing thread may be ahead of the
+/// reader by: with the one being read, this bounds what decompression holds (4 MiB).
+pub const DECODE_AHEAD_CHUNKS: usize = 2;
 /// Bytes a zstd frame is decompressed by per step before the bounds are checked again.
 pub const IMPORT_DECODE_STEP_BYTES: usize = 64 * 1024;
 /// Uncompressed size limit of a packed SQLite chunk row's data, in bytes (DSH §3.5).

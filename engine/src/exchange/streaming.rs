@@ -30,10 +30,13 @@ use super::{
     stored_line, DroppedTail, ExchangeError, ImportReport, OwnedEvent, Result, TornFrame,
     ZSTD_MAGIC,
 };
-use crate::limits::{EVENT_FRAME_ESTIMATE_BYTES, STREAM_DECODE_BYTES, STREAM_READ_BYTES};
+use crate::limits::{
+    DECODE_AHEAD_CHUNKS, DECODE_AHEAD_CHUNK_BYTES, EVENT_FRAME_ESTIMATE_BYTES, STREAM_DECODE_BYTES,
+    STREAM_READ_BYTES,
+};
 use crate::session::{RestoreCheck, TURN_END};
 use crate::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
-use crate::store::{is_stage_id, now_millis, ParsedEvent, SessionWriter, Store};
+use crate::store::{is_stage_id, now_millis, ParsedBatch, ParsedEvent, SessionWriter, Store};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::path::Path;
@@ -105,7 +108,7 @@ pub fn import_dsh_file(
 
 /// Imports a DSH log read from `input` in bounded memory, all or nothing (module doc).
 /// `in_memory` is the in-memory import of the same input, called when it must decide.
-pub fn import_dsh_stream<R: Read>(
+pub fn import_dsh_stream<R: Read + Send>(
     store: &Store,
     input: R,
     zstd: bool,
@@ -118,12 +121,14 @@ pub fn import_dsh_stream<R: Read>(
         max_plaintext_bytes: u64::MAX,
     });
     let outcome = if zstd {
-        stream(
-            store,
-            Lines::new(ZstdInput::new(input), guard),
-            options,
-            progress,
-        )
+        std::thread::scope(|scope| {
+            let (source, thread) = DecodeAhead::start(scope, ZstdInput::new(input))?;
+            let outcome = stream(store, Lines::new(source, guard), options, progress);
+            // A panic there is already this import's error ("the decompressing thread
+            // stopped"): the reader saw the thread end without an answer.
+            let _ = thread.join();
+            outcome
+        })
     } else {
         stream(
             store,
@@ -190,9 +195,9 @@ trait Plaintext {
     fn fill(&mut self, out: &mut Vec<u8>) -> Streamed<usize>;
     /// Input bytes read so far.
     fn consumed(&self) -> u64;
-    /// Whether a recorded batch (a zstd frame after the first) starts at plaintext offset
-    /// `offset`, the start of a line; forgets the starts up to it.
-    fn batch_starts_at(&mut self, offset: u64) -> bool;
+    /// Moves to `into` the plaintext offsets, in order, where recorded batches (zstd frames
+    /// after the first) start in the bytes filled so far.
+    fn take_batch_starts(&mut self, into: &mut VecDeque<u64>);
     /// The checks at the end of the input, given the committed plaintext length, and the
     /// report's zstd part: frames read and a torn final frame.
     fn finish(&self, committed: u64) -> Streamed<(u64, Option<TornFrame>)>;
@@ -224,9 +229,7 @@ impl<R: Read> Plaintext for PlainInput<R> {
         self.consumed
     }
 
-    fn batch_starts_at(&mut self, _offset: u64) -> bool {
-        false
-    }
+    fn take_batch_starts(&mut self, _into: &mut VecDeque<u64>) {}
 
     fn finish(&self, _committed: u64) -> Streamed<(u64, Option<TornFrame>)> {
         Ok((0, None))
@@ -259,7 +262,7 @@ struct ZstdInput<R> {
     plaintext_bytes: u64,
     complete_end: u64,
     complete_frames: u64,
-    /// Plaintext offsets where frames 2.. start, not yet passed by a line.
+    /// Plaintext offsets where frames 2.. start, not yet taken.
     frame_starts: VecDeque<u64>,
     /// The first newline of frame 1.
     first_newline: Option<u64>,
@@ -397,16 +400,8 @@ impl<R: Read> Plaintext for ZstdInput<R> {
         self.file_offset
     }
 
-    fn batch_starts_at(&mut self, offset: u64) -> bool {
-        let mut starts = false;
-        while let Some(&start) = self.frame_starts.front() {
-            if start > offset {
-                break;
-            }
-            starts |= start == offset;
-            self.frame_starts.pop_front();
-        }
-        starts
+    fn take_batch_starts(&mut self, into: &mut VecDeque<u64>) {
+        into.append(&mut self.frame_starts);
     }
 
     fn finish(&self, committed: u64) -> Streamed<(u64, Option<TornFrame>)> {
@@ -416,6 +411,159 @@ impl<R: Read> Plaintext for ZstdInput<R> {
             return Err(Stop::HandOver);
         }
         Ok((self.complete_frames, self.torn))
+    }
+}
+
+/// What the decompressing thread of [`DecodeAhead`] hands over, in order.
+enum Ahead<P> {
+    /// The next plaintext bytes, the batch starts in them, and the input read so far.
+    Chunk {
+        bytes: Vec<u8>,
+        batch_starts: VecDeque<u64>,
+        consumed: u64,
+    },
+    /// The plaintext ended; the source comes back for [`Plaintext::finish`].
+    End(P),
+    /// The source stopped (after every chunk it filled before).
+    Stopped(Stop),
+}
+
+/// A plaintext decoded on a thread of its own, up to [`DECODE_AHEAD_CHUNKS`] chunks ahead:
+/// decompressing a zstd log then overlaps with reading and checking its lines instead of
+/// sitting on their critical path. The lines, the batch starts and every stop come in the
+/// order the source gives them, so an import reads exactly what it reads without the thread.
+struct DecodeAhead<P> {
+    chunks: Receiver<Ahead<P>>,
+    /// Emptied chunk buffers going back to be filled again.
+    emptied: Sender<Vec<u8>>,
+    batch_starts: VecDeque<u64>,
+    consumed: u64,
+    ended: Option<P>,
+}
+
+impl<P: Plaintext + Send> DecodeAhead<P> {
+    /// Starts decoding `source` on a thread of `scope`, which ends when the returned reader
+    /// is dropped (at its next hand-over).
+    fn start<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        source: P,
+    ) -> Streamed<(Self, std::thread::ScopedJoinHandle<'scope, ()>)>
+    where
+        P: 'scope,
+    {
+        let (chunk_sender, chunks) = sync_channel(DECODE_AHEAD_CHUNKS);
+        let (emptied, emptied_receiver) = channel();
+        let thread = std::thread::Builder::new()
+            .name("dshdb-decode".to_owned())
+            .spawn_scoped(scope, move || {
+                decode_ahead(source, &chunk_sender, &emptied_receiver)
+            })
+            .map_err(|source| crate::Error::ThreadStart {
+                thread: "dshdb-decode",
+                source,
+            })?;
+        let reader = Self {
+            chunks,
+            emptied,
+            batch_starts: VecDeque::new(),
+            consumed: 0,
+            ended: None,
+        };
+        Ok((reader, thread))
+    }
+}
+
+/// The decompressing thread of [`DecodeAhead`]: fills chunks from `source` and sends them
+/// until the plaintext ends, the source stops, or the reader is gone.
+fn decode_ahead<P: Plaintext>(
+    mut source: P,
+    chunks: &SyncSender<Ahead<P>>,
+    emptied: &Receiver<Vec<u8>>,
+) {
+    loop {
+        let mut bytes = emptied.try_recv().unwrap_or_default();
+        bytes.clear();
+        let mut ended = false;
+        let mut stopped = None;
+        while bytes.len() < DECODE_AHEAD_CHUNK_BYTES {
+            match source.fill(&mut bytes) {
+                Ok(0) => {
+                    ended = true;
+                    break;
+                }
+                Ok(_) => {}
+                Err(stop) => {
+                    stopped = Some(stop);
+                    break;
+                }
+            }
+        }
+        let mut batch_starts = VecDeque::new();
+        source.take_batch_starts(&mut batch_starts);
+        let chunk = Ahead::Chunk {
+            bytes,
+            batch_starts,
+            consumed: source.consumed(),
+        };
+        if chunks.send(chunk).is_err() {
+            return;
+        }
+        let last = match (stopped, ended) {
+            (Some(stop), _) => Ahead::Stopped(stop),
+            (None, true) => Ahead::End(source),
+            (None, false) => continue,
+        };
+        let _ = chunks.send(last);
+        return;
+    }
+}
+
+/// The decompressing thread ended without saying why (it panicked).
+fn decoder_stopped() -> Stop {
+    Stop::Failed(ExchangeError::Store(crate::Error::invalid(
+        "the decompressing thread stopped",
+    )))
+}
+
+impl<P: Plaintext> Plaintext for DecodeAhead<P> {
+    fn fill(&mut self, out: &mut Vec<u8>) -> Streamed<usize> {
+        while self.ended.is_none() {
+            match self.chunks.recv().map_err(|_| decoder_stopped())? {
+                Ahead::Chunk {
+                    bytes,
+                    mut batch_starts,
+                    consumed,
+                } => {
+                    out.extend_from_slice(&bytes);
+                    self.batch_starts.append(&mut batch_starts);
+                    self.consumed = consumed;
+                    let filled = bytes.len();
+                    // The thread may be gone already; the buffer is then simply freed.
+                    let _ = self.emptied.send(bytes);
+                    if filled > 0 {
+                        return Ok(filled);
+                    }
+                }
+                Ahead::End(source) => self.ended = Some(source),
+                Ahead::Stopped(stop) => return Err(stop),
+            }
+        }
+        Ok(0)
+    }
+
+    fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    fn take_batch_starts(&mut self, into: &mut VecDeque<u64>) {
+        into.append(&mut self.batch_starts);
+    }
+
+    fn finish(&self, committed: u64) -> Streamed<(u64, Option<TornFrame>)> {
+        match &self.ended {
+            Some(source) => source.finish(committed),
+            None => Err(decoder_stopped()),
+        }
     }
 }
 
@@ -444,6 +592,8 @@ struct Lines<P> {
     /// Plaintext offset of `buffer[0]`.
     base: u64,
     line: std::ops::Range<usize>,
+    /// Plaintext offsets where recorded batches start, not yet passed by a line.
+    batch_starts: VecDeque<u64>,
     ended: bool,
 }
 
@@ -457,8 +607,23 @@ impl<P: Plaintext> Lines<P> {
             searched: 0,
             base: 0,
             line: 0..0,
+            batch_starts: VecDeque::new(),
             ended: false,
         }
+    }
+
+    /// Whether a recorded batch starts at plaintext `offset`, the start of a line; forgets
+    /// the starts up to it.
+    fn batch_starts_at(&mut self, offset: u64) -> bool {
+        let mut starts = false;
+        while let Some(&start) = self.batch_starts.front() {
+            if start > offset {
+                break;
+            }
+            starts |= start == offset;
+            self.batch_starts.pop_front();
+        }
+        starts
     }
 
     /// The line of the last [`LineRead::Line`] (without its `\n`).
@@ -479,7 +644,7 @@ impl<P: Plaintext> Lines<P> {
                 let offset = self.base + self.start as u64;
                 self.start = end + 1;
                 self.searched = self.start;
-                let batch_start = self.source.batch_starts_at(offset);
+                let batch_start = self.batch_starts_at(offset);
                 return Ok(LineRead::Line {
                     offset,
                     batch_start,
@@ -502,6 +667,7 @@ impl<P: Plaintext> Lines<P> {
             if self.source.fill(&mut self.buffer)? == 0 {
                 self.ended = true;
             }
+            self.source.take_batch_starts(&mut self.batch_starts);
             self.guard.feed(&self.buffer[before..])?;
         }
     }
@@ -682,12 +848,13 @@ impl Batch {
         self.texts.clear();
     }
 
-    /// The batch as the store takes it.
-    fn parsed(&self) -> crate::Result<Vec<ParsedEvent<'_>>> {
-        self.events
-            .iter()
-            .map(|event| self.parsed_event(event))
-            .collect()
+    /// The batch as the store takes it, into `into` (emptied).
+    fn parse_into<'a>(&'a self, into: &mut ParsedBatch<'a>) -> crate::Result<()> {
+        into.reserve(self.events.len());
+        for event in &self.events {
+            into.push(self.parsed_event(event)?);
+        }
+        Ok(())
     }
 
     fn parsed_event<'a>(&'a self, event: &'a StagedEvent) -> crate::Result<ParsedEvent<'a>> {
@@ -786,10 +953,12 @@ fn write_batches(
     batches: Receiver<Batch>,
     written: Sender<Batch>,
 ) -> crate::Result<()> {
+    let mut spare = ParsedBatch::default();
     for batch in batches {
-        let events = batch.parsed()?;
-        writer.append_parsed_batch(&events)?;
-        drop(events);
+        let mut parsed = spare.renewed();
+        batch.parse_into(&mut parsed)?;
+        writer.append_parsed_batch(&parsed)?;
+        spare = parsed.renewed();
         // Once the gathering thread has stopped, the batch is dropped here instead.
         let _ = written.send(batch);
     }
@@ -1052,6 +1221,74 @@ mod tests {
         let mut lines = Lines::new(ZstdInput::new(&file[..]), guard());
         assert!(matches!(lines.next(), Ok(LineRead::Line { .. })));
         assert!(matches!(lines.next(), Err(Stop::HandOver)));
+    }
+
+    /// What reading `file` line by line gives: the lines with their batch starts, how it
+    /// ended (a stop is `None`), and the finish's frames and torn frame offset.
+    type Reading = (Vec<(Vec<u8>, LineRead)>, Option<(u64, Option<u64>)>);
+
+    fn reading(lines: &mut Lines<impl Plaintext>) -> Reading {
+        let mut read = Vec::new();
+        loop {
+            match lines.next() {
+                Ok(LineRead::End) => break,
+                Ok(LineRead::Tail) => {
+                    read.push((Vec::new(), LineRead::Tail));
+                    break;
+                }
+                Ok(line) => read.push((lines.line().to_vec(), line)),
+                Err(_) => return (read, None),
+            }
+        }
+        let finished = lines.source.finish(lines.total()).ok();
+        let finished = finished.map(|(frames, torn)| (frames, torn.map(|torn| torn.file_offset)));
+        (read, finished)
+    }
+
+    #[test]
+    fn decoding_ahead_reads_exactly_what_decoding_in_line_reads() {
+        // Many frames (past several hand-over chunks), a torn last frame, a bad magic.
+        let mut whole = frame(b"header\n");
+        for number in 0..3_000u32 {
+            let text = format!("line {number} {}\nsecond {number}\n", "x".repeat(400));
+            whole.extend(frame(text.as_bytes()));
+        }
+        let mut torn = whole.clone();
+        let last = frame(b"cut\nhere\n");
+        torn.extend_from_slice(&last[..last.len() - 2]);
+        let mut bad_magic = whole.clone();
+        bad_magic.extend_from_slice(b"nope-not-zstd");
+        for file in [&whole, &torn, &bad_magic] {
+            let in_line = reading(&mut Lines::new(ZstdInput::new(&file[..]), guard()));
+            let ahead = std::thread::scope(|scope| {
+                let Ok((source, thread)) = DecodeAhead::start(scope, ZstdInput::new(&file[..]))
+                else {
+                    panic!("the decompressing thread starts");
+                };
+                let ahead = reading(&mut Lines::new(source, guard()));
+                assert!(thread.join().is_ok());
+                ahead
+            });
+            assert_eq!(ahead, in_line);
+            assert!(in_line.0.len() > 6_000);
+        }
+    }
+
+    #[test]
+    fn a_reader_that_stops_early_ends_the_decompressing_thread() {
+        let mut file = frame(b"header\n");
+        for _ in 0..2_000 {
+            file.extend(frame("y".repeat(2_000).as_bytes()));
+        }
+        std::thread::scope(|scope| {
+            let Ok((source, thread)) = DecodeAhead::start(scope, ZstdInput::new(&file[..])) else {
+                panic!("the decompressing thread starts");
+            };
+            let mut lines = Lines::new(source, guard());
+            assert!(matches!(lines.next(), Ok(LineRead::Line { .. })));
+            drop(lines);
+            assert!(thread.join().is_ok());
+        });
     }
 
     #[test]

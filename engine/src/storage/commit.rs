@@ -128,6 +128,10 @@ struct State {
     writing: bool,
     /// Many-process mode: how far this process's catalog reflects the log.
     applied: LogPosition,
+    /// Emptied batch buffers of written groups, reused by the next batches: a batch of
+    /// megabytes otherwise grows a fresh buffer from empty, and its pages are faulted in
+    /// again, every time.
+    spare_buffers: Vec<Vec<u8>>,
 }
 
 /// Applies to the process's catalog what other processes published after `from`, up to
@@ -219,6 +223,7 @@ pub struct Submitted {
 }
 
 pub use crate::limits::MAX_GROUP_GATHER;
+use crate::limits::{MAX_SPARE_BUFFER_BYTES, SPARE_BATCH_BUFFERS};
 
 pub use crate::limits::DEFAULT_MAX_BATCH_BYTES;
 
@@ -340,6 +345,7 @@ impl State {
                 segment,
                 offset: tail,
             },
+            spare_buffers: Vec::new(),
         }
     }
 }
@@ -436,7 +442,7 @@ impl Log {
         if shared.multi.is_some() && state.write_lock.is_none() {
             shared.take_write_lock(&mut state)?;
         }
-        let mut bytes = Vec::new();
+        let mut bytes = state.spare_buffers.pop().unwrap_or_default();
         let max_batch_bytes = shared.options.max_batch_bytes;
         let mut outcome = encode_batch(
             &mut state.active.context,
@@ -1095,6 +1101,7 @@ impl State {
             {
                 last.bytes.extend_from_slice(&bytes);
                 last.trim_to = trim_to;
+                self.recycle(bytes);
                 return;
             }
         }
@@ -1105,6 +1112,24 @@ impl State {
             bytes,
             trim_to,
         });
+    }
+
+    /// Keeps `bytes`, emptied, for a later batch, within [`SPARE_BATCH_BUFFERS`] buffers of
+    /// at most [`MAX_SPARE_BUFFER_BYTES`] each.
+    fn recycle(&mut self, mut bytes: Vec<u8>) {
+        if self.spare_buffers.len() < SPARE_BATCH_BUFFERS
+            && bytes.capacity() <= MAX_SPARE_BUFFER_BYTES
+        {
+            bytes.clear();
+            self.spare_buffers.push(bytes);
+        }
+    }
+
+    /// Keeps the buffers of a written group's chunks ([`State::recycle`]).
+    fn recycle_chunks(&mut self, chunks: Vec<Chunk>) {
+        for chunk in chunks {
+            self.recycle(chunk.bytes);
+        }
     }
 
     /// Whether the committer has something to do right now, and if not, until when to sleep.
@@ -1280,6 +1305,7 @@ impl Shared {
                 state.poison(operation, source);
             }
         }
+        state.recycle_chunks(chunks);
         self.finish_group(state, group_waitable)
     }
 
@@ -1322,6 +1348,7 @@ impl Shared {
             self.publish_group(&mut state, multi, last, rolls);
         }
         state.release_tail_if_idle();
+        state.recycle_chunks(chunks);
         if !sync {
             return self.finish_group(state, group_waitable);
         }

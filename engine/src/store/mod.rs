@@ -35,8 +35,8 @@ pub use read::{EntryView, ReadScan, RowMember, RowMembers, RowView};
 pub use staging::{is_stage_id, STAGE_PREFIX};
 pub use stats::Stats;
 pub use validate::check_data_depth;
-pub(crate) use writer::ParsedEvent;
 pub use writer::PendingReceipt;
+pub(crate) use writer::{ParsedBatch, ParsedEvent};
 
 use create::{
     check_creatable, check_creatable_before_lock, create_store, discard_checkpoint, remove_orphans,
