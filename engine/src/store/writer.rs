@@ -180,7 +180,11 @@ impl<'a> ParsedBatch<'a> {
         self.events.clear();
         self.depths.clear();
         ParsedBatch {
-            events: self.events.into_iter().filter_map(|_| None).collect(),
+            events: self
+                .events
+                .into_iter()
+                .map(|_| unreachable!("the events were cleared"))
+                .collect(),
             depths: self.depths,
         }
     }
