@@ -155,8 +155,12 @@ pub fn write_packed_files(args: &[String]) -> Result<()> {
 pub fn child(kind: &str, args: &[String]) -> Result<bool> {
     match (kind, args) {
         // What `dshdb import` runs: the streaming import, in bounded memory.
+        // The store is new: the parent removed the previous run's before starting the clock.
         ("layout-import", [encoding, file, store]) => {
-            let _ = std::fs::remove_dir_all(store);
+            ensure!(
+                !Path::new(store).exists(),
+                "the import's store exists already"
+            );
             let opened = Store::open(store, Options::default())?;
             let zstd = encoding == "zstd";
             let report =
@@ -185,6 +189,14 @@ pub fn child(kind: &str, args: &[String]) -> Result<bool> {
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// Removes a store directory left by an earlier run, if any.
+fn remove_store(store: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(store) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error.into()),
+        _ => Ok(()),
+    }
 }
 
 fn read_only() -> Options {
@@ -231,6 +243,9 @@ fn measure(work: &Path, layout: &Layout, baseline: &Path) -> Result<Measured> {
     let mut imports = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
         eprintln!("dsh layout, {}: import", layout.name);
+        // Deleting the previous run's store is no part of an import: not on its clock.
+        remove_store(&store)?;
+        remove_store(&zstd_store)?;
         imports.0.push(resume_run::run_child(&[
             "layout-import",
             "plain",

@@ -258,7 +258,6 @@ struct ZstdInput<R> {
     /// File offset of `input[input_at]`.
     file_offset: u64,
     frame: Option<OpenFrame>,
-    scratch: Vec<u8>,
     plaintext_bytes: u64,
     complete_end: u64,
     complete_frames: u64,
@@ -280,7 +279,6 @@ impl<R: Read> ZstdInput<R> {
             input_ended: false,
             file_offset: 0,
             frame: None,
-            scratch: vec![0; STREAM_DECODE_BYTES],
             plaintext_bytes: 0,
             complete_end: 0,
             complete_frames: 0,
@@ -364,23 +362,21 @@ impl<R: Read> Plaintext for ZstdInput<R> {
                 self.ended = true;
                 continue;
             }
+            // Decompressed straight into `out`'s spare room (at least a step's worth).
+            let start = out.len();
+            out.reserve(STREAM_DECODE_BYTES);
             let mut input = zstd::zstd_safe::InBuffer::around(&self.input[self.input_at..]);
-            let mut output = zstd::zstd_safe::OutBuffer::around(&mut self.scratch[..]);
-            let hint = self
-                .decoder
-                .decompress_stream(&mut output, &mut input)
-                .map_err(|_| Stop::HandOver)?;
-            let (taken, produced) = (input.pos(), output.pos());
+            let mut output = zstd::zstd_safe::OutBuffer::around_pos(out, start);
+            let decoded = self.decoder.decompress_stream(&mut output, &mut input);
+            drop(output);
+            let hint = decoded.map_err(|_| Stop::HandOver)?;
+            let (taken, produced) = (input.pos(), out.len() - start);
             self.input_at += taken;
             self.file_offset += taken as u64;
-            let plaintext = &self.scratch[..produced];
             if self.complete_frames == 0 && self.first_newline.is_none() {
-                self.first_newline = plaintext
-                    .iter()
-                    .position(|&byte| byte == b'\n')
-                    .map(|at| self.plaintext_bytes + at as u64);
+                self.first_newline =
+                    memchr::memchr(b'\n', &out[start..]).map(|at| self.plaintext_bytes + at as u64);
             }
-            out.extend_from_slice(plaintext);
             self.plaintext_bytes += produced as u64;
             if hint == 0 {
                 if self.complete_frames == 0 {
