@@ -401,22 +401,21 @@ fn backend(error: BackendError) -> FleetError {
     FleetError::Backend(error)
 }
 
-/// Waits for a local append; blocks the thread only as long as the fsync takes.
-fn wait_local(pending: Box<dyn LocalPending>) -> FleetResult<()> {
-    if pending.is_settled() {
-        // Usual in `replicated` mode: the local fsync ends before the quorum ack. Handing
-        // the worker to a blocking thread for a wait that returns at once cost a thread
-        // hand-off per append (a tenth of the node's CPU in the F9 ingest).
-        return pending.wait();
+/// Waits for a local append without holding a thread: the log wakes this task once its
+/// fsync ended. A thread blocked per waiting append (as `block_in_place` did) starved the
+/// runtime with a thousand sessions in flight, the node's heartbeat included, and cost a
+/// thread hand-off per append.
+async fn wait_local(pending: Box<dyn LocalPending>) -> FleetResult<()> {
+    if !pending.is_settled() {
+        let (settled, wait) = tokio::sync::oneshot::channel();
+        pending.when_settled(Box::new(move || {
+            // The waiting task may be gone (cancelled); nobody is left to tell.
+            let _ = settled.send(());
+        }));
+        // A call dropped unmade (the log went away) ends the wait too: `wait` then reports.
+        let _ = wait.await;
     }
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .map(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-        .unwrap_or(false);
-    if multi_thread {
-        tokio::task::block_in_place(|| pending.wait())
-    } else {
-        pending.wait()
-    }
+    pending.wait()
 }
 
 fn valid_header(session: &str, header: &str) -> FleetResult<()> {
@@ -1150,7 +1149,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                     .await
             }
             Route::Local | Route::Sealed => {
-                wait_local(pending)?;
+                wait_local(pending).await?;
                 self.push_backlog(shard, owned, batch.clone(), true);
                 Ok(self.ack_locally(shard, owned, &batch, &mut slot))
             }
@@ -1238,7 +1237,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             self.drain_session(&batch.session, slot),
         )
         .await;
-        let local = wait_local(pending);
+        let local = wait_local(pending).await;
         match drained {
             Ok(Shipped::Lost) => return Err(self.moved(shard).await),
             // The backlog emptied without this batch shipped: a fence on another write of
@@ -1296,7 +1295,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     ) -> FleetResult<AppendAck> {
         let (first_seq, end_seq) = (batch.first_seq(), batch.end_seq());
         let published = self.publish_grouped(shard, owned, message).await;
-        let local = wait_local(pending);
+        let local = wait_local(pending).await;
         let ack = match published {
             Ok(ack) if ack.duplicate => match self.check_deduplicated(shard, &batch, ack).await {
                 Ok(()) => ack,

@@ -18,6 +18,12 @@ pub trait LocalPending: Send {
 
     /// Whether [`LocalPending::wait`] would return at once.
     fn is_settled(&self) -> bool;
+
+    /// Calls `call` once [`LocalPending::wait`] would return at once (now, or later on
+    /// another thread): an async caller awaits that instead of blocking a thread.
+    fn when_settled(&self, call: Box<dyn FnOnce() + Send>) {
+        call();
+    }
 }
 
 /// The node's local store.
@@ -70,6 +76,10 @@ impl LocalPending for EnginePending {
 
     fn is_settled(&self) -> bool {
         self.0.is_settled()
+    }
+
+    fn when_settled(&self, call: Box<dyn FnOnce() + Send>) {
+        self.0.when_settled(call);
     }
 }
 

@@ -367,9 +367,10 @@ impl<R: Read> Plaintext for ZstdInput<R> {
             out.reserve(STREAM_DECODE_BYTES);
             let mut input = zstd::zstd_safe::InBuffer::around(&self.input[self.input_at..]);
             let mut output = zstd::zstd_safe::OutBuffer::around_pos(out, start);
-            let decoded = self.decoder.decompress_stream(&mut output, &mut input);
-            drop(output);
-            let hint = decoded.map_err(|_| Stop::HandOver)?;
+            let hint = self
+                .decoder
+                .decompress_stream(&mut output, &mut input)
+                .map_err(|_| Stop::HandOver)?;
             let (taken, produced) = (input.pos(), out.len() - start);
             self.input_at += taken;
             self.file_offset += taken as u64;

@@ -194,9 +194,23 @@ impl Poison {
 struct Waiter {
     ticket: u64,
     durable: bool,
-    thread: std::thread::Thread,
-    woken: Arc<std::sync::atomic::AtomicBool>,
+    wake: Wake,
 }
+
+/// How a [`Waiter`] learns that its wait is over.
+enum Wake {
+    /// A thread parked in [`Log::wait`]: the flag ends its wait.
+    Park {
+        thread: std::thread::Thread,
+        woken: Arc<std::sync::atomic::AtomicBool>,
+    },
+    /// A call registered by [`Log::when_settled`], made on the committer's thread.
+    Call(SettledCall),
+}
+
+/// What [`Log::when_settled`] calls once a wait would return at once: it runs on the
+/// committer's thread, so it must be short (a wake-up of an async task).
+pub type SettledCall = Box<dyn FnOnce() + Send>;
 
 struct Shared {
     storage: Arc<dyn Storage>,
@@ -528,8 +542,10 @@ impl Log {
             state.waiters.push(Waiter {
                 ticket,
                 durable,
-                thread: std::thread::current(),
-                woken: woken.clone(),
+                wake: Wake::Park {
+                    thread: std::thread::current(),
+                    woken: woken.clone(),
+                },
             });
         }
         // `park` may return spuriously: only the committer's flag ends the wait.
@@ -540,6 +556,24 @@ impl Log {
         state
             .wait_outcome(ticket, durable)
             .unwrap_or(Err(Error::Closed))
+    }
+
+    /// Calls `call` once waiting for `ticket` would return at once (reached, poisoned or
+    /// stopped): at once if it would now, else on the committer's thread when it does. An
+    /// async caller awaits this instead of blocking a thread in [`Log::wait`].
+    pub fn when_settled(&self, ticket: u64, durable: bool, call: SettledCall) {
+        {
+            let mut state = self.shared.state.lock();
+            if state.wait_outcome(ticket, durable).is_none() {
+                state.waiters.push(Waiter {
+                    ticket,
+                    durable,
+                    wake: Wake::Call(call),
+                });
+                return;
+            }
+        }
+        call();
     }
 
     /// Makes everything queued so far durable.
@@ -1619,10 +1653,13 @@ fn sync_shared(
 
 fn wake(finished: Vec<Waiter>) {
     for waiter in finished {
-        waiter
-            .woken
-            .store(true, std::sync::atomic::Ordering::Release);
-        waiter.thread.unpark();
+        match waiter.wake {
+            Wake::Park { thread, woken } => {
+                woken.store(true, std::sync::atomic::Ordering::Release);
+                thread.unpark();
+            }
+            Wake::Call(call) => call(),
+        }
     }
 }
 

@@ -235,6 +235,17 @@ impl PendingReceipt {
         }
     }
 
+    /// Calls `call` once [`PendingReceipt::wait`] would return at once ([`Self::is_settled`]):
+    /// at once if it would now, else on the log's committer thread, so `call` must be short
+    /// (it wakes an async task, which then calls `wait`). Lets an async caller wait for
+    /// the fsync without holding a thread.
+    pub fn when_settled(&self, call: impl FnOnce() + Send + 'static) {
+        match (awaited_durable(self.durability), self.store.log()) {
+            (Some(durable), Ok(log)) => log.when_settled(self.ticket, durable, Box::new(call)),
+            _ => call(),
+        }
+    }
+
     /// Waits until the batch is as durable as it was submitted (durable for
     /// `submit_batch`). An error means it must not be taken as durable.
     pub fn wait(self) -> Result<Receipt> {

@@ -206,6 +206,51 @@ fn submitted_batches_from_one_thread_share_a_sync_and_are_durable_when_waited() 
     }
 }
 
+/// `PendingReceipt::when_settled` calls back once `wait` would return at once: only after
+/// the batch's sync (what the disk holds durably at the call has the batch), at once for a
+/// settled batch, and with the log's failure when its sync fails.
+#[test]
+fn when_settled_calls_back_after_the_sync_or_the_failure() {
+    use dshdb::storage::io::sim::FaultKind;
+    let disk = SimStorage::new();
+    let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+    let mut writer = store.create_session_with_id("s").expect("create");
+    let data = event_data(0, 0, 100);
+    for round in 0..20u64 {
+        let pending = writer.submit_batch(&[chunk(&data)]).expect("submit");
+        let (sender, called) = std::sync::mpsc::channel();
+        let seen = disk.clone();
+        pending.when_settled(move || {
+            let _ = sender.send(seen.durable_image());
+        });
+        let image = called.recv().expect("called back");
+        let durable = open_sim(
+            &SimStorage::from_image(&image),
+            sim_options(Durability::Sync),
+        )
+        .expect("reopen the image taken at the call");
+        let events = durable.read("s", 0, u64::MAX).expect("read");
+        assert_eq!(events.len() as u64, round + 1, "round {round}");
+        assert!(pending.is_settled());
+        assert!(pending.wait().expect("durable").durable);
+    }
+    let settled = writer.submit_batch(&[chunk(&data)]).expect("submit");
+    let receipt_waited = writer.submit_batch(&[chunk(&data)]).expect("submit");
+    assert!(receipt_waited.wait().expect("durable").durable);
+    let called_at_once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = called_at_once.clone();
+    settled.when_settled(move || flag.store(true, std::sync::atomic::Ordering::SeqCst));
+    assert!(called_at_once.load(std::sync::atomic::Ordering::SeqCst));
+    disk.fail_nth(FaultKind::Sync, 0);
+    let failing = writer.submit_batch(&[chunk(&data)]).expect("submit");
+    let (sender, called) = std::sync::mpsc::channel();
+    failing.when_settled(move || {
+        let _ = sender.send(());
+    });
+    assert!(called.recv().is_ok());
+    assert!(failing.wait().is_err());
+}
+
 #[test]
 fn a_batch_above_max_batch_bytes_is_refused_and_writes_nothing() {
     let disk = SimStorage::new();
