@@ -73,9 +73,10 @@ pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 * MIB;
 pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
 /// Emptied batch buffers the log keeps for reuse once their group is written (2).
 pub const SPARE_BATCH_BUFFERS: usize = 2;
-/// Largest batch buffer the log keeps for reuse, in bytes of capacity (32 MiB): a huge
-/// batch's buffer is freed rather than held while the log idles.
-pub const MAX_SPARE_BUFFER_BYTES: usize = 32 * MIB;
+/// Largest batch buffer the log keeps for reuse, in bytes of capacity (16 MiB): an import's
+/// staged batch fits, a larger batch's buffer is freed, and the log holds at most 32 MiB of
+/// spare buffers while it idles.
+pub const MAX_SPARE_BUFFER_BYTES: usize = 16 * MIB;
 /// Longest a commit group waits for the appenders the previous group woke to submit again.
 /// Waiting lets one `fdatasync` cover them all instead of starting a sync for the first
 /// arrival alone; it only happens when several appenders were active (gathering never
