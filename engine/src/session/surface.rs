@@ -9,6 +9,7 @@ use super::event::{SessionEvent, SurfaceOp, ASSISTANT_MESSAGE, TOOL_RESULT, USER
 use super::json::{self, json_equal};
 use serde_json::value::RawValue;
 use serde_json::Value;
+use std::collections::HashMap;
 
 /// One committed replacement, as DSH's `foldSurface` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +58,6 @@ struct SurfaceNode {
     seq: u64,
     /// The projected message text (§4); `None` when the event derives no message.
     message: Option<Box<RawValue>>,
-    /// For `tool/result` nodes: the payload with the rewritable part nulled (§3.4).
-    rewrite_key: Option<Value>,
 }
 
 /// Incremental surface state over a contiguous window starting at `base_seq` (§3.2, §3.6).
@@ -66,6 +65,10 @@ struct SurfaceNode {
 pub struct SurfaceFold {
     next_seq: u64,
     nodes: Vec<SurfaceNode>,
+    /// The rewrite key of each visible `tool/result` node, by its seq: the payload with the
+    /// rewritable part nulled (§3.4). Kept beside the nodes so that forgetting one
+    /// ([`Self::forget_rewrite_key`]) need not search them.
+    rewrite_keys: HashMap<u64, Value>,
     replace_generation: u64,
 }
 
@@ -96,6 +99,7 @@ impl SurfaceFold {
         Self {
             next_seq: base_seq,
             nodes: Vec::new(),
+            rewrite_keys: HashMap::new(),
             replace_generation: 0,
         }
     }
@@ -123,11 +127,13 @@ impl SurfaceFold {
     /// Validates `event` against every always-on surface rule and, if it passes, applies it.
     pub fn apply(&mut self, event: &SessionEvent) -> Result<SurfaceChange, SessionError> {
         let change = self.plan(event, None)?;
-        self.commit(&change, || SurfaceNode {
-            seq: event.seq,
-            message: projected_message(event),
-            rewrite_key: (event.event_type == TOOL_RESULT)
-                .then(|| rewrite_key(&event.data_value())),
+        self.commit(&change, || {
+            let node = SurfaceNode {
+                seq: event.seq,
+                message: projected_message(event),
+            };
+            let key = (event.event_type == TOOL_RESULT).then(|| rewrite_key(&event.data_value()));
+            (node, key)
         });
         Ok(change)
     }
@@ -144,10 +150,15 @@ impl SurfaceFold {
         rewrite_key: Option<Value>,
     ) -> Result<SurfaceChange, SessionError> {
         let change = self.plan(event, rewrite_key.as_ref())?;
-        self.commit(&change, || SurfaceNode {
-            seq: event.seq,
-            message: None,
-            rewrite_key: rewrite_key.filter(|_| event.event_type == TOOL_RESULT),
+        self.commit(&change, || {
+            let node = SurfaceNode {
+                seq: event.seq,
+                message: None,
+            };
+            (
+                node,
+                rewrite_key.filter(|_| event.event_type == TOOL_RESULT),
+            )
         });
         Ok(change)
     }
@@ -156,9 +167,7 @@ impl SurfaceFold {
     /// `tool/result` is then refused (`ToolResultRewriteWrongTarget`), so a caller that
     /// forgets keys to bound its memory must treat that refusal as undecided.
     pub(crate) fn forget_rewrite_key(&mut self, seq: u64) {
-        if let Some(node) = self.nodes.iter_mut().find(|node| node.seq == seq) {
-            node.rewrite_key = None;
-        }
+        self.rewrite_keys.remove(&seq);
     }
 
     /// Applies a log-only event known only by its seq: the caller guarantees that its type
@@ -253,7 +262,7 @@ impl SurfaceFold {
         if start_index != end_index {
             return Err(SessionError::ToolResultRewriteNotSingle);
         }
-        let Some(original) = &self.nodes[start_index].rewrite_key else {
+        let Some(original) = self.rewrite_keys.get(&self.nodes[start_index].seq) else {
             return Err(SessionError::ToolResultRewriteWrongTarget);
         };
         let computed;
@@ -270,21 +279,41 @@ impl SurfaceFold {
         Ok(())
     }
 
-    /// Commits a planned change; `node` builds the event's node (called only if it joins).
-    fn commit(&mut self, change: &SurfaceChange, node: impl FnOnce() -> SurfaceNode) {
+    /// Commits a planned change; `node` builds the event's node and its rewrite key (called
+    /// only if it joins).
+    fn commit(
+        &mut self,
+        change: &SurfaceChange,
+        node: impl FnOnce() -> (SurfaceNode, Option<Value>),
+    ) {
         self.next_seq += 1;
-        match change {
-            SurfaceChange::Unchanged => {}
-            SurfaceChange::Appended => self.nodes.push(node()),
+        let joined = match change {
+            SurfaceChange::Unchanged => None,
+            SurfaceChange::Appended => {
+                let (node, key) = node();
+                let seq = node.seq;
+                self.nodes.push(node);
+                Some((seq, key))
+            }
             SurfaceChange::Replaced(replacement) => {
                 let position = |seq| self.nodes.iter().position(|node| node.seq == seq);
-                if let (Some(first), Some(last)) =
-                    (position(replacement.start), position(replacement.end))
-                {
-                    self.nodes.splice(first..=last, [node()]);
-                    self.replace_generation += 1;
+                match (position(replacement.start), position(replacement.end)) {
+                    (Some(first), Some(last)) => {
+                        let (node, key) = node();
+                        let seq = node.seq;
+                        let removed = self.nodes.splice(first..=last, [node]);
+                        for gone in removed {
+                            self.rewrite_keys.remove(&gone.seq);
+                        }
+                        self.replace_generation += 1;
+                        Some((seq, key))
+                    }
+                    _ => None,
                 }
             }
+        };
+        if let Some((seq, Some(key))) = joined {
+            self.rewrite_keys.insert(seq, key);
         }
     }
 
@@ -293,7 +322,7 @@ impl SurfaceFold {
         let nodes = self.nodes.iter().map(|node| SurfaceNodeParts {
             seq: node.seq,
             message: node.message.as_ref().map(|raw| raw.get().to_owned()),
-            rewrite_key: node.rewrite_key.as_ref().map(Value::to_string),
+            rewrite_key: self.rewrite_keys.get(&node.seq).map(Value::to_string),
         });
         SurfaceFoldParts {
             next_seq: self.next_seq,
@@ -305,24 +334,24 @@ impl SurfaceFold {
     /// Rebuilds a fold from [`Self::to_parts`]; `None` when a text is not JSON.
     pub fn from_parts(parts: SurfaceFoldParts) -> Option<Self> {
         let mut nodes = Vec::with_capacity(parts.nodes.len());
+        let mut rewrite_keys = HashMap::new();
         for node in parts.nodes {
             let message = match node.message {
                 Some(text) => Some(RawValue::from_string(text).ok()?),
                 None => None,
             };
-            let rewrite_key = match node.rewrite_key {
-                Some(text) => Some(serde_json::from_str(&text).ok()?),
-                None => None,
-            };
+            if let Some(text) = node.rewrite_key {
+                rewrite_keys.insert(node.seq, serde_json::from_str(&text).ok()?);
+            }
             nodes.push(SurfaceNode {
                 seq: node.seq,
                 message,
-                rewrite_key,
             });
         }
         Some(Self {
             next_seq: parts.next_seq,
             nodes,
+            rewrite_keys,
             replace_generation: parts.replace_generation,
         })
     }

@@ -558,3 +558,58 @@ proptest! {
         prop_assert!(scratch == fold);
     }
 }
+
+/// A tool result's rewrite key lives as long as its node is visible: a forgotten key makes
+/// its rewrite a wrong target; a rewrite's own key is what the next rewrite is checked
+/// against; a range replacement takes the keys of what it covers; a fold rebuilt from its
+/// parts keeps the keys of the visible results.
+#[test]
+fn rewrite_keys_follow_the_visible_results() {
+    let result = |seq, call_id: &str, extra: &str| {
+        line(
+            "tool/result",
+            seq,
+            &tool_result_data(call_id, "r", "m"),
+            extra,
+        )
+    };
+    let rewrite = |seq, of: u64, call_id: &str| {
+        let sources = format!(r#","sourceEventSeqs":[{of}]"#);
+        result(seq, call_id, &replace(of, of, &sources))
+    };
+    let wrong_target = "tool/result surface replacement must target a current tool/result";
+    let mut forgetting = SurfaceFold::new();
+    assert!(forgetting.apply(&result(0, "call", APPEND)).is_ok());
+    forgetting.forget_rewrite_key(0);
+    let refused = forgetting
+        .apply(&rewrite(1, 0, "call"))
+        .map_err(|error| error.to_string());
+    assert_eq!(refused.err().as_deref(), Some(wrong_target));
+
+    let mut chain = SurfaceFold::new();
+    for event in [
+        result(0, "call", APPEND),
+        rewrite(1, 0, "call"),
+        rewrite(2, 1, "call"),
+    ] {
+        assert!(chain.apply(&event).is_ok(), "seq {}", event.seq);
+    }
+    let changed = chain.clone().apply(&rewrite(3, 2, "other"));
+    assert_eq!(
+        changed.map_err(|error| error.to_string()).err().as_deref(),
+        Some("tool/result surface replacement may change only content")
+    );
+    let summary = line(
+        "assistant/message",
+        3,
+        &assistant_data(1, 1, r#"{"type":"text","text":"s"}"#),
+        &replace(2, 2, r#","sourceEventSeqs":[2]"#),
+    );
+    let mut rebuilt = SurfaceFold::from_parts(chain.to_parts()).expect("parts");
+    assert!(rebuilt.clone().apply(&rewrite(3, 2, "call")).is_ok());
+    assert!(rebuilt.apply(&summary).is_ok());
+    let parts = rebuilt.to_parts();
+    assert_eq!(parts.nodes.len(), 1);
+    assert!(parts.nodes.iter().all(|node| node.rewrite_key.is_none()));
+    assert!(chain.to_parts().nodes[0].rewrite_key.is_some());
+}
