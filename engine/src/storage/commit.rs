@@ -194,18 +194,7 @@ impl Poison {
 struct Waiter {
     ticket: u64,
     durable: bool,
-    wake: Wake,
-}
-
-/// How a [`Waiter`] learns that its wait is over.
-enum Wake {
-    /// A thread parked in [`Log::wait`]: the flag ends its wait.
-    Park {
-        thread: std::thread::Thread,
-        woken: Arc<std::sync::atomic::AtomicBool>,
-    },
-    /// A call registered by [`Log::when_settled`], made on the committer's thread.
-    Call(SettledCall),
+    call: SettledCall,
 }
 
 /// What [`Log::when_settled`] calls once a wait would return at once: it runs on the
@@ -533,22 +522,20 @@ impl Log {
     /// Waits until `ticket` is written (`Buffered`) or durable (otherwise).
     pub fn wait(&self, ticket: u64, durable: bool) -> Result<()> {
         use std::sync::atomic::{AtomicBool, Ordering};
-        let woken = Arc::new(AtomicBool::new(false));
-        {
-            let mut state = self.shared.state.lock();
-            if let Some(outcome) = state.wait_outcome(ticket, durable) {
-                return outcome;
-            }
-            state.waiters.push(Waiter {
-                ticket,
-                durable,
-                wake: Wake::Park {
-                    thread: std::thread::current(),
-                    woken: woken.clone(),
-                },
-            });
+        if let Some(outcome) = self.shared.state.lock().wait_outcome(ticket, durable) {
+            return outcome;
         }
-        // `park` may return spuriously: only the committer's flag ends the wait.
+        let woken = Arc::new(AtomicBool::new(false));
+        let (flag, thread) = (woken.clone(), std::thread::current());
+        self.when_settled(
+            ticket,
+            durable,
+            Box::new(move || {
+                flag.store(true, Ordering::Release);
+                thread.unpark();
+            }),
+        );
+        // `park` may return spuriously: only the call's flag ends the wait.
         while !woken.load(Ordering::Acquire) {
             std::thread::park();
         }
@@ -568,7 +555,7 @@ impl Log {
                 state.waiters.push(Waiter {
                     ticket,
                     durable,
-                    wake: Wake::Call(call),
+                    call,
                 });
                 return;
             }
@@ -1653,13 +1640,7 @@ fn sync_shared(
 
 fn wake(finished: Vec<Waiter>) {
     for waiter in finished {
-        match waiter.wake {
-            Wake::Park { thread, woken } => {
-                woken.store(true, std::sync::atomic::Ordering::Release);
-                thread.unpark();
-            }
-            Wake::Call(call) => call(),
-        }
+        (waiter.call)();
     }
 }
 
