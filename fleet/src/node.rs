@@ -390,6 +390,13 @@ pub struct Node<T, C, S> {
     next_ticket: AtomicU64,
     sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionSlot>>>>,
     lease: Mutex<Lease>,
+    /// The lease is refreshed by [`Node::heartbeat`] on a thread of its own (a node
+    /// process), not by [`Node::tick`]: a runtime busy with appends or a slow takeover then
+    /// cannot delay the refresh past the lease's TTL.
+    heartbeat_elsewhere: AtomicBool,
+    /// Set by a heartbeat that registered the node anew (its lease had been lost); the next
+    /// tick takes it, as it would its own refresh's answer.
+    registered_anew: AtomicBool,
     stopped: AtomicBool,
     /// Acknowledged batches not yet in the tail, and the stall state of each stream.
     pub(crate) replication: Mutex<Replication>,
@@ -461,6 +468,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             next_ticket: AtomicU64::new(0),
             sessions: Mutex::new(HashMap::new()),
             lease: Mutex::new(Lease::default()),
+            heartbeat_elsewhere: AtomicBool::new(false),
+            registered_anew: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             replication: Mutex::new(Replication::default()),
             metrics: NodeMetrics::default(),
@@ -516,19 +525,25 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     /// this id is live (an earlier process's lease has not expired, or a duplicate runs):
     /// the caller waits and tries again.
     pub async fn start(&self) -> FleetResult<()> {
+        self.start_with(&self.coordinator).await
+    }
+
+    /// [`Node::start`] through `coordinator` (the node's own, or the heartbeat's).
+    async fn start_with(&self, coordinator: &C) -> FleetResult<()> {
         let sent_at_ms = self.clock.now_ms();
         let id = &self.config.node_id;
-        let revision = match self
-            .coordinator
+        let revision = match coordinator
             .create(Bucket::Nodes, id, self.node_record())
             .await
         {
             Ok(revision) => revision,
             // Our own create whose reply was lost wrote the entry: adopt it.
-            Err(error @ BackendError::RevisionMismatch { .. }) => match self.node_entry().await? {
-                NodeEntry::Ours { revision } => revision,
-                NodeEntry::Absent | NodeEntry::Other => return Err(backend(error)),
-            },
+            Err(error @ BackendError::RevisionMismatch { .. }) => {
+                match self.node_entry(coordinator).await? {
+                    NodeEntry::Ours { revision } => revision,
+                    NodeEntry::Absent | NodeEntry::Other => return Err(backend(error)),
+                }
+            }
             Err(error) => return Err(backend(error)),
         };
         let mut lease = self.lease.lock();
@@ -539,9 +554,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     }
 
     /// Whose this node id's `DSH_NODES` entry is now.
-    async fn node_entry(&self) -> FleetResult<NodeEntry> {
-        let current = self
-            .coordinator
+    async fn node_entry(&self, coordinator: &C) -> FleetResult<NodeEntry> {
+        let current = coordinator
             .get(Bucket::Nodes, &self.config.node_id)
             .await
             .map_err(backend)?;
@@ -614,9 +628,9 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
 
     /// Registers again after the lease was lost; the id held by another process stops
     /// this one for good.
-    async fn register_again(&self) -> FleetResult<()> {
+    async fn register_again(&self, coordinator: &C) -> FleetResult<()> {
         let registered_once = self.lease.lock().registered_once;
-        match self.start().await {
+        match self.start_with(coordinator).await {
             Ok(()) => {
                 if registered_once {
                     bump(&self.metrics.reregistrations, 1);
@@ -633,14 +647,13 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     /// Refreshes the lease by CAS. An expired entry drops every shard and registers again;
     /// an entry of another process stops this one for good. Returns whether the node
     /// registered anew (its lease had been lost).
-    async fn refresh_lease(&self) -> FleetResult<bool> {
+    async fn refresh_lease(&self, coordinator: &C) -> FleetResult<bool> {
         let Some(revision) = self.lease.lock().revision else {
-            return self.register_again().await.map(|()| true);
+            return self.register_again(coordinator).await.map(|()| true);
         };
         let sent_at_ms = self.clock.now_ms();
         let id = &self.config.node_id;
-        match self
-            .coordinator
+        match coordinator
             .update(Bucket::Nodes, id, self.node_record(), revision)
             .await
         {
@@ -651,7 +664,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 Ok(false)
             }
             Err(BackendError::RevisionMismatch { .. }) => {
-                match self.node_entry().await? {
+                match self.node_entry(coordinator).await? {
                     // Our own refresh whose reply was lost moved the revision: adopt it (the
                     // validity stays that of the last refresh known to have landed).
                     NodeEntry::Ours { revision } => {
@@ -661,7 +674,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                     NodeEntry::Other => Err(self.id_taken()),
                     NodeEntry::Absent => {
                         self.lose_lease();
-                        self.register_again().await.map(|()| true)
+                        self.register_again(coordinator).await.map(|()| true)
                     }
                 }
             }
@@ -692,6 +705,46 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         Ok(live)
     }
 
+    /// From now on the lease is refreshed by [`Node::heartbeat`] calls, not by
+    /// [`Node::tick`] (a node process calls it once its heartbeat thread is connected).
+    pub fn refresh_elsewhere(&self) {
+        self.heartbeat_elsewhere.store(true, Ordering::SeqCst);
+    }
+
+    /// Refreshes the lease through `coordinator` (a connection of the heartbeat's own):
+    /// registers again after a lost lease; after a failed refresh, drops every shard once
+    /// the lease is past its TTL.
+    pub async fn heartbeat(&self, coordinator: &C) -> FleetResult<()> {
+        match self.refresh_lease(coordinator).await {
+            Ok(registered_now) => {
+                if registered_now {
+                    self.registered_anew.store(true, Ordering::SeqCst);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.drop_shards_if_lease_expired();
+                Err(error)
+            }
+        }
+    }
+
+    /// A tick's view of a lease the heartbeat refreshes: whether it registered anew since
+    /// the last tick; an error while the lease is not live (not registered, or past its
+    /// TTL: the shards are dropped then, as a failed refresh drops them).
+    fn lease_from_heartbeat(&self) -> FleetResult<bool> {
+        self.drop_shards_if_lease_expired();
+        let registered = self.lease.lock().revision.is_some();
+        if !registered || !self.lease_valid() {
+            // No takeover without a live lease: the shards taken would be a zombie's.
+            return Err(FleetError::InvalidInput {
+                reason: "no live lease: the heartbeat refreshes it or registers the node again"
+                    .to_string(),
+            });
+        }
+        Ok(self.registered_anew.swap(false, Ordering::SeqCst))
+    }
+
     /// One round of lease refresh, ownership checks and takeovers. Returns the shards taken,
     /// or the first error met (the other shards were still settled).
     pub async fn tick(&self) -> FleetResult<Vec<u32>> {
@@ -700,11 +753,15 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 reason: "node stopped: its id is held by another process".to_string(),
             });
         }
-        let registered_now = match self.refresh_lease().await {
-            Ok(registered_now) => registered_now,
-            Err(error) => {
-                self.drop_shards_if_lease_expired();
-                return Err(error);
+        let registered_now = if self.heartbeat_elsewhere.load(Ordering::SeqCst) {
+            self.lease_from_heartbeat()?
+        } else {
+            match self.refresh_lease(&self.coordinator).await {
+                Ok(registered_now) => registered_now,
+                Err(error) => {
+                    self.drop_shards_if_lease_expired();
+                    return Err(error);
+                }
             }
         };
         let live = self.live_nodes().await?;

@@ -1,5 +1,5 @@
 //! A fleet node as a process (`dshdb fleet-node`, `dshdb-fleet-node`): the node over NATS
-//! and S3 with its local store, a lease/takeover loop, and a small request protocol on a
+//! and S3 with its local store, a heartbeat thread, a takeover loop, and a small request protocol on a
 //! loopback TCP port, so that tests can `kill -9` a real node.
 //!
 //! Protocol: one JSON object per line each way.
@@ -17,6 +17,11 @@
 //!   "replication":{"lag":{"events","bytes","oldest_age_ms","sessions"},"unshipped":[..],
 //!   "at_risk_windows":[..],"lost_unshipped":[..]},
 //!   "seal_queue":{"pending","completed","failed_attempts","dropped_moved","last_error"}}`
+//! - `{"op":"stall","ms":N}` → `{"ok":true,"workers":W}`: test hook, answered only with
+//!   [`TEST_HOOKS_VARIABLE`] set: blocks every runtime worker for N ms
+//!
+//! The lease is refreshed on a thread of its own (`dshdb-heartbeat`, with its own runtime
+//! and NATS connection), so that a busy runtime cannot delay it past the TTL.
 //!
 //! A failure is `{"ok":false,"error":TEXT}`, plus `"moved":true,"owner":ID` when another
 //! node owns the session's shard.
@@ -213,6 +218,9 @@ async fn handle(served: &Served, request: &Value) -> FleetResult<Value> {
     if op == "status" {
         return Ok(status(served));
     }
+    if op == "stall" && std::env::var_os(TEST_HOOKS_VARIABLE).is_some() {
+        return stall_runtime(request).await;
+    }
     let node = &served.node;
     let session = text_field(request, "session")?;
     match op {
@@ -288,6 +296,38 @@ async fn serve_connection(served: Arc<Served>, stream: TcpStream) {
     }
 }
 
+/// With this variable set (to anything), a node answers `{"op":"stall","ms":N}` by
+/// blocking every worker of its runtime for N ms, as CPU-bound work would: the tests'
+/// way to show that the lease outlives a busy runtime. Nothing else reads it.
+pub const TEST_HOOKS_VARIABLE: &str = "DSHDB_FLEET_TEST_HOOKS";
+
+/// Longest stall the test hook accepts, in milliseconds.
+const MAX_STALL_MS: u64 = 60_000;
+
+/// The `stall` test hook: one blocking task per runtime worker, each holding its worker
+/// for the stall, while this request waits for them.
+async fn stall_runtime(request: &Value) -> FleetResult<Value> {
+    let millis = request
+        .get("ms")
+        .and_then(Value::as_u64)
+        .filter(|millis| *millis <= MAX_STALL_MS)
+        .ok_or_else(|| FleetError::InvalidInput {
+            reason: format!("stall needs \"ms\": a number of at most {MAX_STALL_MS}"),
+        })?;
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let stalls: Vec<_> = (0..workers)
+        .map(|_| {
+            tokio::spawn(async move {
+                std::thread::sleep(Duration::from_millis(millis));
+            })
+        })
+        .collect();
+    for stall in stalls {
+        let _ = stall.await;
+    }
+    Ok(json!({"ok": true, "workers": workers}))
+}
+
 /// Seals what is queued and due, until the node stops.
 async fn seal_loop(served: Arc<Served>) {
     let now_ms = || crate::backend::Clock::now_ms(&SystemClock);
@@ -316,8 +356,8 @@ async fn ship_loop(served: Arc<Served>) {
     }
 }
 
-/// Lease refresh and takeovers, until the node stops (its id taken by another process; a
-/// lease that merely expired drops the shards and registers again inside `tick`).
+/// Ownership checks and takeovers, until the node stops (its id taken by another process;
+/// a lease that merely expired drops the shards and the heartbeat registers again).
 async fn tick_loop(served: Arc<Served>, interval: Duration) {
     let node = &served.node;
     loop {
@@ -329,6 +369,74 @@ async fn tick_loop(served: Arc<Served>, interval: Duration) {
         }
         tokio::time::sleep(interval).await;
     }
+}
+
+/// Starts the lease refresh on a thread of its own, with its own runtime and NATS
+/// connection, and hands the refresh over to it once it is connected. On the node's
+/// runtime a refresh waited behind whatever kept the workers busy (a thousand appends, a
+/// takeover's rebuilds), and a refresh later than the TTL drops every shard: F4 once failed
+/// from that in CI, and F9's `local` mode was held to 64 sessions by it.
+async fn start_heartbeat(
+    served: Arc<Served>,
+    nats: NatsConfig,
+    interval: Duration,
+) -> FleetResult<()> {
+    let (connected, answer) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("dshdb-heartbeat".to_string())
+        .spawn(move || heartbeat_thread(&served, &nats, interval, connected));
+    if let Err(error) = spawned {
+        return Err(FleetError::InvalidInput {
+            reason: format!("heartbeat thread: {error}"),
+        });
+    }
+    match answer.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(FleetError::InvalidInput {
+            reason: "the heartbeat thread ended before it connected".to_string(),
+        }),
+    }
+}
+
+/// The heartbeat thread: connects, reports it, then refreshes the lease every `interval`
+/// until the node stops.
+fn heartbeat_thread(
+    served: &Served,
+    nats: &NatsConfig,
+    interval: Duration,
+    connected: tokio::sync::oneshot::Sender<FleetResult<()>>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            let _ = connected.send(Err(FleetError::InvalidInput {
+                reason: format!("heartbeat runtime: {error}"),
+            }));
+            return;
+        }
+    };
+    runtime.block_on(async {
+        let coordinator = match Nats::connect(nats).await {
+            Ok(coordinator) => coordinator,
+            Err(error) => {
+                let _ = connected.send(Err(FleetError::Backend(error)));
+                return;
+            }
+        };
+        let node = &served.node;
+        node.refresh_elsewhere();
+        let _ = connected.send(Ok(()));
+        while !node.is_stopped() {
+            tokio::time::sleep(interval).await;
+            if let Err(error) = node.heartbeat(&coordinator).await {
+                eprintln!("fleet-node {}: heartbeat: {error}", node.id());
+            }
+        }
+    });
 }
 
 /// Registers the node, waiting out an earlier process's lease on the same id.
@@ -373,6 +481,7 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
         tier,
         seals: SealQueue::default(),
     });
+    start_heartbeat(served.clone(), config.nats.clone(), config.tick_interval).await?;
     let listener =
         TcpListener::bind(&config.listen)
             .await

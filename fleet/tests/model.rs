@@ -1784,3 +1784,59 @@ fn group_messages_are_purged_once_every_session_they_carry_is_sealed() {
         assert_eq!(world.datas(&n2, session), expected, "{session}");
     }
 }
+
+/// A node whose lease is refreshed by heartbeats on a connection of their own (a node
+/// process's heartbeat thread): a takeover loop that cannot reach KV keeps the shards while
+/// the heartbeats land; heartbeats that stop lose them at the TTL, and the first heartbeat
+/// that lands again registers the node anew, after which the loop takes its shards back.
+#[test]
+fn heartbeats_elsewhere_keep_the_lease_and_their_silence_loses_it() {
+    let world = LeaseWorld::new();
+    let (loop_link, heartbeat_link) = (LinkControl::default(), LinkControl::default());
+    let n1 = world.node("n1", &loop_link);
+    let heartbeat = world.kv.client(heartbeat_link.clone());
+    n1.refresh_elsewhere();
+    let beat = || world.runtime.block_on(n1.heartbeat(&heartbeat));
+    assert_eq!(
+        world.runtime.block_on(n1.tick()).expect("tick").len(),
+        SHARDS as usize
+    );
+    let epochs = n1.owned_shards();
+
+    // The loop's link is down for three TTLs; the heartbeats land every half TTL.
+    loop_link.set(Link::Down);
+    for _ in 0..6 {
+        world.clock.advance(NODE_TTL_MS / 2);
+        beat().expect("a heartbeat lands");
+        let _ = world.runtime.block_on(n1.tick());
+    }
+    assert_eq!(
+        n1.owned_shards(),
+        epochs,
+        "shards lost while the lease was refreshed"
+    );
+    assert_eq!(LeaseWorld::leases_lost(&n1), 0);
+
+    // The heartbeats stop landing: past the TTL the loop drops every shard.
+    loop_link.set(Link::Up);
+    heartbeat_link.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    assert!(beat().is_err());
+    let _ = world.runtime.block_on(n1.tick());
+    assert!(n1.owned_shards().is_empty(), "shards kept past the lease");
+    assert_eq!(LeaseWorld::leases_lost(&n1), 1);
+
+    // A heartbeat lands again: it registers the node anew, and the loop takes the shards
+    // back at the same epochs (nobody took them meanwhile).
+    heartbeat_link.set(Link::Up);
+    beat().expect("the heartbeat registers again");
+    assert_eq!(
+        n1.metrics
+            .reregistrations
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    world.runtime.block_on(n1.tick()).expect("tick");
+    assert_eq!(n1.owned_shards(), epochs);
+    assert!(!n1.is_stopped());
+}

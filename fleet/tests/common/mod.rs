@@ -187,6 +187,8 @@ impl Fleet {
             .args(["--tick-ms", &TICK.as_millis().to_string()])
             .args(["--shards", &self.shards.to_string()])
             .args(&self.extra_args)
+            // Test nodes answer the test hooks (the `stall` request).
+            .env(dshdb_fleet::serve::TEST_HOOKS_VARIABLE, "1")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
