@@ -4,8 +4,11 @@
 //!
 //! A failed seal changes nothing that matters: the run is PUT under an immutable key that
 //! names its range and epoch, and the manifest moves only by CAS after the run is checked, so
-//! retrying the whole seal is safe. A seal refused with `Moved` is dropped from the queue:
-//! the shard's new owner seals the session.
+//! retrying the whole seal is safe. A seal refused with `Moved` naming another node is
+//! dropped from the queue: the shard's new owner seals the session. One refused while the
+//! shard's record names this node (it lost its lease and takes the shard back) or names
+//! nobody it could read stays queued and retries with the backoff: a seal request survives
+//! its node's lost lease.
 
 use crate::backend::{ColdStore, Coordinator, TailLog};
 use crate::error::FleetError;
@@ -85,15 +88,23 @@ impl SealQueue {
             .collect()
     }
 
-    /// Records the outcome of one seal of `session` at `now_ms`.
-    pub fn record(&self, session: &str, now_ms: u64, outcome: Result<(), &FleetError>) {
+    /// Records the outcome of one seal of `session` at `now_ms` on node `own_id`.
+    pub fn record(
+        &self,
+        own_id: &str,
+        session: &str,
+        now_ms: u64,
+        outcome: Result<(), &FleetError>,
+    ) {
         let mut pending = self.pending.lock();
         match outcome {
             Ok(()) => {
                 pending.remove(session);
                 self.completed.fetch_add(1, Ordering::Relaxed);
             }
-            Err(FleetError::Moved { .. }) => {
+            Err(FleetError::Moved {
+                owner: Some(owner), ..
+            }) if owner != own_id => {
                 pending.remove(session);
                 self.dropped_moved.fetch_add(1, Ordering::Relaxed);
             }
@@ -131,7 +142,7 @@ impl SealQueue {
             if outcome.is_ok() {
                 completed += 1;
             }
-            self.record(&session, now_ms(), outcome.as_ref().map(|_| ()));
+            self.record(node.id(), &session, now_ms(), outcome.as_ref().map(|_| ()));
         }
         completed
     }
@@ -160,16 +171,16 @@ mod tests {
         let error = FleetError::NotAcknowledged {
             reason: "s3 down".to_string(),
         };
-        queue.record("a", 1000, Err(&error));
+        queue.record("n1", "a", 1000, Err(&error));
         assert_eq!(queue.due(1000), vec!["b".to_string()]);
         assert_eq!(queue.due(1200), vec!["a".to_string(), "b".to_string()]);
-        queue.record("b", 1000, Ok(()));
+        queue.record("n1", "b", 1000, Ok(()));
         let moved = FleetError::Moved {
             shard: 1,
             owner: Some("n2".to_string()),
             epoch: 3,
         };
-        queue.record("a", 1300, Err(&moved));
+        queue.record("n1", "a", 1300, Err(&moved));
         let status = queue.status();
         assert_eq!(status.pending, 0);
         assert_eq!(status.completed, 1);
@@ -178,5 +189,34 @@ mod tests {
         assert!(status
             .last_error
             .is_some_and(|text| text.contains("s3 down")));
+    }
+
+    #[test]
+    fn a_seal_refused_while_the_shard_names_this_node_stays_queued() {
+        let queue = SealQueue::default();
+        queue.request("a").unwrap();
+        queue.request("b").unwrap();
+        let moved_to = |owner: Option<&str>| FleetError::Moved {
+            shard: 1,
+            owner: owner.map(str::to_string),
+            epoch: 3,
+        };
+        // The node lost its lease: the record still names it, or could not be read.
+        queue.record("n1", "a", 1000, Err(&moved_to(Some("n1"))));
+        queue.record("n1", "b", 1000, Err(&moved_to(None)));
+        let status = queue.status();
+        assert_eq!(status.pending, 2);
+        assert_eq!(status.dropped_moved, 0);
+        assert_eq!(status.failed_attempts, 2);
+        assert!(queue.due(1000).is_empty(), "retried before the backoff");
+        assert_eq!(queue.due(1200), vec!["a".to_string(), "b".to_string()]);
+        // The shard is taken back: the seal completes. Another node took the other one.
+        queue.record("n1", "a", 1200, Ok(()));
+        queue.record("n1", "b", 1200, Err(&moved_to(Some("n2"))));
+        let status = queue.status();
+        assert_eq!(
+            (status.pending, status.completed, status.dropped_moved),
+            (0, 1, 1)
+        );
     }
 }

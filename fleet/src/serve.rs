@@ -12,7 +12,8 @@
 //! - `{"op":"export","session":S}` → `{"ok":true,"export":TEXT}`: the session as DSH
 //!   `session.jsonl` (the engine's export of the checked local copy)
 //! - `{"op":"seal","session":S}` → `{"ok":true,"queued":true}`: queued for the background
-//!   sealer, which retries with backoff until the seal completes (or the shard moves)
+//!   sealer, which retries with backoff until the seal completes (or the shard moves to
+//!   another node; a lost lease keeps it queued)
 //! - `{"op":"status"}` → `{"ok":true,"node","mode","stopped","owned_shards":[..],"metrics":{..},
 //!   "replication":{"lag":{"events","bytes","oldest_age_ms","sessions"},"unshipped":[..],
 //!   "at_risk_windows":[..],"lost_unshipped":[..]},

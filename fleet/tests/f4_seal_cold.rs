@@ -130,9 +130,10 @@ fn f4_seal_and_cold_reopen_f7_corrupt_run() {
     }
     let subjects_before = subjects_in_streams(&runtime, &nats);
 
-    // A queued seal whose session moves is dropped (`dropped_moved`; a node whose lease
-    // refresh ran late under load drops its shards and takes them back): a session not
-    // sealed once the sealers are idle is asked again, as its user would, within the deadline.
+    // A queued seal whose session moves to another node is dropped (`dropped_moved`); one
+    // whose node lost its lease stays queued until the node takes the shard back. A session
+    // not sealed once the sealers are idle is still asked again, as its user would, within
+    // the deadline.
     let started = std::time::Instant::now();
     let mut unsealed: Vec<&String> = sessions.iter().collect();
     while !unsealed.is_empty() && started.elapsed() < DEADLINE {

@@ -1,12 +1,13 @@
 //! The retrying sealer on the fakes: seals queued while the cold store is unreachable fail,
 //! stay queued with a backoff and change nothing; once it is back, the next due round seals
-//! them (the queue's own unit tests cover a `Moved` refusal).
+//! them; a seal queued on a node that loses its lease survives it (the queue's own unit
+//! tests cover the `Moved` refusals).
 
 #![allow(clippy::unwrap_used)]
 
 use dshdb_fleet::backend::{Bucket, Clock};
 use dshdb_fleet::fake::{FakeCold, FakeKv, FakeTail, Link, LinkControl, VirtualClock};
-use dshdb_fleet::sealer::{SealQueue, SEAL_RETRY_FIRST_BACKOFF};
+use dshdb_fleet::sealer::{SealQueue, SEAL_RETRY_FIRST_BACKOFF, SEAL_RETRY_MAX_BACKOFF};
 use dshdb_fleet::shard::session_key;
 use dshdb_fleet::tier::{LocalTier, MemoryTier};
 use dshdb_fleet::wire::{from_json, SessionManifest};
@@ -82,4 +83,75 @@ fn seals_retry_until_the_cold_store_is_back() {
         assert_eq!(manifest.sealed_end, 1, "{session}");
         assert_eq!(manifest.runs.len(), 1, "{session}");
     }
+}
+
+/// A seal queued on a node that then loses its lease is not dropped: while the shard's
+/// record still names the node (or cannot be read), the seal stays queued and backs off;
+/// once the node has taken its shards back, the next due round seals the session.
+#[test]
+fn a_seal_request_survives_its_nodes_lost_lease() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let clock = VirtualClock::new(1_000_000);
+    let tail = FakeTail::new(clock.clone());
+    let kv = FakeKv::new(clock.clone(), NODE_TTL_MS);
+    let cold = FakeCold::default();
+    let nats_link = LinkControl::default();
+    let mut config = NodeConfig::new("n1", "n1", 1);
+    config.shard_count = SHARDS;
+    config.lease_ttl_ms = NODE_TTL_MS;
+    let local: Arc<dyn LocalTier> = Arc::new(MemoryTier::default());
+    let node = Node::new(
+        config,
+        tail.client(nats_link.clone()),
+        kv.client(nats_link.clone()),
+        cold.client(LinkControl::default()),
+        local,
+        clock.clone(),
+    );
+    let session = "a";
+    runtime.block_on(async {
+        node.start().await.unwrap();
+        node.tick().await.unwrap();
+        node.create_session(session, r#"{"version":0,"id":"a"}"#)
+            .await
+            .unwrap();
+        node.append(session, &[IncomingEvent::new("message", "{}")])
+            .await
+            .unwrap();
+    });
+    let queue = SealQueue::default();
+    queue.request(session).unwrap();
+    let now = || clock.now_ms();
+
+    // NATS is unreachable past the lease: the node drops every shard.
+    nats_link.set(Link::Down);
+    clock.advance(NODE_TTL_MS + 1);
+    assert!(runtime.block_on(node.tick()).is_err());
+    assert!(node.owned_shards().is_empty());
+    // A round while the record cannot be read, and one while it still names this node:
+    // both refused as moved, neither drops the seal.
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 0);
+    nats_link.set(Link::Up);
+    clock.advance(u64::try_from(SEAL_RETRY_FIRST_BACKOFF.as_millis()).unwrap());
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 0);
+    let status = queue.status();
+    assert_eq!((status.pending, status.dropped_moved), (1, 0), "{status:?}");
+    assert_eq!(status.failed_attempts, 2);
+
+    // The node registers again and takes its shards back; the seal completes when due.
+    runtime.block_on(node.tick()).unwrap();
+    assert_eq!(node.owned_shards().len(), SHARDS as usize);
+    clock.advance(u64::try_from(SEAL_RETRY_MAX_BACKOFF.as_millis()).unwrap());
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 1);
+    let status = queue.status();
+    assert_eq!((status.pending, status.completed), (0, 1), "{status:?}");
+    let manifest: SessionManifest = from_json(
+        &kv.peek(Bucket::Sessions, &session_key(session)).unwrap(),
+        "manifest",
+    )
+    .unwrap();
+    assert_eq!(manifest.sealed_end, 1);
 }
