@@ -41,6 +41,12 @@ pub const MAX_FLEET_HEADER_BYTES: usize = 256 * 1024;
 /// Largest encoded tail message, in bytes: below NATS's default `max_payload` (1 MiB) with
 /// room for headers. Larger batches are refused; large content belongs in spill blobs.
 pub const MAX_TAIL_PAYLOAD_BYTES: usize = 1000 * 1024;
+/// Largest estimated size, in bytes, of one backlog batch of inherited events (half the
+/// tail payload limit: the estimate is not the encoding).
+pub const MAX_INHERITED_BATCH_BYTES: usize = MAX_TAIL_PAYLOAD_BYTES / 2;
+/// Bytes counted per inherited event on top of its type and data, in that estimate (more
+/// than the tail encoding's seq, time and lengths take).
+const INHERITED_EVENT_OVERHEAD_BYTES: usize = 64;
 /// Attempts at a manifest compare-and-set before giving up (each lost race re-reads it).
 pub const MANIFEST_CAS_ATTEMPTS: u32 = 8;
 /// Times a fenced session write refused only because another fenced write of the same
@@ -213,6 +219,10 @@ pub struct NodeMetrics {
     pub publish_micros: AtomicU64,
     /// Tail checkpoints written to manifests by heartbeats.
     pub tail_checkpoints: AtomicU64,
+    /// Events found on the local disk past a session's replicated history after a restart
+    /// (acknowledged locally by this node id's previous process, never shipped) and queued
+    /// to be shipped (or sealed) again.
+    pub inherited_events: AtomicU64,
 }
 
 /// Adds `by` to a metrics counter (the node's and the modes' alike).
@@ -383,6 +393,11 @@ pub struct Node<T, C, S> {
     /// them back (or learns their new owner) whatever the rendezvous says, as no other node
     /// takes a shard from a live recorded owner.
     reclaim: Mutex<BTreeSet<u32>>,
+    /// Shards taken, at the epoch in the value, straight from this node id's previous
+    /// process (the record named it at the epoch before, nobody in between): the local copy
+    /// of their sessions may hold events that process acknowledged locally and never
+    /// shipped, which the rebuild keeps and queues for shipping ([`Node::inherited_excess`]).
+    inherited: Mutex<HashMap<u32, u64>>,
     /// One fenced write in flight per shard: the server refuses a second one while the
     /// first is in flight (see [`Node::publish_grouped`]), so the node queues the others
     /// and sends them together as the next group publish of the shard's tail stream.
@@ -464,6 +479,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             clock,
             shards: Mutex::new(BTreeMap::new()),
             reclaim: Mutex::new(BTreeSet::new()),
+            inherited: Mutex::new(HashMap::new()),
             stream_queues: Mutex::new(HashMap::new()),
             next_ticket: AtomicU64::new(0),
             sessions: Mutex::new(HashMap::new()),
@@ -997,6 +1013,14 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 }
             }
         };
+        // The previous process of this node id held the shard at the epoch just before:
+        // nobody else wrote its sessions since, so what that process acknowledged locally
+        // is on this disk and may still be shipped.
+        let from_previous_process = record.as_ref().is_some_and(|(current, _)| {
+            current.owner == self.config.node_id
+                && current.generation != self.config.generation
+                && current.epoch + 1 == epoch
+        });
         let value = to_json(&ShardRecord {
             owner: self.config.node_id.clone(),
             generation: self.config.generation,
@@ -1015,6 +1039,9 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         match written {
             Ok(_) => {
                 self.own(shard, epoch, fence_seq);
+                if from_previous_process {
+                    self.inherited.lock().insert(shard, epoch);
+                }
                 bump(&self.metrics.takeovers, 1);
                 Ok(true)
             }
@@ -1962,15 +1989,18 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         }
         Self::check_checkpoint(session, &manifest, events.len() as u64, last_stream_seq)?;
         let length = events.len() as u64;
-        let local_matches = self.local.length(session) == Some(length)
-            && self.local.read(session, 0, length)? == events;
+        let inherited = self.inherited_excess(session, shard, owned, &events)?;
+        let next_seq = length + inherited.len() as u64;
+        let local_matches = self.local.length(session) == Some(next_seq)
+            && (!inherited.is_empty() || self.local.read(session, 0, length)? == events);
         if !local_matches {
             self.local.replace(session, &manifest.header, &events)?;
         }
+        self.queue_inherited(session, shard, owned, inherited);
         *slot = SessionSlot {
             validated_epoch: owned.epoch,
             header: manifest.header,
-            next_seq: length,
+            next_seq,
             last_stream_seq,
             replicated_end: length,
             checkpointed_stream_seq: manifest
@@ -1980,6 +2010,65 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         bump(&self.metrics.rebuilds, 1);
         bump(&self.metrics.rebuilt_events, length);
         Ok(())
+    }
+
+    /// The events of the local copy past the replicated `history`, when they are what this
+    /// node id's previous process acknowledged locally and never shipped: the shard was
+    /// taken straight from that process, the node acks locally (`local`, `sealed`, or a
+    /// degrade policy), and the local copy extends the history exactly. Otherwise none: the
+    /// local copy is made equal to the history, as before.
+    fn inherited_excess(
+        &self,
+        session: &str,
+        shard: u32,
+        owned: OwnedShard,
+        history: &[Event],
+    ) -> FleetResult<Vec<Event>> {
+        let config = self.config();
+        let acks_locally =
+            config.mode != DurabilityMode::Replicated || config.degrade_to_local_after_ms.is_some();
+        if !acks_locally || self.inherited.lock().get(&shard) != Some(&owned.epoch) {
+            return Ok(Vec::new());
+        }
+        let replicated = history.len() as u64;
+        let Some(local_length) = self.local.length(session) else {
+            return Ok(Vec::new());
+        };
+        if local_length <= replicated || self.local.read(session, 0, replicated)? != history {
+            return Ok(Vec::new());
+        }
+        self.local.read(session, replicated, local_length)
+    }
+
+    /// Queues inherited events ([`Node::inherited_excess`]) as acknowledged backlog batches
+    /// of at most [`MAX_INHERITED_BATCH_BYTES`] each (estimated), shipped (or sealed) as the
+    /// session's own backlog is.
+    fn queue_inherited(&self, session: &str, shard: u32, owned: OwnedShard, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        bump(&self.metrics.inherited_events, events.len() as u64);
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0;
+        for event in events {
+            let bytes = event.data.len() + event.event_type.len() + INHERITED_EVENT_OVERHEAD_BYTES;
+            if !batch.is_empty() && batch_bytes + bytes > MAX_INHERITED_BATCH_BYTES {
+                self.push_inherited(session, shard, owned, std::mem::take(&mut batch));
+                batch_bytes = 0;
+            }
+            batch_bytes += bytes;
+            batch.push(event);
+        }
+        self.push_inherited(session, shard, owned, batch);
+    }
+
+    fn push_inherited(&self, session: &str, shard: u32, owned: OwnedShard, events: Vec<Event>) {
+        let batch = TailBatch {
+            session: session.to_string(),
+            epoch: owned.epoch,
+            events,
+        };
+        self.push_backlog(shard, owned, batch, true);
     }
 
     /// The tail messages that may carry the session's batches from `tail_from` on: its own

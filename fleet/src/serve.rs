@@ -146,6 +146,8 @@ fn metrics_json(metrics: &crate::node::NodeMetrics) -> Value {
         "published_batches": read(&metrics.published_batches),
         "group_duplicate_fallbacks": read(&metrics.group_duplicate_fallbacks),
         "publish_micros": read(&metrics.publish_micros),
+        "tail_checkpoints": read(&metrics.tail_checkpoints),
+        "inherited_events": read(&metrics.inherited_events),
     })
 }
 

@@ -717,22 +717,38 @@ impl World {
         let generation = self.nodes[index].generation;
         let off_node = self.replicated_datas();
         let lost_by_node: Vec<UnshippedRange> = node.lost_unshipped();
+        // What an earlier process of this node acknowledged locally and this one found on
+        // its disk after taking the shard straight back (its backlog ranges, under the new
+        // epoch): counted when still unshipped. Everything else in the truth is this
+        // process's own acknowledgements.
+        let inherited_by_node: Vec<UnshippedRange> = node.unshipped();
         let mut truth = 0u64;
         for (which, model) in self.sessions.iter().enumerate() {
             let session = session_id(which);
             let all = model
                 .acked
                 .iter()
-                .map(|(seq, acked)| (*seq, acked))
-                .chain(model.superseded.iter().map(|(seq, acked)| (*seq, acked)));
-            for (seq, acked) in all {
+                .map(|(seq, acked)| (*seq, acked, true))
+                .chain(
+                    model
+                        .superseded
+                        .iter()
+                        .map(|(seq, acked)| (*seq, acked, false)),
+                );
+            for (seq, acked, latest) in all {
                 let reported_lost = lost_by_node.iter().any(|range| {
                     range.session == session
                         && range.epoch == acked.epoch
                         && (range.first_seq..range.end_seq).contains(&seq)
                 });
+                // Only the latest acknowledgement of a seq can be on the disk.
+                let inherited = latest
+                    && acked.generation < generation
+                    && inherited_by_node.iter().any(|range| {
+                        range.session == session && (range.first_seq..range.end_seq).contains(&seq)
+                    });
                 if acked.node == index
-                    && acked.generation == generation
+                    && (acked.generation == generation || inherited)
                     && !acked.replicated
                     && !off_node.contains(&acked.data)
                     && !reported_lost
@@ -1839,4 +1855,86 @@ fn heartbeats_elsewhere_keep_the_lease_and_their_silence_loses_it() {
     world.runtime.block_on(n1.tick()).expect("tick");
     assert_eq!(n1.owned_shards(), epochs);
     assert!(!n1.is_stopped());
+}
+
+/// A `local`-mode node with `id` and `generation` over `disk`, registered.
+fn local_node(world: &LeaseWorld, id: &str, generation: u64, disk: &Arc<MemoryTier>) -> FakeNode {
+    let mut config = NodeConfig::new(id, id, generation);
+    config.shard_count = SHARDS;
+    config.lease_ttl_ms = NODE_TTL_MS;
+    config.mode = DurabilityMode::Local;
+    let local: Arc<dyn LocalTier> = disk.clone();
+    let node = Node::new(
+        config,
+        world.tail.client(LinkControl::default()),
+        world.kv.client(LinkControl::default()),
+        world.cold.client(LinkControl::default()),
+        local,
+        world.clock.clone(),
+    );
+    world.runtime.block_on(node.start()).expect("registers");
+    node
+}
+
+/// Shipping after a restart: what a `local`-mode process acknowledged and never shipped is
+/// on its disk; the next process of the same node id that takes the shard straight back
+/// (nobody in between) keeps those events, continues after them, and ships them. When
+/// another node held the shard in between, they stay lost (reported by the dead process, as
+/// before) and the local copy is made equal to the replicated history.
+#[test]
+fn a_restarted_local_node_ships_what_its_previous_process_acknowledged() {
+    let world = LeaseWorld::new();
+    let inherited = |node: &FakeNode| {
+        node.metrics
+            .inherited_events
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let disk = Arc::new(MemoryTier::default());
+    let first = local_node(&world, "n1", 1, &disk);
+    world.runtime.block_on(first.tick()).expect("tick");
+    world
+        .runtime
+        .block_on(first.create_session("s0", r#"{"id":"s0"}"#))
+        .expect("create");
+    for data in ["1", "2", "3"] {
+        world
+            .append(&first, "s0", data)
+            .expect("acknowledged locally");
+    }
+    assert_eq!(first.replication_lag().events, 3, "nothing shipped yet");
+    drop(first);
+
+    // The process dies with its backlog; its lease expires; the next process takes back
+    // every shard at the next epoch and finds the three events past the tail's history.
+    world.clock.advance(NODE_TTL_MS + 1);
+    let second = local_node(&world, "n1", 2, &disk);
+    world.runtime.block_on(second.tick()).expect("tick");
+    assert_eq!(world.datas(&second, "s0"), ["1", "2", "3"]);
+    assert_eq!(inherited(&second), 3);
+    assert_eq!(second.replication_lag().events, 3);
+    assert_eq!(world.append(&second, "s0", "4").expect("append"), 3);
+    let round = world.runtime.block_on(second.ship());
+    assert!(round.messages > 0, "{round:?}");
+    assert_eq!(second.replication_lag().events, 0, "the backlog is shipped");
+    drop(second);
+
+    // Now the tail holds 1..4. A third process acknowledges 5 and dies; this time another
+    // node takes the shards first, then the node id's next process gets them back: 5 was
+    // not in the history the other node served, so it is not inherited.
+    world.clock.advance(NODE_TTL_MS + 1);
+    let third = local_node(&world, "n1", 3, &disk);
+    world.runtime.block_on(third.tick()).expect("tick");
+    world.append(&third, "s0", "5").expect("append");
+    assert_eq!(world.datas(&third, "s0"), ["1", "2", "3", "4", "5"]);
+    drop(third);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let other = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(other.tick()).expect("tick");
+    assert_eq!(world.datas(&other, "s0"), ["1", "2", "3", "4"]);
+    drop(other);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let fourth = local_node(&world, "n1", 4, &disk);
+    world.runtime.block_on(fourth.tick()).expect("tick");
+    assert_eq!(world.datas(&fourth, "s0"), ["1", "2", "3", "4"]);
+    assert_eq!(inherited(&fourth), 0);
 }
