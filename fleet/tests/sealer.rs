@@ -6,7 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use dshdb_fleet::backend::{Bucket, Clock};
-use dshdb_fleet::fake::{FakeCold, FakeKv, FakeTail, Link, LinkControl, VirtualClock};
+use dshdb_fleet::fake::{
+    FakeCold, FakeColdClient, FakeKv, FakeKvClient, FakeTail, FakeTailClient, Link, LinkControl,
+    VirtualClock,
+};
 use dshdb_fleet::sealer::{SealQueue, SEAL_RETRY_FIRST_BACKOFF, SEAL_RETRY_MAX_BACKOFF};
 use dshdb_fleet::shard::session_key;
 use dshdb_fleet::tier::{LocalTier, MemoryTier};
@@ -17,8 +20,16 @@ use std::sync::Arc;
 const SHARDS: u32 = 4;
 const NODE_TTL_MS: u64 = 10_000;
 
-#[test]
-fn seals_retry_until_the_cold_store_is_back() {
+/// One node `n1` on the fakes, reaching NATS through `nats_link` and S3 through `s3_link`.
+struct World {
+    runtime: tokio::runtime::Runtime,
+    clock: Arc<VirtualClock>,
+    kv: FakeKv,
+    cold: FakeCold,
+    node: Node<FakeTailClient, FakeKvClient, FakeColdClient>,
+}
+
+fn one_node(nats_link: &LinkControl, s3_link: &LinkControl) -> World {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -27,19 +38,38 @@ fn seals_retry_until_the_cold_store_is_back() {
     let tail = FakeTail::new(clock.clone());
     let kv = FakeKv::new(clock.clone(), NODE_TTL_MS);
     let cold = FakeCold::default();
-    let nats_link = LinkControl::default();
-    let s3_link = LinkControl::default();
     let mut config = NodeConfig::new("n1", "n1", 1);
     config.shard_count = SHARDS;
+    config.lease_ttl_ms = NODE_TTL_MS;
     let local: Arc<dyn LocalTier> = Arc::new(MemoryTier::default());
     let node = Node::new(
         config,
         tail.client(nats_link.clone()),
-        kv.client(nats_link),
+        kv.client(nats_link.clone()),
         cold.client(s3_link.clone()),
         local,
         clock.clone(),
     );
+    World {
+        runtime,
+        clock,
+        kv,
+        cold,
+        node,
+    }
+}
+
+#[test]
+fn seals_retry_until_the_cold_store_is_back() {
+    let nats_link = LinkControl::default();
+    let s3_link = LinkControl::default();
+    let World {
+        runtime,
+        clock,
+        kv,
+        cold,
+        node,
+    } = one_node(&nats_link, &s3_link);
     let sessions = ["a", "b", "c"];
     runtime.block_on(async {
         node.start().await.unwrap();
@@ -90,27 +120,14 @@ fn seals_retry_until_the_cold_store_is_back() {
 /// once the node has taken its shards back, the next due round seals the session.
 #[test]
 fn a_seal_request_survives_its_nodes_lost_lease() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    let clock = VirtualClock::new(1_000_000);
-    let tail = FakeTail::new(clock.clone());
-    let kv = FakeKv::new(clock.clone(), NODE_TTL_MS);
-    let cold = FakeCold::default();
     let nats_link = LinkControl::default();
-    let mut config = NodeConfig::new("n1", "n1", 1);
-    config.shard_count = SHARDS;
-    config.lease_ttl_ms = NODE_TTL_MS;
-    let local: Arc<dyn LocalTier> = Arc::new(MemoryTier::default());
-    let node = Node::new(
-        config,
-        tail.client(nats_link.clone()),
-        kv.client(nats_link.clone()),
-        cold.client(LinkControl::default()),
-        local,
-        clock.clone(),
-    );
+    let World {
+        runtime,
+        clock,
+        kv,
+        node,
+        ..
+    } = one_node(&nats_link, &LinkControl::default());
     let session = "a";
     runtime.block_on(async {
         node.start().await.unwrap();
