@@ -80,6 +80,8 @@ pub struct Nats {
     nodes: kv::Store,
     shards: kv::Store,
     sessions: kv::Store,
+    /// Replays done by message gets because no consumer could be created.
+    replays_by_get: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn unavailable(what: &str, error: impl std::fmt::Display) -> BackendError {
@@ -143,6 +145,50 @@ async fn open_bucket(
 }
 
 impl Nats {
+    /// [`TailLog::replay`] one message get at a time (`STREAM.MSG.GET` with
+    /// `next_by_subj`, answered by the stream leader), which needs no consumer: what
+    /// `replay` falls back to when it cannot create one (JetStream's meta leader is being
+    /// elected). The same messages, in the same order, up to the stream's last sequence
+    /// when it is called.
+    pub async fn replay_by_get(
+        &self,
+        stream: &str,
+        subject: &str,
+        from_stream_seq: u64,
+    ) -> BackendResult<Vec<TailMessage>> {
+        use jetstream::stream::RawMessageErrorKind;
+        let handle = self.stream(stream).await?;
+        let last = match handle.get_info().await {
+            Ok(info) => info.state.last_sequence,
+            Err(error) => return Err(unavailable("replay by get: stream info", error)),
+        };
+        let mut messages = Vec::new();
+        let mut next = from_stream_seq.max(1);
+        while next <= last {
+            let got = handle
+                .raw_message_builder()
+                .sequence(next)
+                .next_by_subject(subject)
+                .send()
+                .await;
+            let message = match got {
+                Ok(message) => message,
+                Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(error) => return Err(unavailable("replay by get", error)),
+            };
+            if message.sequence > last {
+                break;
+            }
+            next = message.sequence + 1;
+            messages.push(TailMessage {
+                stream_seq: message.sequence,
+                subject: message.subject.to_string(),
+                payload: message.payload.to_vec(),
+            });
+        }
+        Ok(messages)
+    }
+
     /// Connects and creates the streams and buckets that do not exist yet.
     pub async fn connect(config: &NatsConfig) -> BackendResult<Nats> {
         let servers = config
@@ -190,11 +236,18 @@ impl Nats {
         Ok(Nats {
             batch_prefix,
             next_batch: std::sync::Arc::default(),
+            replays_by_get: std::sync::Arc::default(),
             nodes: open_bucket(&context, Bucket::Nodes, config).await?,
             shards: open_bucket(&context, Bucket::Shards, config).await?,
             sessions: open_bucket(&context, Bucket::Sessions, config).await?,
             context,
         })
+    }
+
+    /// How many replays fell back to message gets ([`Nats::replay_by_get`]).
+    pub fn replays_by_get(&self) -> u64 {
+        self.replays_by_get
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The JetStream context (for tests that inspect streams).
@@ -426,7 +479,7 @@ impl TailLog for Nats {
         from_stream_seq: u64,
     ) -> BackendResult<Vec<TailMessage>> {
         let handle = self.stream(stream).await?;
-        let consumer = handle
+        let created = handle
             .create_consumer(consumer::pull::OrderedConfig {
                 filter_subject: subject.to_string(),
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
@@ -434,8 +487,18 @@ impl TailLog for Nats {
                 },
                 ..Default::default()
             })
-            .await
-            .map_err(|error| unavailable("replay consumer", error))?;
+            .await;
+        let consumer = match created {
+            Ok(consumer) => consumer,
+            // A consumer needs the JetStream meta leader, which a `kill -9` of its server
+            // leaves unelected for 10 s and more (F2); the stream leader alone answers
+            // message gets, one message at a time.
+            Err(_) => {
+                self.replays_by_get
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return self.replay_by_get(stream, subject, from_stream_seq).await;
+            }
+        };
         // What the stream holds at the time of the call; later messages are not asked for.
         let mut pending = consumer.cached_info().num_pending;
         let mut messages = Vec::new();

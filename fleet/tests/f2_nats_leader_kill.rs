@@ -155,8 +155,9 @@ fn choose_victim(sessions: &[String]) -> (u16, bool) {
 }
 
 /// The server leading the tail streams of most sessions among those not leading
-/// `KV_DSH_NODES` (the leases must hold for local acks to go on).
-fn choose_stream_victim(sessions: &[String]) -> u16 {
+/// `KV_DSH_NODES` (the leases must hold for local acks to go on); `None` when the bucket's
+/// leader leads them all.
+fn choose_stream_victim(sessions: &[String]) -> Option<u16> {
     let views = stream_views(1).expect("nats1 answers /jsz");
     let leader_of = |stream: &str| -> Option<u16> {
         let name = &views.get(stream)?.0;
@@ -175,8 +176,40 @@ fn choose_stream_victim(sessions: &[String]) -> u16 {
         .iter()
         .max_by_key(|(_, count)| **count)
         .map(|(server, _)| *server)
-        .expect("a server other than KV_DSH_NODES's leader leads a session's stream")
 }
+
+/// Moves `KV_DSH_NODES`'s leadership off its current leader (`STREAM.LEADER.STEPDOWN` with
+/// a preferred server), for when that server also leads every session's stream: leaders
+/// gather on the survivors of an earlier kill, and the degrade test needs a victim that
+/// does not lead the bucket.
+fn move_nodes_bucket_leader(runtime: &tokio::runtime::Runtime, nats: &dshdb_fleet::nats::Nats) {
+    let leader = || {
+        stream_views(1)
+            .and_then(|views| views.get("KV_DSH_NODES").map(|view| view.0.clone()))
+            .unwrap_or_default()
+    };
+    let from = leader();
+    let to = NATS_SERVERS
+        .iter()
+        .map(|server| format!("n{server}"))
+        .find(|name| *name != from)
+        .expect("another server");
+    wait_until("KV_DSH_NODES's leadership moves", LEADER_WATCH, || {
+        if leader() == to {
+            return true;
+        }
+        let request = format!(r#"{{"placement":{{"preferred":"{to}"}}}}"#);
+        let _ = runtime.block_on(nats.context().client().request(
+            "$JS.API.STREAM.LEADER.STEPDOWN.KV_DSH_NODES".to_string(),
+            request.into(),
+        ));
+        std::thread::sleep(STEPDOWN_RETRY);
+        leader() == to
+    });
+}
+
+/// Pause between two leadership stepdown requests.
+const STEPDOWN_RETRY: Duration = Duration::from_secs(2);
 
 fn node_metric_sum(fleet: &Fleet, name: &str) -> u64 {
     (0..NODES).map(|index| fleet.metric(index, name)).sum()
@@ -463,7 +496,7 @@ fn f2_nats_stream_leader_kill_with_degrade_to_local() {
     let _turn = one_kill_at_a_time();
     let token = common::run_token();
     let runtime = common::runtime();
-    set_up_streams(&runtime);
+    let nats = set_up_streams(&runtime);
     // The previous fault test (the other F2, or an earlier binary's) may have left elections
     // running: this test measures its own kill only.
     let settled_in = common::wait_cluster_settled();
@@ -480,7 +513,15 @@ fn f2_nats_stream_leader_kill_with_degrade_to_local() {
     let mut router = fleet.router();
     let sessions = session_names("f2d", &token, SESSIONS);
     create_sessions(&mut router, &sessions);
-    let victim = choose_stream_victim(&sessions);
+    let victim = match choose_stream_victim(&sessions) {
+        Some(victim) => victim,
+        None => {
+            move_nodes_bucket_leader(&runtime, &nats);
+            common::wait_cluster_settled();
+            choose_stream_victim(&sessions)
+                .expect("a server other than KV_DSH_NODES's leader leads a session's stream")
+        }
+    };
     let run = ingest_through_kill(&fleet, &sessions, victim);
     let stall = longest_stall(&sessions, &run);
 
