@@ -84,6 +84,15 @@ pub struct Nats {
     replays_by_get: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// A message got from the stream (a message get, not a consumer's delivery).
+fn stored_message(message: &jetstream::message::StreamMessage) -> TailMessage {
+    TailMessage {
+        stream_seq: message.sequence,
+        subject: message.subject.to_string(),
+        payload: message.payload.to_vec(),
+    }
+}
+
 fn unavailable(what: &str, error: impl std::fmt::Display) -> BackendError {
     BackendError::Unavailable {
         reason: format!("{what}: {error}"),
@@ -180,11 +189,7 @@ impl Nats {
                 break;
             }
             next = message.sequence + 1;
-            messages.push(TailMessage {
-                stream_seq: message.sequence,
-                subject: message.subject.to_string(),
-                payload: message.payload.to_vec(),
-            });
+            messages.push(stored_message(&message));
         }
         Ok(messages)
     }
@@ -444,11 +449,7 @@ impl TailLog for Nats {
         use jetstream::stream::LastRawMessageErrorKind;
         let handle = self.stream(stream).await?;
         match handle.get_last_raw_message_by_subject(subject).await {
-            Ok(message) => Ok(Some(TailMessage {
-                stream_seq: message.sequence,
-                subject: message.subject.to_string(),
-                payload: message.payload.to_vec(),
-            })),
+            Ok(message) => Ok(Some(stored_message(&message))),
             Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(error) => Err(unavailable("last message by subject", error)),
         }
@@ -462,11 +463,7 @@ impl TailLog for Nats {
         use jetstream::stream::RawMessageErrorKind;
         let handle = self.stream(stream).await?;
         match handle.get_raw_message(stream_seq).await {
-            Ok(message) => Ok(Some(TailMessage {
-                stream_seq: message.sequence,
-                subject: message.subject.to_string(),
-                payload: message.payload.to_vec(),
-            })),
+            Ok(message) => Ok(Some(stored_message(&message))),
             Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
             Err(error) => Err(unavailable("message by sequence", error)),
         }
