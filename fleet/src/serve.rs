@@ -1,6 +1,6 @@
 //! A fleet node as a process (`dshdb fleet-node`, `dshdb-fleet-node`): the node over NATS
-//! and S3 with its local store, a heartbeat thread, a takeover loop, and a small request protocol on a
-//! loopback TCP port, so that tests can `kill -9` a real node.
+//! and S3 with its local store, a heartbeat thread, a takeover loop, and a small request
+//! protocol on a loopback TCP port, so that tests can `kill -9` a real node.
 //!
 //! Protocol: one JSON object per line each way.
 //! - `{"op":"create","session":S,"header":H}` → `{"ok":true}`

@@ -183,33 +183,14 @@ fn choose_stream_victim(sessions: &[String]) -> Option<u16> {
 /// gather on the survivors of an earlier kill, and the degrade test needs a victim that
 /// does not lead the bucket.
 fn move_nodes_bucket_leader(runtime: &tokio::runtime::Runtime, nats: &dshdb_fleet::nats::Nats) {
-    let leader = || {
-        stream_views(1)
-            .and_then(|views| views.get("KV_DSH_NODES").map(|view| view.0.clone()))
-            .unwrap_or_default()
-    };
-    let from = leader();
+    let from = common::stream_leader("KV_DSH_NODES");
     let to = NATS_SERVERS
         .iter()
-        .map(|server| format!("n{server}"))
-        .find(|name| *name != from)
+        .copied()
+        .find(|server| Some(*server) != from)
         .expect("another server");
-    wait_until("KV_DSH_NODES's leadership moves", LEADER_WATCH, || {
-        if leader() == to {
-            return true;
-        }
-        let request = format!(r#"{{"placement":{{"preferred":"{to}"}}}}"#);
-        let _ = runtime.block_on(nats.context().client().request(
-            "$JS.API.STREAM.LEADER.STEPDOWN.KV_DSH_NODES".to_string(),
-            request.into(),
-        ));
-        std::thread::sleep(STEPDOWN_RETRY);
-        leader() == to
-    });
+    runtime.block_on(common::move_stream_leader(nats, "KV_DSH_NODES", to));
 }
-
-/// Pause between two leadership stepdown requests.
-const STEPDOWN_RETRY: Duration = Duration::from_secs(2);
 
 fn node_metric_sum(fleet: &Fleet, name: &str) -> u64 {
     (0..NODES).map(|index| fleet.metric(index, name)).sum()

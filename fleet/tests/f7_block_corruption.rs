@@ -37,10 +37,8 @@ use std::time::{Duration, Instant};
 const SHARDS: u32 = 4;
 /// One-event batches appended to the session; the last one is corrupted.
 const BATCHES: u64 = 3;
-/// Longest wait for a takeover, a leader move or a healthy server.
+/// Longest wait for a takeover or a healthy server.
 const DEADLINE: Duration = Duration::from_secs(30);
-/// Pause between two leader-move requests.
-const STEPDOWN_RETRY: Duration = Duration::from_secs(2);
 
 type RealNode = Node<Nats, Nats, S3>;
 
@@ -157,29 +155,6 @@ fn flip_in_block_files(store: &Path, stream: &str, marker: &[u8]) -> usize {
     flipped
 }
 
-async fn move_leader(nats: &Nats, stream: &str, to: u16) {
-    let started = Instant::now();
-    loop {
-        if leader_and_last_seqs(stream).0 == Some(to) {
-            return;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "{stream}: leadership did not move to n{to}"
-        );
-        let request = format!(r#"{{"placement":{{"preferred":"n{to}"}}}}"#);
-        let _ = nats
-            .context()
-            .client()
-            .request(
-                format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
-                request.into(),
-            )
-            .await;
-        tokio::time::sleep(STEPDOWN_RETRY).await;
-    }
-}
-
 #[test]
 fn f7_corrupt_block_file_never_yields_a_shorter_history() {
     if !servers_present("f7_corrupt_block_file_never_yields_a_shorter_history") {
@@ -239,7 +214,7 @@ fn f7_corrupt_block_file_never_yields_a_shorter_history() {
             assert!(started.elapsed() < DEADLINE, "n{victim} healthy again");
             tokio::time::sleep(common::POLL).await;
         }
-        move_leader(&nats, &stream, victim).await;
+        common::move_stream_leader(&nats, &stream, victim).await;
         // The premise: the corrupted replica, leading, does not serve the message.
         let served = nats.message_at(&stream, last_ack).await.unwrap();
         assert!(
@@ -291,7 +266,7 @@ fn f7_corrupt_block_file_never_yields_a_shorter_history() {
         // the others (its copy of the stream removed while it is down): later tests compare
         // the replicas (F2, F6) and read from any leader.
         let other = (1..=3u16).find(|server| *server != victim).unwrap();
-        move_leader(&nats, &stream, other).await;
+        common::move_stream_leader(&nats, &stream, other).await;
         servers_script(&["stop-one", &format!("nats{victim}")]);
         std::fs::remove_dir_all(store.join("jetstream/$G/streams").join(&stream)).unwrap();
         servers_script(&["restart", &format!("nats{victim}")]);

@@ -102,10 +102,12 @@ fn a_replay_needs_no_meta_leader() {
     let token = run_token();
     let runtime = common::runtime();
     let nats = set_up_streams(&runtime);
-    let meta = meta_leader().expect("a meta leader");
+    let meta = common::meta_leader().expect("a meta leader");
     let shard = (0..16)
         .map(|index| SHARD - SHARD % 16 + index)
-        .find(|shard| stream_leader(&stream_name(*shard)).is_some_and(|leader| leader != meta))
+        .find(|shard| {
+            common::stream_leader(&stream_name(*shard)).is_some_and(|leader| leader != meta)
+        })
         .expect("a tail stream led by another server than the meta leader");
     let stream = stream_name(shard);
     let subject = session_subject(&format!("rbgm{token}"), shard);
@@ -125,7 +127,7 @@ fn a_replay_needs_no_meta_leader() {
     });
     let survivors: Vec<String> = common::NATS_SERVERS
         .iter()
-        .filter(|server| format!("n{server}") != meta)
+        .filter(|server| **server != meta)
         .map(|server| format!("nats://127.0.0.1:{}", 14220 + server))
         .collect();
     let survivors_config = dshdb_fleet::nats::NatsConfig {
@@ -135,7 +137,7 @@ fn a_replay_needs_no_meta_leader() {
     let through_survivors = runtime
         .block_on(dshdb_fleet::nats::Nats::connect(&survivors_config))
         .unwrap();
-    let victim = format!("nats{}", meta.trim_start_matches('n'));
+    let victim = format!("nats{meta}");
     let mut back = common::ServersBack::new(&["restart", &victim]);
     back.down = true;
     common::servers_script(&["kill", &victim]);
@@ -148,7 +150,7 @@ fn a_replay_needs_no_meta_leader() {
     assert_eq!(seqs, sequences, "the replay after the meta leader's kill");
     assert!(took < REPLAY_BOUND, "the replay took {took:?}");
     eprintln!(
-        "replay_by_get: meta leader {meta} killed; replay of {} messages in {took:?}, {} by \
+        "replay_by_get: meta leader n{meta} killed; replay of {} messages in {took:?}, {} by \
          message gets",
         replayed.len(),
         through_survivors.replays_by_get()
@@ -161,24 +163,3 @@ fn a_replay_needs_no_meta_leader() {
 /// Longest a replay may take right after the meta leader's kill: the consumer request's
 /// timeout (at most 5 s) and the gets, well under the meta election it used to wait for.
 const REPLAY_BOUND: std::time::Duration = std::time::Duration::from_secs(7);
-
-/// The server name (`n1`..`n3`) of JetStream's meta leader, as nats1 sees it.
-fn meta_leader() -> Option<String> {
-    let jsz = common::monitor_json(common::nats_monitor_port(1), "jsz")?;
-    jsz["meta_cluster"]["leader"]
-        .as_str()
-        .map(str::to_string)
-        .filter(|leader| !leader.is_empty())
-}
-
-/// The server name of `stream`'s leader, as nats1 sees it.
-fn stream_leader(stream: &str) -> Option<String> {
-    let jsz = common::monitor_json(common::nats_monitor_port(1), "jsz?streams=true")?;
-    jsz["account_details"]
-        .as_array()?
-        .iter()
-        .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
-        .find(|detail| detail["name"] == stream)?["cluster"]["leader"]
-        .as_str()
-        .map(str::to_string)
-}

@@ -774,3 +774,61 @@ pub fn write_until_noting(
     }
     writer
 }
+
+/// The NATS server (1..=3) leading `stream` (a tail stream or a KV bucket's `KV_*`), as the
+/// first server that answers `/jsz` sees it.
+pub fn stream_leader(stream: &str) -> Option<u16> {
+    NATS_SERVERS.iter().find_map(|server| {
+        let jsz = monitor_json(nats_monitor_port(*server), "jsz?streams=true")?;
+        let leader = jsz["account_details"]
+            .as_array()?
+            .iter()
+            .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
+            .find(|detail| detail["name"] == stream)?["cluster"]["leader"]
+            .as_str()?
+            .strip_prefix('n')?
+            .parse()
+            .ok()?;
+        Some(leader)
+    })
+}
+
+/// The NATS server (1..=3) leading JetStream's meta group, as the first server that
+/// answers `/jsz` sees it.
+pub fn meta_leader() -> Option<u16> {
+    NATS_SERVERS.iter().find_map(|server| {
+        let jsz = monitor_json(nats_monitor_port(*server), "jsz")?;
+        jsz["meta_cluster"]["leader"]
+            .as_str()?
+            .strip_prefix('n')?
+            .parse()
+            .ok()
+    })
+}
+
+/// Longest wait for a stream's leadership to move to the server asked for.
+pub const LEADER_MOVE_DEADLINE: Duration = Duration::from_secs(30);
+/// Pause between two leadership stepdown requests.
+pub const STEPDOWN_RETRY: Duration = Duration::from_secs(2);
+
+/// Moves `stream`'s leadership to server `to` (`STREAM.LEADER.STEPDOWN` with a preferred
+/// placement, asked again until it holds); panics after [`LEADER_MOVE_DEADLINE`].
+pub async fn move_stream_leader(nats: &dshdb_fleet::nats::Nats, stream: &str, to: u16) {
+    let started = Instant::now();
+    while stream_leader(stream) != Some(to) {
+        assert!(
+            started.elapsed() < LEADER_MOVE_DEADLINE,
+            "{stream}: leadership did not move to n{to}"
+        );
+        let request = format!(r#"{{"placement":{{"preferred":"n{to}"}}}}"#);
+        let _ = nats
+            .context()
+            .client()
+            .request(
+                format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+                request.into(),
+            )
+            .await;
+        tokio::time::sleep(STEPDOWN_RETRY).await;
+    }
+}
