@@ -52,6 +52,9 @@ impl Clock for VirtualClock {
     }
 }
 
+/// How often a publish over a hanging link looks whether it changed.
+const HANG_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// The state of one node's connection to a fake service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Link {
@@ -60,6 +63,9 @@ pub enum Link {
     Down,
     /// Replies are lost: every call takes effect, then fails as unavailable.
     LoseReplies,
+    /// Publishes never answer while it lasts (a server gone without closing the
+    /// connection); once the link changes they go on under the new state.
+    Hang,
 }
 
 /// A handle to set a node's [`Link`].
@@ -85,7 +91,14 @@ impl LinkControl {
     fn before(&self) -> BackendResult<()> {
         match self.get() {
             Link::Down => Err(unavailable("partitioned")),
-            Link::Up | Link::LoseReplies => Ok(()),
+            Link::Up | Link::LoseReplies | Link::Hang => Ok(()),
+        }
+    }
+
+    /// Waits while the link hangs (publishes only).
+    async fn hold(&self) {
+        while self.get() == Link::Hang {
+            tokio::time::sleep(HANG_POLL).await;
         }
     }
 
@@ -93,7 +106,7 @@ impl LinkControl {
     fn after<T>(&self, result: BackendResult<T>) -> BackendResult<T> {
         match self.get() {
             Link::LoseReplies => Err(unavailable("reply lost")),
-            Link::Up | Link::Down => result,
+            Link::Up | Link::Down | Link::Hang => result,
         }
     }
 }
@@ -407,6 +420,7 @@ impl FakeTailClient {
 
 impl TailLog for FakeTailClient {
     async fn publish(&self, message: TailPublish) -> BackendResult<PublishAck> {
+        self.link.hold().await;
         self.link.before()?;
         let _in_flight = self.enter_flight(message.fence.iter()).await?;
         let result = self.tail.publish_now(message);
@@ -414,6 +428,7 @@ impl TailLog for FakeTailClient {
     }
 
     async fn publish_batch(&self, messages: Vec<TailPublish>) -> BackendResult<Vec<PublishAck>> {
+        self.link.hold().await;
         self.link.before()?;
         let _in_flight = self
             .enter_flight(messages.iter().filter_map(|message| message.fence.as_ref()))

@@ -37,6 +37,12 @@ pub const MAX_DRAIN_MESSAGES: usize = 64;
 /// session's slot meanwhile, so this bounds how long an append of that session waits
 /// behind it (the publish retries alone take seconds).
 pub const DEFAULT_STALLED_PROBE_TIMEOUT_MS: u64 = 500;
+/// Default of `NodeConfig::ship_wait_timeout_ms`: how long a replicator round waits for a
+/// message on a stream not known to be stalled, in ms. The round holds the session's slot
+/// meanwhile, so when the tail goes away this bounds how long a `local`-mode append waits
+/// behind the background shipping (the publish retries alone take seconds); a message not
+/// answered by then marks its stream stalled, and later rounds only probe it.
+pub const DEFAULT_SHIP_WAIT_TIMEOUT_MS: u64 = 2_000;
 
 /// When an append is acknowledged, per node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -613,10 +619,11 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     }
 
     /// One round of the background replicator: sends the first backlog message of every
-    /// session not busy, all at once (the stream queues group them), and settles each. A
-    /// stalled stream gets one probe, waited for at most `stalled_probe_timeout_ms`, so the
-    /// round does not hold many sessions' slots through an election. Nothing leaves the
-    /// node in `sealed` mode.
+    /// session not busy, all at once (the stream queues group them), and settles each,
+    /// waiting for each at most `ship_wait_timeout_ms` (then its stream counts as stalled).
+    /// A stalled stream gets one probe, waited for at most `stalled_probe_timeout_ms`, so
+    /// the round does not hold many sessions' slots through an election. Nothing leaves
+    /// the node in `sealed` mode.
     pub async fn ship(&self) -> ShipRound {
         let mut round = ShipRound::default();
         if self.config().mode == DurabilityMode::Sealed {
@@ -631,14 +638,27 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         }
         let outcomes =
             futures::future::join_all(held.iter_mut().map(|(session, probe, guard)| async move {
-                if !*probe {
-                    return self.ship_front(session, guard).await;
+                let (wait_ms, shard) = if *probe {
+                    (self.config().stalled_probe_timeout_ms, None)
+                } else {
+                    let shard = self
+                        .replication
+                        .lock()
+                        .backlog
+                        .get(session.as_str())
+                        .map(|backlog| backlog.shard);
+                    (self.config().ship_wait_timeout_ms, shard)
+                };
+                let wait = std::time::Duration::from_millis(wait_ms);
+                match tokio::time::timeout(wait, self.ship_front(session, guard)).await {
+                    Ok(shipped) => shipped,
+                    Err(_) => {
+                        if let Some(shard) = shard {
+                            self.note_stalled(stream_index(shard));
+                        }
+                        Shipped::Stalled
+                    }
                 }
-                let timeout =
-                    std::time::Duration::from_millis(self.config().stalled_probe_timeout_ms);
-                tokio::time::timeout(timeout, self.ship_front(session, guard))
-                    .await
-                    .unwrap_or(Shipped::Stalled)
             }))
             .await;
         for outcome in outcomes {

@@ -100,6 +100,9 @@ pub struct NodeConfig {
     pub degrade_to_local_after_ms: Option<u64>,
     /// How long the replicator waits for its probe of a stalled stream, in ms.
     pub stalled_probe_timeout_ms: u64,
+    /// How long the replicator waits for a message on a stream not known to be stalled,
+    /// in ms (then the stream counts as stalled).
+    pub ship_wait_timeout_ms: u64,
 }
 
 impl NodeConfig {
@@ -115,6 +118,7 @@ impl NodeConfig {
             mode: DurabilityMode::Replicated,
             degrade_to_local_after_ms: None,
             stalled_probe_timeout_ms: crate::modes::DEFAULT_STALLED_PROBE_TIMEOUT_MS,
+            ship_wait_timeout_ms: crate::modes::DEFAULT_SHIP_WAIT_TIMEOUT_MS,
         }
     }
 }

@@ -1938,3 +1938,89 @@ fn a_restarted_local_node_ships_what_its_previous_process_acknowledged() {
     assert_eq!(world.datas(&fourth, "s0"), ["1", "2", "3", "4"]);
     assert_eq!(inherited(&fourth), 0);
 }
+
+/// A tail that stops answering (servers gone without closing the connection) must not hold
+/// a `local`-mode append behind the background shipping for longer than the round's wait:
+/// the round gives up on the session's message after `ship_wait_timeout_ms`, marks the
+/// stream stalled and releases the slot; later rounds only probe the stream. Once the tail
+/// answers again the backlog ships in seq order. Without the round's wait the append waits
+/// as long as the tail hangs (here: the test's deadline).
+#[test]
+fn a_hanging_tail_does_not_hold_local_appends_behind_the_shipping() {
+    const SHIP_WAIT_MS: u64 = 200;
+    const PROBE_WAIT_MS: u64 = 50;
+    const DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+    let world = LeaseWorld::new();
+    let tail_link = LinkControl::default();
+    let mut config = NodeConfig::new("n1", "n1", 1);
+    config.shard_count = SHARDS;
+    config.lease_ttl_ms = NODE_TTL_MS;
+    config.mode = DurabilityMode::Local;
+    config.ship_wait_timeout_ms = SHIP_WAIT_MS;
+    config.stalled_probe_timeout_ms = PROBE_WAIT_MS;
+    let local: Arc<dyn LocalTier> = Arc::new(MemoryTier::default());
+    let node = Node::new(
+        config,
+        world.tail.client(tail_link.clone()),
+        world.kv.client(LinkControl::default()),
+        world.cold.client(LinkControl::default()),
+        local,
+        world.clock.clone(),
+    );
+    world.runtime.block_on(node.start()).expect("registers");
+    world.runtime.block_on(node.tick()).expect("tick");
+    world
+        .runtime
+        .block_on(node.create_session("h0", r#"{"id":"h0"}"#))
+        .expect("create");
+    world.append(&node, "h0", "1").expect("append");
+    assert_eq!(world.runtime.block_on(node.ship()).messages, 1);
+
+    tail_link.set(Link::Hang);
+    world.append(&node, "h0", "2").expect("acknowledged locally");
+    let (round, append_wait) = world
+        .runtime
+        .block_on(async {
+            tokio::time::timeout(DEADLINE, async {
+                tokio::join!(node.ship(), async {
+                    // Lets the round take the session's slot and send first.
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    let started = std::time::Instant::now();
+                    let ack = node
+                        .append("h0", &[IncomingEvent::new("message", "3")])
+                        .await;
+                    (ack, started.elapsed())
+                })
+            })
+            .await
+        })
+        .expect("the append waited for the hanging tail");
+    let (ack, waited) = append_wait;
+    assert_eq!(ack.expect("acknowledged locally").first_seq, 2);
+    assert!(
+        waited < std::time::Duration::from_millis(SHIP_WAIT_MS * 5),
+        "the append waited {waited:?}"
+    );
+    assert_eq!((round.messages, round.stalled), (0, 1), "{round:?}");
+    // The stream counts as stalled: the next round sends one probe and waits less.
+    let probed = std::time::Instant::now();
+    let round = world.runtime.block_on(node.ship());
+    assert_eq!((round.messages, round.stalled), (0, 1), "{round:?}");
+    assert!(probed.elapsed() < std::time::Duration::from_millis(SHIP_WAIT_MS));
+    assert_eq!(node.replication_lag().events, 2);
+
+    tail_link.set(Link::Up);
+    for _ in 0..4 {
+        world.runtime.block_on(node.ship());
+    }
+    assert_eq!(node.replication_lag().events, 0, "the backlog ships");
+    let shard = dshdb_fleet::shard::shard_of_in("h0", SHARDS);
+    let seqs: Vec<u64> = world
+        .tail
+        .messages_on(&dshdb_fleet::shard::session_subject("h0", shard))
+        .iter()
+        .flat_map(|message| decode_tail_message(&message.payload).expect("decodes"))
+        .flat_map(|batch| batch.events.into_iter().map(|event| event.seq))
+        .collect();
+    assert_eq!(seqs, [0, 1, 2]);
+}
