@@ -7,11 +7,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy"
-cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo clippy (release: the build scripts and proc macros it builds serve the tests too)"
+cargo clippy --workspace --all-targets --release -- -D warnings
 
 echo "== fleet test servers (tests/fleet/servers.sh: 3 x nats-server 2.15.1, s3s-fs 0.14.1, by pid)"
-# fleet/tests/servers.rs runs against them (under CI=true it fails without them); they are
+# fleet/tests/real/servers.rs runs against them (under CI=true it fails without them); they are
 # stopped by pid on any exit.
 bash tests/fleet/servers.sh start
 trap 'bash tests/fleet/servers.sh stop' EXIT

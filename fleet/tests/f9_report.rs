@@ -24,6 +24,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "real/common/mod.rs"]
 mod common;
 
 use common::{
@@ -759,9 +760,9 @@ fn configuration() -> Value {
 #[test]
 #[ignore = "the F9 report run: slow, run with --ignored against the fleet servers"]
 fn f9_report() {
-    if !servers_present("f9_report") {
+    let Some(_turn) = servers_present("f9_report") else {
         return;
-    }
+    };
     let token = common::run_token();
     let runtime = common::two_worker_runtime();
     set_up_streams(&runtime);

@@ -1977,7 +1977,9 @@ fn a_hanging_tail_does_not_hold_local_appends_behind_the_shipping() {
     assert_eq!(world.runtime.block_on(node.ship()).messages, 1);
 
     tail_link.set(Link::Hang);
-    world.append(&node, "h0", "2").expect("acknowledged locally");
+    world
+        .append(&node, "h0", "2")
+        .expect("acknowledged locally");
     let (round, append_wait) = world
         .runtime
         .block_on(async {

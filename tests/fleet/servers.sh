@@ -47,7 +47,9 @@ install_s3s() {
     fi
     log "installing s3s-fs 0.14.1 (cargo install, a few minutes)"
     local started=$SECONDS
-    timeout "$CARGO_INSTALL_TIMEOUT_SECONDS" cargo install s3s-fs@0.14.1 --features binary \
+    # A test server needs no full optimisation nor debug info: 1m40 instead of 1m54 here.
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_DEBUG=false \
+        timeout "$CARGO_INSTALL_TIMEOUT_SECONDS" cargo install s3s-fs@0.14.1 --features binary \
         --locked --root "$TOOLS/s3s" --target-dir "$TOOLS/s3s-build"
     log "s3s-fs installed in $((SECONDS - started)) s"
 }

@@ -8,9 +8,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{
+use crate::common::{
     append_once, check_session, create_sessions, run_token, servers_present, servers_script,
     session_names, set_up_streams, wait_cluster_settled, wait_listening, wait_until, Fleet,
     ServersBack, SessionModel, SETUP_DEADLINE,
@@ -31,9 +31,9 @@ const SHIP_DEADLINE: Duration = Duration::from_secs(60);
 
 #[test]
 fn a_killed_local_node_ships_its_backlog_after_its_restart() {
-    if !servers_present("restart_ship") {
+    let Some(_turn) = servers_present("restart_ship") else {
         return;
-    }
+    };
     let token = run_token();
     let runtime = common::runtime();
     set_up_streams(&runtime);

@@ -17,7 +17,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use dshdb_fleet::backend::{SystemClock, TailLog};
 use dshdb_fleet::nats::{Nats, NatsConfig};
@@ -89,9 +89,10 @@ fn data(round: usize, session: &str) -> String {
 
 #[test]
 fn group_messages_are_purged_on_the_real_servers() {
-    if !common::servers_present("group_messages_are_purged_on_the_real_servers") {
+    let Some(_turn) = common::servers_present("group_messages_are_purged_on_the_real_servers")
+    else {
         return;
-    }
+    };
     let (nats_config, s3_config) = (common::nats_config(), common::s3_config());
     let runtime = common::two_worker_runtime();
     runtime.block_on(async {

@@ -20,9 +20,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{monitor_json, nats_healthy, nats_monitor_port, servers_present, servers_script};
+use crate::common::{
+    monitor_json, nats_healthy, nats_monitor_port, servers_present, servers_script,
+};
 use dshdb_fleet::backend::{SystemClock, TailLog};
 use dshdb_fleet::nats::Nats;
 use dshdb_fleet::s3::S3;
@@ -157,9 +159,10 @@ fn flip_in_block_files(store: &Path, stream: &str, marker: &[u8]) -> usize {
 
 #[test]
 fn f7_corrupt_block_file_never_yields_a_shorter_history() {
-    if !servers_present("f7_corrupt_block_file_never_yields_a_shorter_history") {
+    let Some(_turn) = servers_present("f7_corrupt_block_file_never_yields_a_shorter_history")
+    else {
         return;
-    }
+    };
     let token = common::run_token();
     let runtime = common::two_worker_runtime();
     runtime.block_on(async {

@@ -16,9 +16,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{
+use crate::common::{
     append_once, check_session, create_sessions, owner_index, servers_present, session_names,
     set_up_streams, wait_until, Fleet, SessionModel,
 };
@@ -44,9 +44,9 @@ fn lag_events(fleet: &Fleet, index: usize) -> u64 {
 
 #[test]
 fn sealed_mode_keeps_the_tail_on_the_node_until_a_seal() {
-    if !servers_present("sealed_mode_keeps_the_tail_on_the_node_until_a_seal") {
+    let Some(_turn) = servers_present("sealed_mode_keeps_the_tail_on_the_node_until_a_seal") else {
         return;
-    }
+    };
     let token = common::run_token();
     let runtime = common::runtime();
     let nats = set_up_streams(&runtime);

@@ -8,9 +8,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{run_token, servers_present, set_up_streams};
+use crate::common::{run_token, servers_present, set_up_streams};
 use dshdb_fleet::backend::TailLog;
 use dshdb_fleet::shard::{session_subject, stream_name};
 
@@ -20,17 +20,11 @@ const SHARD: u32 = 1000;
 /// Messages published on each of the two subjects, interleaved.
 const MESSAGES_PER_SUBJECT: usize = 15;
 
-/// The two tests run one at a time: one kills a server the other would talk to.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[test]
 fn replay_by_get_returns_what_the_consumer_returns() {
-    if !servers_present("replay_by_get") {
+    let Some(_turn) = servers_present("replay_by_get") else {
         return;
-    }
-    let _alone = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    };
     let token = run_token();
     let runtime = common::runtime();
     let nats = set_up_streams(&runtime);
@@ -92,12 +86,9 @@ fn replay_by_get_returns_what_the_consumer_returns() {
 /// [`REPLAY_BOUND`].
 #[test]
 fn a_replay_needs_no_meta_leader() {
-    if !servers_present("replay_by_get") {
+    let Some(_turn) = servers_present("replay_by_get") else {
         return;
-    }
-    let _alone = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    };
     common::wait_cluster_settled();
     let token = run_token();
     let runtime = common::runtime();

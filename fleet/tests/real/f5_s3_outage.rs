@@ -11,9 +11,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{
+use crate::common::{
     append_once, check_session, create_sessions, owner_index, servers_present, servers_script,
     session_names, set_up_streams, wait_until, Fleet, SessionModel,
 };
@@ -84,9 +84,9 @@ fn failed_seal_attempts(fleet: &Fleet) -> u64 {
 
 #[test]
 fn f5_s3_outage_during_sealing() {
-    if !servers_present("f5_s3_outage_during_sealing") {
+    let Some(_turn) = servers_present("f5_s3_outage_during_sealing") else {
         return;
-    }
+    };
     let token = common::run_token();
     let runtime = common::runtime();
     let nats = set_up_streams(&runtime);

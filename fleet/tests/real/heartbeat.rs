@@ -8,9 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::{
+use crate::common::{
     append_once, check_session, create_sessions, run_token, servers_present, session_names, Client,
     Fleet, SessionModel, NODE_TTL, SETUP_DEADLINE,
 };
@@ -24,9 +22,9 @@ const STALL_TTLS: u32 = 3;
 
 #[test]
 fn the_lease_outlives_a_runtime_blocked_past_its_ttl() {
-    if !servers_present("heartbeat") {
+    let Some(_turn) = servers_present("heartbeat") else {
         return;
-    }
+    };
     let token = run_token();
     let fleet = Fleet::spawn("hb", &token, 1, SHARDS);
     fleet.wait_ownership_settled(SETUP_DEADLINE);

@@ -8,9 +8,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{
+use crate::common::{
     append_once, append_request, check_session, create_sessions, owner_index, servers_present,
     session_names, set_up_streams, wait_until, Client, Fleet, SessionModel, NODE_TTL,
 };
@@ -72,9 +72,9 @@ fn lease_expiry(
 
 #[test]
 fn f3_zombie_writes_are_fenced() {
-    if !servers_present("f3_zombie_writes_are_fenced") {
+    let Some(_turn) = servers_present("f3_zombie_writes_are_fenced") else {
         return;
-    }
+    };
     let token = common::run_token();
     let runtime = common::runtime();
     let nats = set_up_streams(&runtime);

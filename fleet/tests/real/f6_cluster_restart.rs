@@ -14,9 +14,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{
+use crate::common::{
     append_once, check_session, create_sessions, monitor_json, nats_monitor_port, servers_present,
     servers_script, session_names, set_up_streams, wait_listening, wait_until, write_until, Fleet,
     Router, ServersBack, SessionModel, Writer, NATS_SERVERS,
@@ -173,9 +173,9 @@ fn appends_resume(fleet: &Fleet, sessions: &[String], models: &mut [SessionModel
 
 #[test]
 fn f6_whole_cluster_restart() {
-    if !servers_present("f6_whole_cluster_restart") {
+    let Some(_turn) = servers_present("f6_whole_cluster_restart") else {
         return;
-    }
+    };
     assert_sync_always();
     let token = common::run_token();
     let runtime = common::runtime();

@@ -15,9 +15,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{
+use crate::common::{
     append_once, create_sessions, owner_index, run_dir, servers_present, session_names,
     set_up_streams, wait_until, Fleet, Outcome, SessionModel,
 };
@@ -107,9 +107,9 @@ fn corrupt_object(key: &str) {
 
 #[test]
 fn f4_seal_and_cold_reopen_f7_corrupt_run() {
-    if !servers_present("f4_seal_and_cold_reopen_f7_corrupt_run") {
+    let Some(_turn) = servers_present("f4_seal_and_cold_reopen_f7_corrupt_run") else {
         return;
-    }
+    };
     let token = common::run_token();
     let runtime = common::runtime();
     let nats = set_up_streams(&runtime);

@@ -26,21 +26,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-/// Both tests kill a NATS server: cargo runs a binary's tests on parallel threads, and one
-/// test's election must not land in the other's measurement.
-static NATS_KILLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// This test's turn at killing a server (a failed test before it leaves the lock poisoned,
-/// which says nothing about the servers: `servers.sh` restarted them).
-fn one_kill_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    NATS_KILLS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-use common::{
+use crate::common::{
     check_session, create_sessions, nats_monitor_port, servers_present, servers_script,
     session_names, set_up_streams, wait_until, Fleet, ServersBack, SessionModel, Writer,
     NATS_SERVERS,
@@ -359,10 +347,9 @@ fn longest_stall(sessions: &[String], run: &Run) -> Duration {
 
 #[test]
 fn f2_nats_stream_leader_kill() {
-    if !servers_present("f2_nats_stream_leader_kill") {
+    let Some(_turn) = servers_present("f2_nats_stream_leader_kill") else {
         return;
-    }
-    let _turn = one_kill_at_a_time();
+    };
     let token = common::run_token();
     let runtime = common::runtime();
     set_up_streams(&runtime);
@@ -471,10 +458,9 @@ fn replication(fleet: &Fleet, index: usize) -> serde_json::Value {
 // (`wait_cluster_settled`), and the nodes no longer need the meta leader to list live nodes.
 #[test]
 fn f2_nats_stream_leader_kill_with_degrade_to_local() {
-    if !servers_present("f2_nats_stream_leader_kill_with_degrade_to_local") {
+    let Some(_turn) = servers_present("f2_nats_stream_leader_kill_with_degrade_to_local") else {
         return;
-    }
-    let _turn = one_kill_at_a_time();
+    };
     let token = common::run_token();
     let runtime = common::runtime();
     let nats = set_up_streams(&runtime);

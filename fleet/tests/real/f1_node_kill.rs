@@ -9,9 +9,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-use common::{
+use crate::common::{
     append_once, check_session, create_sessions, servers_present, session_names, set_up_streams,
     Fleet, SessionModel,
 };
@@ -30,9 +30,9 @@ const RECOVERY_BOUND: Duration = Duration::from_secs(7);
 
 #[test]
 fn f1_node_kill_mid_ingest() {
-    if !servers_present("f1_node_kill_mid_ingest") {
+    let Some(_turn) = servers_present("f1_node_kill_mid_ingest") else {
         return;
-    }
+    };
     let token = common::run_token();
     // The streams and buckets exist before the nodes start, so that they start together.
     let runtime = common::runtime();

@@ -24,18 +24,31 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(15);
 /// Pause between polls of a condition.
 pub const POLL: Duration = Duration::from_millis(100);
 
-/// Whether the real servers are there: `false` (after a SKIPPED line) when they are not;
-/// panics under `CI=true`, where a missing server must fail the run.
-pub fn servers_present(test: &str) -> bool {
+/// The servers' turn: one test at a time uses them (they kill, stop and restart servers,
+/// and load the machine), though the harness runs the binary's tests on several threads.
+static SERVERS_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A test's hold on the servers, from [`servers_present`] to the end of the test.
+pub struct ServersTurn {
+    _held: std::sync::MutexGuard<'static, ()>,
+}
+
+/// The servers' turn when they are there: `None` (after a SKIPPED line) when they are not;
+/// panics under `CI=true`, where a missing server must fail the run. Waits while another
+/// test holds the turn (a test that panicked gives it up like one that passed).
+pub fn servers_present(test: &str) -> Option<ServersTurn> {
     if std::env::var("DSHDB_FLEET_SERVERS").as_deref() == Ok("1") {
-        return true;
+        let held = SERVERS_TURN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        return Some(ServersTurn { _held: held });
     }
     assert!(
         std::env::var("CI").as_deref() != Ok("true"),
         "CI=true but DSHDB_FLEET_SERVERS is not set: start tests/fleet/servers.sh"
     );
     eprintln!("SKIPPED {test}: DSHDB_FLEET_SERVERS is not set");
-    false
+    None
 }
 
 /// A token unique to this run, so that reruns against the same servers do not collide.
