@@ -1,10 +1,11 @@
 //! Helpers of the workspace's end-to-end suite (`tests/e2e`): the built `dshdb` binary, scratch
 //! directories, and the DSH oracle fixtures beside the repository.
 //!
-//! The suite runs the real binary, so [`dshdb_binary`] first runs `cargo build -p dshdb-cli`
-//! in the suite's own profile and target directory: a no-op after `cargo test --workspace`
-//! (which builds it for the CLI's tests), and never a stale binary when `cargo test -p
-//! dshdb-e2e` runs alone.
+//! The suite runs the real binary, so [`dshdb_binary`] first runs `cargo build --workspace
+//! --tests --bins` in the suite's own profile and target directory: the very build of `cargo
+//! test --workspace`, so a no-op after it (`-p dshdb-cli` alone resolves the dependencies'
+//! features differently and rebuilt 60-90 crates: two minutes of every CI run), and never a
+//! stale binary when `cargo test -p dshdb-e2e` runs alone.
 
 use dshdb_test_support::run_with_input;
 pub use dshdb_test_support::TempDir;
@@ -35,7 +36,8 @@ pub fn dshdb_binary() -> &'static Path {
     })
 }
 
-/// `cargo build -p dshdb-cli` into the profile directory the suite was built in.
+/// `cargo build --workspace --tests --bins` (module doc) into the profile directory the suite
+/// was built in.
 fn build_binary(profile_dir: &Path) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let target_dir = profile_dir.parent().expect("target/<profile>");
@@ -44,10 +46,9 @@ fn build_binary(profile_dir: &Path) {
         .args([
             "build",
             "--quiet",
-            "-p",
-            "dshdb-cli",
-            "--bin",
-            "dshdb",
+            "--workspace",
+            "--tests",
+            "--bins",
             "--target-dir",
         ])
         .arg(target_dir);
@@ -63,7 +64,7 @@ fn build_binary(profile_dir: &Path) {
         .expect("run cargo build");
     assert!(
         output.status.success(),
-        "cargo build -p dshdb-cli failed: {}",
+        "cargo build --workspace --tests --bins failed: {}",
         text(&output.stderr)
     );
 }
