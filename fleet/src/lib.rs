@@ -18,6 +18,7 @@ pub mod sealer;
 pub mod serve;
 pub mod shard;
 pub mod tier;
+pub mod triggers;
 pub mod wire;
 
 pub use error::{BackendError, FleetError, FleetResult};

@@ -103,6 +103,9 @@ pub struct NodeConfig {
     /// How long the replicator waits for a message on a stream not known to be stalled,
     /// in ms (then the stream counts as stalled).
     pub ship_wait_timeout_ms: u64,
+    /// When a session is sealed without being asked: tail size and idleness (FLEET.md
+    /// §5.4; [`crate::triggers`]).
+    pub seal_policy: crate::triggers::SealPolicy,
 }
 
 impl NodeConfig {
@@ -119,6 +122,7 @@ impl NodeConfig {
             degrade_to_local_after_ms: None,
             stalled_probe_timeout_ms: crate::modes::DEFAULT_STALLED_PROBE_TIMEOUT_MS,
             ship_wait_timeout_ms: crate::modes::DEFAULT_SHIP_WAIT_TIMEOUT_MS,
+            seal_policy: crate::triggers::SealPolicy::default(),
         }
     }
 }
@@ -419,6 +423,8 @@ pub struct Node<T, C, S> {
     stopped: AtomicBool,
     /// Acknowledged batches not yet in the tail, and the stall state of each stream.
     pub(crate) replication: Mutex<Replication>,
+    /// Per session, the unsealed tail this node appended (the seal triggers).
+    seal_triggers: crate::triggers::SealTriggers,
     pub metrics: NodeMetrics,
     pub mode_metrics: ModeMetrics,
 }
@@ -492,6 +498,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             registered_anew: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             replication: Mutex::new(Replication::default()),
+            seal_triggers: crate::triggers::SealTriggers::default(),
             metrics: NodeMetrics::default(),
             mode_metrics: ModeMetrics::default(),
         }
@@ -531,6 +538,30 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
 
     pub fn shard_of(&self, session: &str) -> u32 {
         crate::shard::shard_of_in(session, self.config.shard_count)
+    }
+
+    /// The sessions this node owns that its seal policy makes due now (tail size or
+    /// idleness, [`crate::triggers`]), with why; a noted session whose shard this node no
+    /// longer serves is forgotten (its owner seals it).
+    pub fn due_seals(&self) -> Vec<(String, crate::triggers::SealReason)> {
+        let due = self
+            .seal_triggers
+            .due(self.config.seal_policy, self.clock.now_ms());
+        let shards = self.shards.lock();
+        due.into_iter()
+            .filter(|(session, _)| {
+                let owned = shards.contains_key(&self.shard_of(session));
+                if !owned {
+                    self.seal_triggers.settled(session);
+                }
+                owned
+            })
+            .collect()
+    }
+
+    /// Sessions with something unsealed that this node appended (the seal triggers' view).
+    pub fn unsealed_sessions(&self) -> usize {
+        self.seal_triggers.tracked()
     }
 
     fn node_record(&self) -> Vec<u8> {
@@ -1217,6 +1248,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             self.rebuild(session, shard, owned, &mut slot).await?;
         }
         let (batch, payload) = Self::new_batch(session, owned, slot.next_seq, incoming)?;
+        let tail_bytes = payload.len() as u64;
         if matches!(route, Route::Local | Route::Sealed) && !self.lease_valid() {
             // Only the tail fence would refuse a zombie, and a local ack skips it: ack
             // locally only while no other node can have taken the shard.
@@ -1226,7 +1258,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         // the next access rebuilds the local copy from the replicated history.
         slot.validated_epoch = 0;
         let pending = self.local.submit(session, &batch.events)?;
-        match route {
+        let acked = match route {
             Route::Replicated => {
                 let message = tail_message(shard, owned, &batch, payload);
                 self.append_replicated(shard, owned, batch, message, pending, &mut slot)
@@ -1241,7 +1273,12 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 self.push_backlog(shard, owned, batch.clone(), true);
                 Ok(self.ack_locally(shard, owned, &batch, &mut slot))
             }
+        };
+        if acked.is_ok() {
+            self.seal_triggers
+                .appended(session, tail_bytes, self.clock.now_ms());
         }
+        acked
     }
 
     /// The batch of `incoming` at `first_seq` and its encoded tail payload (refused above
@@ -2244,6 +2281,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         let (mut manifest, revision) = self.claim_manifest(session, shard, owned).await?;
         let mut report = SealReport::default();
         if manifest.sealed_end >= slot.next_seq {
+            self.seal_triggers.settled(session);
             return Ok(report);
         }
         let events = self
@@ -2312,6 +2350,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         slot.checkpointed_stream_seq = slot.last_stream_seq;
         slot.replicated_end = slot.replicated_end.max(manifest.sealed_end);
         self.drop_sealed_backlog(session, manifest.sealed_end);
+        // The seal holds the slot: no append came in between, everything is sealed.
+        self.seal_triggers.settled(session);
         report.events = manifest.sealed_end - first_seq;
         bump(&self.metrics.seals, 1);
         bump(&self.metrics.sealed_events, report.events);

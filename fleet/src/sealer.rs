@@ -13,6 +13,7 @@
 use crate::backend::{ColdStore, Coordinator, TailLog};
 use crate::error::FleetError;
 use crate::node::Node;
+use crate::triggers::SealReason;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +42,9 @@ pub struct SealQueueStatus {
     pub completed: u64,
     pub failed_attempts: u64,
     pub dropped_moved: u64,
+    /// Seals queued by the node's seal policy (FLEET.md §5.4), by trigger.
+    pub triggered_by_size: u64,
+    pub triggered_by_idle: u64,
     pub last_error: Option<String>,
 }
 
@@ -52,6 +56,8 @@ pub struct SealQueue {
     completed: AtomicU64,
     failed_attempts: AtomicU64,
     dropped_moved: AtomicU64,
+    triggered_by_size: AtomicU64,
+    triggered_by_idle: AtomicU64,
 }
 
 /// The queue is full ([`MAX_QUEUED_SEALS`]).
@@ -75,6 +81,30 @@ impl SealQueue {
         }
         pending.insert(session.to_string(), Pending::default());
         Ok(())
+    }
+
+    /// Queues the sessions the node's seal policy makes due (tail size, idleness) that are
+    /// not queued already (a queued one keeps its backoff). Returns how many it queued.
+    pub fn request_due<T: TailLog, C: Coordinator, S: ColdStore>(
+        &self,
+        node: &Node<T, C, S>,
+    ) -> usize {
+        let due = node.due_seals();
+        let mut pending = self.pending.lock();
+        let mut queued = 0;
+        for (session, reason) in due {
+            if pending.contains_key(&session) || pending.len() >= MAX_QUEUED_SEALS {
+                continue;
+            }
+            pending.insert(session, Pending::default());
+            queued += 1;
+            let counter = match reason {
+                SealReason::TailBytes => &self.triggered_by_size,
+                SealReason::Idle => &self.triggered_by_idle,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        queued
     }
 
     /// Sessions due at `now_ms`, at most [`SEALS_PER_ROUND`].
@@ -126,6 +156,8 @@ impl SealQueue {
             completed: self.completed.load(Ordering::Relaxed),
             failed_attempts: self.failed_attempts.load(Ordering::Relaxed),
             dropped_moved: self.dropped_moved.load(Ordering::Relaxed),
+            triggered_by_size: self.triggered_by_size.load(Ordering::Relaxed),
+            triggered_by_idle: self.triggered_by_idle.load(Ordering::Relaxed),
             last_error: self.last_error.lock().clone(),
         }
     }

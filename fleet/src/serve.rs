@@ -17,7 +17,8 @@
 //! - `{"op":"status"}` → `{"ok":true,"node","mode","stopped","owned_shards":[..],"metrics":{..},
 //!   "replication":{"lag":{"events","bytes","oldest_age_ms","sessions"},"unshipped":[..],
 //!   "at_risk_windows":[..],"lost_unshipped":[..]},
-//!   "seal_queue":{"pending","completed","failed_attempts","dropped_moved","last_error"}}`
+//!   "seal_queue":{"pending","completed","failed_attempts","dropped_moved",
+//!   "triggered_by_size","triggered_by_idle","unsealed_sessions","last_error"}}`
 //! - `{"op":"stall","ms":N}` → `{"ok":true,"workers":W}`: test hook, answered only with
 //!   [`TEST_HOOKS_VARIABLE`] set: blocks every runtime worker for N ms
 //!
@@ -34,6 +35,7 @@ use crate::nats::{Nats, NatsConfig};
 use crate::s3::{S3Config, S3};
 use crate::sealer::SealQueue;
 use crate::tier::{EngineTier, LocalTier};
+use crate::triggers::{SealPolicy, DEFAULT_SEAL_IDLE_MS, DEFAULT_SEAL_TAIL_BYTES};
 use crate::{IncomingEvent, Node, NodeConfig};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -61,6 +63,9 @@ pub struct ServeConfig {
     pub mode: DurabilityMode,
     /// `degrade_to_local_after` in ms (`DSHDB_FLEET_DEGRADE_TO_LOCAL_AFTER_MS`; unset: off).
     pub degrade_to_local_after_ms: Option<u64>,
+    /// When sessions are sealed without being asked (`DSHDB_FLEET_SEAL_TAIL_BYTES`,
+    /// `DSHDB_FLEET_SEAL_IDLE_MS`; 0 turns a trigger off; unset: 4 MiB and 5 min).
+    pub seal_policy: SealPolicy,
 }
 
 type ProcessNode = Node<Nats, Nats, S3>;
@@ -211,6 +216,9 @@ fn status(served: &Served) -> Value {
             "completed": seals.completed,
             "failed_attempts": seals.failed_attempts,
             "dropped_moved": seals.dropped_moved,
+            "triggered_by_size": seals.triggered_by_size,
+            "triggered_by_idle": seals.triggered_by_idle,
+            "unsealed_sessions": served.node.unsealed_sessions(),
             "last_error": seals.last_error,
         },
     })
@@ -331,10 +339,12 @@ async fn stall_runtime(request: &Value) -> FleetResult<Value> {
     Ok(json!({"ok": true, "workers": workers}))
 }
 
-/// Seals what is queued and due, until the node stops.
+/// Queues what the seal policy makes due and seals what is queued and due, until the node
+/// stops.
 async fn seal_loop(served: Arc<Served>) {
     let now_ms = || crate::backend::Clock::now_ms(&SystemClock);
     while !served.node.is_stopped() {
+        served.seals.request_due(&served.node);
         served.seals.run_round(&served.node, now_ms).await;
         tokio::time::sleep(SEAL_ROUND_INTERVAL).await;
     }
@@ -470,6 +480,7 @@ pub async fn run(config: ServeConfig) -> FleetResult<()> {
     node_config.lease_ttl_ms = u64::try_from(config.nats.node_ttl.as_millis()).unwrap_or(u64::MAX);
     node_config.mode = config.mode;
     node_config.degrade_to_local_after_ms = config.degrade_to_local_after_ms;
+    node_config.seal_policy = config.seal_policy;
     let node = Node::new(
         node_config,
         nats.clone(),
@@ -557,7 +568,30 @@ pub fn config_from_env(
             })?),
             Err(_) => None,
         },
+        seal_policy: SealPolicy {
+            tail_bytes: seal_trigger_from_env(
+                "DSHDB_FLEET_SEAL_TAIL_BYTES",
+                DEFAULT_SEAL_TAIL_BYTES,
+            )?,
+            idle_ms: seal_trigger_from_env("DSHDB_FLEET_SEAL_IDLE_MS", DEFAULT_SEAL_IDLE_MS)?,
+        },
     })
+}
+
+/// A seal trigger's threshold from `variable`: its default when unset, off when 0.
+fn seal_trigger_from_env(variable: &str, default: u64) -> FleetResult<Option<u64>> {
+    match std::env::var(variable) {
+        Ok(text) => seal_trigger(variable, &text),
+        Err(_) => Ok(Some(default)),
+    }
+}
+
+/// A seal trigger's threshold as a flag or variable `name` gives it: a number, 0 for off.
+pub fn seal_trigger(name: &str, text: &str) -> FleetResult<Option<u64>> {
+    let value: u64 = text.parse().map_err(|_| FleetError::InvalidInput {
+        reason: format!("{name}: not a number: {text:?}"),
+    })?;
+    Ok((value > 0).then_some(value))
 }
 
 /// Defaults of a node process: lease TTL (FLEET.md: 10 s), refresh interval (2 s).

@@ -13,6 +13,7 @@ use dshdb_fleet::fake::{
 use dshdb_fleet::sealer::{SealQueue, SEAL_RETRY_FIRST_BACKOFF, SEAL_RETRY_MAX_BACKOFF};
 use dshdb_fleet::shard::session_key;
 use dshdb_fleet::tier::{LocalTier, MemoryTier};
+use dshdb_fleet::triggers::SealPolicy;
 use dshdb_fleet::wire::{from_json, SessionManifest};
 use dshdb_fleet::{IncomingEvent, Node, NodeConfig};
 use std::sync::Arc;
@@ -30,6 +31,11 @@ struct World {
 }
 
 fn one_node(nats_link: &LinkControl, s3_link: &LinkControl) -> World {
+    one_node_with(nats_link, s3_link, SealPolicy::default())
+}
+
+/// [`one_node`] with the seal policy `policy`.
+fn one_node_with(nats_link: &LinkControl, s3_link: &LinkControl, policy: SealPolicy) -> World {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -41,6 +47,7 @@ fn one_node(nats_link: &LinkControl, s3_link: &LinkControl) -> World {
     let mut config = NodeConfig::new("n1", "n1", 1);
     config.shard_count = SHARDS;
     config.lease_ttl_ms = NODE_TTL_MS;
+    config.seal_policy = policy;
     let local: Arc<dyn LocalTier> = Arc::new(MemoryTier::default());
     let node = Node::new(
         config,
@@ -171,4 +178,86 @@ fn a_seal_request_survives_its_nodes_lost_lease() {
     )
     .unwrap();
     assert_eq!(manifest.sealed_end, 1);
+}
+
+fn sealed_end(kv: &FakeKv, session: &str) -> u64 {
+    let manifest: SessionManifest = from_json(
+        &kv.peek(Bucket::Sessions, &session_key(session)).unwrap(),
+        "manifest",
+    )
+    .unwrap();
+    manifest.sealed_end
+}
+
+/// The seal policy (FLEET.md §5.4) on the fakes: a session whose unsealed tail reaches the
+/// size threshold is queued at once, one with something unsealed and no append for the idle
+/// time is queued then, and the queue seals both; a sealed session is not queued again
+/// until it is appended to.
+#[test]
+fn the_seal_policy_queues_sessions_by_tail_size_and_by_idleness() {
+    const TAIL_BYTES: u64 = 2_000;
+    const IDLE_MS: u64 = 60_000;
+    let nats_link = LinkControl::default();
+    let s3_link = LinkControl::default();
+    let policy = SealPolicy {
+        tail_bytes: Some(TAIL_BYTES),
+        idle_ms: Some(IDLE_MS),
+    };
+    let World {
+        runtime,
+        clock,
+        kv,
+        node,
+        ..
+    } = one_node_with(&nats_link, &s3_link, policy);
+    let append = |session: &str, data: &str| {
+        runtime
+            .block_on(node.append(session, &[IncomingEvent::new("message", data)]))
+            .unwrap();
+    };
+    runtime.block_on(async {
+        node.start().await.unwrap();
+        node.tick().await.unwrap();
+        for session in ["big", "quiet"] {
+            let header = format!(r#"{{"version":0,"id":"{session}"}}"#);
+            node.create_session(session, &header).await.unwrap();
+        }
+    });
+    append("quiet", "{}");
+    append("big", "{}");
+    let queue = SealQueue::default();
+    let now = || clock.now_ms();
+    assert_eq!(queue.request_due(&node), 0, "nothing is due yet");
+
+    // "big" passes the size threshold: due at once.
+    let large = format!("\"{}\"", "x".repeat(usize::try_from(TAIL_BYTES).unwrap()));
+    append("big", &large);
+    assert_eq!(queue.request_due(&node), 1);
+    assert_eq!(queue.status().triggered_by_size, 1);
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 1);
+    assert_eq!(sealed_end(&kv, "big"), 2);
+    assert_eq!(
+        queue.request_due(&node),
+        0,
+        "big is sealed, quiet not idle yet"
+    );
+
+    // "quiet" has had no append for the idle time.
+    clock.advance(IDLE_MS - 1);
+    assert_eq!(queue.request_due(&node), 0);
+    clock.advance(1);
+    assert_eq!(queue.request_due(&node), 1);
+    assert_eq!(queue.status().triggered_by_idle, 1);
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 1);
+    assert_eq!(sealed_end(&kv, "quiet"), 1);
+
+    // Nothing unsealed: nothing is due however long it stays idle, until the next append.
+    clock.advance(10 * IDLE_MS);
+    assert_eq!(queue.request_due(&node), 0);
+    assert_eq!(node.unsealed_sessions(), 0);
+    append("quiet", "{}");
+    clock.advance(IDLE_MS);
+    assert_eq!(queue.request_due(&node), 1);
+    assert_eq!(runtime.block_on(queue.run_round(&node, now)), 1);
+    assert_eq!(sealed_end(&kv, "quiet"), 2);
 }

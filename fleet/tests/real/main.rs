@@ -22,5 +22,6 @@ mod group_purge;
 mod heartbeat;
 mod replay_by_get;
 mod restart_ship;
+mod seal_triggers;
 mod sealed_mode;
 mod servers;
