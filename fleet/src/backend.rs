@@ -86,6 +86,10 @@ pub trait TailLog: Send + Sync + 'static {
         from_stream_seq: u64,
     ) -> impl Future<Output = BackendResult<Vec<TailMessage>>> + Send;
 
+    /// The last stream sequence of `stream` (0 while it never stored a message; purges
+    /// do not lower it).
+    fn last_seq(&self, stream: &str) -> impl Future<Output = BackendResult<u64>> + Send;
+
     /// Removes the messages on `subject` below `before_stream_seq`; returns how many.
     fn purge(
         &self,

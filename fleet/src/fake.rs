@@ -485,6 +485,16 @@ impl TailLog for FakeTailClient {
         self.link.after(Ok(messages))
     }
 
+    async fn last_seq(&self, stream: &str) -> BackendResult<u64> {
+        self.link.before()?;
+        let state = self.tail.state.lock();
+        let last = state
+            .streams
+            .get(stream)
+            .map_or(0, |stream| stream.last_seq);
+        self.link.after(Ok(last))
+    }
+
     async fn purge(
         &self,
         stream: &str,

@@ -469,6 +469,15 @@ impl TailLog for Nats {
         }
     }
 
+    async fn last_seq(&self, stream: &str) -> BackendResult<u64> {
+        let handle = self
+            .context
+            .get_stream(stream)
+            .await
+            .map_err(|error| unavailable(stream, error))?;
+        Ok(handle.cached_info().state.last_sequence)
+    }
+
     async fn replay(
         &self,
         stream: &str,

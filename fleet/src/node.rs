@@ -1189,6 +1189,14 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
     pub async fn create_session(&self, session: &str, header: &str) -> FleetResult<()> {
         let (shard, owned) = self.owned(session).await?;
         valid_header(session, header)?;
+        // F-09-58: nothing of the session is in the tail before its manifest exists, so a
+        // rebuild replays from past the stream's last sequence now (read before the
+        // manifest is written), not through the shard's whole group subject.
+        let last_stream_seq = self
+            .tail
+            .last_seq(&stream_name(shard))
+            .await
+            .map_err(backend)?;
         let manifest = SessionManifest {
             format: MANIFEST_FORMAT,
             session: session.to_string(),
@@ -1196,7 +1204,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             header: header.to_string(),
             epoch: owned.epoch,
             sealed_end: 0,
-            tail_from_stream_seq: 1,
+            tail_from_stream_seq: last_stream_seq + 1,
             runs: Vec::new(),
             tail_checkpoint: None,
         };
@@ -1221,7 +1229,7 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             validated_epoch: owned.epoch,
             header: header.to_string(),
             next_seq: 0,
-            last_stream_seq: 0,
+            last_stream_seq,
             replicated_end: 0,
             checkpointed_stream_seq: 0,
         };
@@ -2324,7 +2332,8 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             blake3: digest,
         });
         manifest.sealed_end = slot.next_seq;
-        manifest.tail_from_stream_seq = slot.last_stream_seq + 1;
+        // Never backwards: a session with no tail message yet starts past its creation.
+        manifest.tail_from_stream_seq = manifest.tail_from_stream_seq.max(slot.last_stream_seq + 1);
         manifest.tail_checkpoint = Some(TailCheckpoint {
             end_seq: slot.next_seq,
             stream_seq: slot.last_stream_seq,

@@ -2026,3 +2026,62 @@ fn a_hanging_tail_does_not_hold_local_appends_behind_the_shipping() {
         .collect();
     assert_eq!(seqs, [0, 1, 2]);
 }
+
+/// F-09-58: a session created when its shard's stream already holds messages starts its
+/// manifest's `tail_from_stream_seq` past them (read before the manifest is written), so a
+/// new owner's rebuild replays only what came after the creation; both sessions of the
+/// shard are rebuilt exactly.
+#[test]
+fn a_new_session_starts_its_tail_past_the_streams_last_message() {
+    use dshdb_fleet::backend::TailLog;
+    use dshdb_fleet::shard::{session_key, shard_of_in, stream_name};
+    let world = LeaseWorld::new();
+    let link1 = LinkControl::default();
+    let n1 = world.node("n1", &link1);
+    world.runtime.block_on(n1.tick()).expect("tick");
+    let first = "early";
+    let shard = shard_of_in(first, SHARDS);
+    let second = (0..)
+        .map(|index| format!("late{index}"))
+        .find(|name| shard_of_in(name, SHARDS) == shard)
+        .expect("a session id of the same shard");
+    let manifest = |session: &str| -> SessionManifest {
+        from_json(
+            &world
+                .kv
+                .peek(Bucket::Sessions, &session_key(session))
+                .expect("a manifest"),
+            "manifest",
+        )
+        .expect("decodes")
+    };
+    let create = |session: &str| {
+        world
+            .runtime
+            .block_on(n1.create_session(session, &format!(r#"{{"id":"{session}"}}"#)))
+            .expect("create");
+    };
+    create(first);
+    for data in ["1", "2", "3"] {
+        world.append(&n1, first, data).expect("append");
+    }
+    let tail = world.tail.client(LinkControl::default());
+    let before = world
+        .runtime
+        .block_on(tail.last_seq(&stream_name(shard)))
+        .expect("last seq");
+    assert!(before >= 3, "the stream holds the first session's messages");
+    create(&second);
+    assert_eq!(manifest(&second).tail_from_stream_seq, before + 1);
+    for data in ["x", "y"] {
+        world.append(&n1, &second, data).expect("append");
+    }
+
+    // n1 dies; n2 rebuilds both from the tail.
+    link1.set(Link::Down);
+    world.clock.advance(NODE_TTL_MS + 1);
+    let n2 = world.node("n2", &LinkControl::default());
+    world.runtime.block_on(n2.tick()).expect("tick");
+    assert_eq!(world.datas(&n2, first), ["1", "2", "3"]);
+    assert_eq!(world.datas(&n2, &second), ["x", "y"]);
+}
