@@ -11,8 +11,9 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::{
-    append_once, check_session, create_sessions, owner_index, run_token, servers_present,
-    session_names, set_up_streams, wait_cluster_settled, wait_until, Fleet, SessionModel, NODE_TTL,
+    append_once, check_session, create_sessions, lag_events, owners_and_busiest, run_token,
+    servers_present, session_names, set_up_streams, wait_cluster_settled, wait_until, Fleet,
+    SessionModel, NODE_TTL,
 };
 use std::time::Duration;
 
@@ -24,12 +25,6 @@ const BATCHES: usize = 5;
 const IDLE_MS: &str = "500";
 /// The sealers take every session's lag to 0 within this long after the last append.
 const SEAL_DEADLINE: Duration = Duration::from_secs(20);
-
-fn lag_events(fleet: &Fleet, index: usize) -> u64 {
-    fleet.status(index)["replication"]["lag"]["events"]
-        .as_u64()
-        .unwrap()
-}
 
 fn seal_counter(fleet: &Fleet, index: usize, name: &str) -> u64 {
     fleet.status(index)["seal_queue"][name].as_u64().unwrap()
@@ -87,13 +82,7 @@ fn idle_sessions_are_sealed_without_being_asked() {
     assert_eq!(by_size, 0, "the size trigger is off");
 
     // Nothing is at risk now: the owner of most sessions dies, the survivor has it all.
-    let owners: Vec<usize> = sessions
-        .iter()
-        .map(|session| owner_index(&fleet, &router, session).unwrap())
-        .collect();
-    let killed = (0..NODES)
-        .max_by_key(|index| owners.iter().filter(|owner| **owner == *index).count())
-        .unwrap();
+    let (_, killed) = owners_and_busiest(&fleet, &router, &sessions);
     fleet.kill(killed);
     let mut survivors = fleet.router_without(&[killed]);
     for (session, model) in sessions.iter().zip(&models) {

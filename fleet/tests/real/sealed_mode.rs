@@ -19,8 +19,8 @@
 use crate::common;
 
 use crate::common::{
-    append_once, check_session, create_sessions, owner_index, servers_present, session_names,
-    set_up_streams, wait_until, Fleet, SessionModel,
+    append_once, check_session, create_sessions, lag_events, owners_and_busiest, servers_present,
+    session_names, set_up_streams, wait_until, Fleet, SessionModel,
 };
 use dshdb_fleet::backend::TailLog;
 use dshdb_fleet::shard::{session_subject, shard_of_in, stream_name};
@@ -35,12 +35,6 @@ const SEALED_BATCHES: usize = 10;
 const UNSEALED_BATCHES: usize = 5;
 /// The background sealers take every session's lag to 0 within this long.
 const SEAL_DEADLINE: Duration = Duration::from_secs(20);
-
-fn lag_events(fleet: &Fleet, index: usize) -> u64 {
-    fleet.status(index)["replication"]["lag"]["events"]
-        .as_u64()
-        .unwrap()
-}
 
 #[test]
 fn sealed_mode_keeps_the_tail_on_the_node_until_a_seal() {
@@ -103,13 +97,7 @@ fn sealed_mode_keeps_the_tail_on_the_node_until_a_seal() {
             assert!(append_once(&mut router, session, model), "{session}");
         }
     }
-    let owners: Vec<usize> = sessions
-        .iter()
-        .map(|session| owner_index(&fleet, &router, session).unwrap())
-        .collect();
-    let killed = (0..NODES)
-        .max_by_key(|index| owners.iter().filter(|owner| **owner == *index).count())
-        .unwrap();
+    let (owners, killed) = owners_and_busiest(&fleet, &router, &sessions);
     let reported = fleet.status(killed)["replication"]["unshipped"].clone();
     fleet.kill(killed);
     let mut survivors = fleet.router_without(&[killed]);

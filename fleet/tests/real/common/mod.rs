@@ -596,6 +596,30 @@ pub fn owner_index(fleet: &Fleet, router: &Router, session: &str) -> Option<usiz
     fleet.ids.iter().position(|id| id == owner)
 }
 
+/// Each session's owner (its node's index) as the router last saw it, and the node that
+/// owns the most of them.
+pub fn owners_and_busiest(
+    fleet: &Fleet,
+    router: &Router,
+    sessions: &[String],
+) -> (Vec<usize>, usize) {
+    let owners: Vec<usize> = sessions
+        .iter()
+        .map(|session| owner_index(fleet, router, session).expect("the router knows the owner"))
+        .collect();
+    let busiest = (0..fleet.ids.len())
+        .max_by_key(|index| owners.iter().filter(|owner| **owner == *index).count())
+        .expect("a fleet has nodes");
+    (owners, busiest)
+}
+
+/// A node's replication lag in events (its status), acknowledged events only it holds.
+pub fn lag_events(fleet: &Fleet, index: usize) -> u64 {
+    fleet.status(index)["replication"]["lag"]["events"]
+        .as_u64()
+        .unwrap()
+}
+
 /// Bound of one monitoring request.
 const CURL_TIMEOUT_SECONDS: &str = "2";
 
