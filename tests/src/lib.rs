@@ -36,12 +36,37 @@ pub fn dshdb_binary() -> &'static Path {
     })
 }
 
+/// Prefixes of the variables cargo sets for a test process (and for build scripts), which
+/// the inner `cargo build` must not inherit.
+const TEST_PROCESS_VARIABLES: &[&str] = &[
+    "CARGO_PKG_",
+    "CARGO_MANIFEST_",
+    "CARGO_CRATE_",
+    "CARGO_BIN_",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_CFG_",
+    "OUT_DIR",
+];
+
 /// `cargo build --workspace --tests --bins` (module doc) into the profile directory the suite
 /// was built in.
 fn build_binary(profile_dir: &Path) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let target_dir = profile_dir.parent().expect("target/<profile>");
     let mut command = Command::new(cargo);
+    // The variables cargo gave this test process (its package's name and version, manifest
+    // dir, ...) are not the outer build's: build scripts that watch them (ring's watches
+    // CARGO_PKG_NAME and CARGO_MANIFEST_DIR) would run again and rebuild their dependents.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|name| {
+            TEST_PROCESS_VARIABLES
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+        }) {
+            command.env_remove(&name);
+        }
+    }
     command
         .args([
             "build",
