@@ -597,9 +597,10 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
         }
     }
 
-    /// The sessions a replicator round sends, with whether each is a stalled stream's
-    /// probe: every session with backlog of a healthy stream, one per stalled stream.
-    fn round_sessions(&self) -> Vec<(String, bool)> {
+    /// The sessions a replicator round sends, with their tail stream and whether each is a
+    /// stalled stream's probe: every session with backlog of a healthy stream, one per
+    /// stalled stream.
+    fn round_sessions(&self) -> Vec<(String, u32, bool)> {
         let replication = self.replication.lock();
         let mut probed = std::collections::HashSet::new();
         let mut sessions = Vec::new();
@@ -610,9 +611,9 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
                 .get(&stream)
                 .is_some_and(|health| health.stalled);
             if !stalled {
-                sessions.push((session.clone(), false));
+                sessions.push((session.clone(), stream, false));
             } else if probed.insert(stream) {
-                sessions.push((session.clone(), true));
+                sessions.push((session.clone(), stream, true));
             }
         }
         sessions
@@ -630,37 +631,30 @@ impl<T: TailLog, C: Coordinator, S: ColdStore> Node<T, C, S> {
             return round;
         }
         let mut held = Vec::new();
-        for (session, probe) in self.round_sessions() {
+        for (session, stream, probe) in self.round_sessions() {
             match self.slot(&session).try_lock_owned() {
-                Ok(guard) => held.push((session, probe, guard)),
+                Ok(guard) => held.push((session, stream, probe, guard)),
                 Err(_) => round.busy += 1,
             }
         }
-        let outcomes =
-            futures::future::join_all(held.iter_mut().map(|(session, probe, guard)| async move {
-                let (wait_ms, shard) = if *probe {
-                    (self.config().stalled_probe_timeout_ms, None)
+        let outcomes = futures::future::join_all(held.iter_mut().map(
+            |(session, stream, probe, guard)| async move {
+                let wait_ms = if *probe {
+                    self.config().stalled_probe_timeout_ms
                 } else {
-                    let shard = self
-                        .replication
-                        .lock()
-                        .backlog
-                        .get(session.as_str())
-                        .map(|backlog| backlog.shard);
-                    (self.config().ship_wait_timeout_ms, shard)
+                    self.config().ship_wait_timeout_ms
                 };
                 let wait = std::time::Duration::from_millis(wait_ms);
                 match tokio::time::timeout(wait, self.ship_front(session, guard)).await {
                     Ok(shipped) => shipped,
                     Err(_) => {
-                        if let Some(shard) = shard {
-                            self.note_stalled(stream_index(shard));
-                        }
+                        self.note_stalled(*stream);
                         Shipped::Stalled
                     }
                 }
-            }))
-            .await;
+            },
+        ))
+        .await;
         for outcome in outcomes {
             match outcome {
                 Shipped::One { events, .. } => {

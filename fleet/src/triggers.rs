@@ -60,12 +60,20 @@ impl SealTriggers {
     /// An append of `bytes` of tail payload to `session` was acknowledged at `now_ms`.
     pub fn appended(&self, session: &str, bytes: u64, now_ms: u64) {
         let mut unsealed = self.unsealed.lock();
-        let entry = unsealed.entry(session.to_string()).or_insert(Unsealed {
-            bytes: 0,
-            last_append_ms: now_ms,
-        });
-        entry.bytes = entry.bytes.saturating_add(bytes);
-        entry.last_append_ms = entry.last_append_ms.max(now_ms);
+        // Every append passes here: the session's name is copied only on its first one.
+        match unsealed.get_mut(session) {
+            Some(held) => {
+                held.bytes = held.bytes.saturating_add(bytes);
+                held.last_append_ms = held.last_append_ms.max(now_ms);
+            }
+            None => {
+                let held = Unsealed {
+                    bytes,
+                    last_append_ms: now_ms,
+                };
+                unsealed.insert(session.to_string(), held);
+            }
+        }
     }
 
     /// Everything `session` held was sealed (or it has nothing unsealed), or another node
