@@ -28,6 +28,7 @@ KIND = {
     "commit": 4,
     "seal": 5,
     "tombstone": 6,
+    "row_entry": 7,
 }
 
 
@@ -83,7 +84,53 @@ def payload(record):
         return struct.pack("<QQ", record["used_bytes"], record["durable_offset"])
     if kind == "tombstone":
         return struct.pack("<I", record["session"])
+    if kind == "row_entry":
+        return row_entry_payload(record)
     raise ValueError(kind)
+
+
+def varint(value):
+    """Unsigned LEB128 (06-runs-and-index.md F-06-30)."""
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def zigzag(value):
+    return ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+
+
+def row_entry_payload(record):
+    """A row entry (F-06-30; in a segment F-02-20): fixed fields, prefix, suffix, the
+    members' time gaps, their payload lengths, then the payloads."""
+    members = record["members"]
+    prefix = record["prefix"].encode()
+    suffix = record["suffix"].encode()
+    payloads = [member["payload"].encode() for member in members]
+    fixed = struct.pack(
+        "<IQIIBBqII",
+        record["session"],
+        record["first_seq"],
+        len(members),
+        record["type_number"],
+        record["first_flags"],
+        record["member_flags"],
+        members[0]["time"],
+        len(prefix),
+        len(suffix),
+    )
+    gaps = b"".join(
+        varint(zigzag(later["time"] - earlier["time"]))
+        for earlier, later in zip(members, members[1:])
+    )
+    lengths = b"".join(varint(len(item)) for item in payloads)
+    return fixed + prefix + suffix + gaps + lengths + b"".join(payloads)
 
 
 def record_frame(salt, record):
@@ -263,6 +310,28 @@ def main():
         "frame-tombstone",
         "A tombstone deleting session 7 (F-02-18).",
         {"kind": "tombstone", "session": 7},
+    )
+
+    frame_vector(
+        "frame-row-entry",
+        "A row entry in a segment (F-02-20): session 7, seqs 44..46 of type 3, an imported "
+        "DSH row of three chunks (ROW_START|BATCH_START, then ROW_MEMBER) with a negative "
+        "time gap; checksummed under the salt like any segment frame.",
+        {
+            "kind": "row_entry",
+            "session": 7,
+            "first_seq": 44,
+            "type_number": 3,
+            "first_flags": 6,
+            "member_flags": 8,
+            "prefix": '{"turn":1,"step":0,"chunk":{"type":"text-delta","index":0,"text":',
+            "suffix": "}}",
+            "members": [
+                {"time": 1733011200500, "payload": '"Hel"'},
+                {"time": 1733011200512, "payload": '"lo, "'},
+                {"time": 1733011200509, "payload": '"w\\u00f6rld"'},
+            ],
+        },
     )
 
     # An unknown record kind (200) with the skippable flag: readers skip it (F-02-7).

@@ -311,8 +311,20 @@ impl Catalog {
     /// past the next seq is left out and the gap remembered: it is corruption unless a
     /// tombstone deletes the session later in the log ([`Catalog::check_gaps`]).
     pub fn push_event(&mut self, session: u32, seq: u64, position: Position) -> Result<(), String> {
+        self.push_events(session, seq, position, 1)
+    }
+
+    /// [`Catalog::push_event`] for a frame that holds `count` events from `seq` on (a row
+    /// entry of a segment, F-02-20).
+    pub fn push_events(
+        &mut self,
+        session: u32,
+        seq: u64,
+        position: Position,
+        count: u32,
+    ) -> Result<(), String> {
         if let Some(entry) = self.next_in_line(session, seq, position)? {
-            entry.events.push_frame(position);
+            entry.events.push_frames(position, count);
         }
         Ok(())
     }
@@ -427,25 +439,33 @@ impl EventIndex {
     /// Indexes the next event, joining the last extent when the frame follows it in the
     /// same segment and the extent stays below [`MAX_SEGMENT_EXTENT_BYTES`].
     pub fn push_frame(&mut self, position: Position) {
+        self.push_frames(position, 1);
+    }
+
+    /// Indexes the next `count` events, all held by the frame at `position` (an event
+    /// frame for one, a segment's row entry for more, F-02-20), with the joining rule of
+    /// [`EventIndex::push_frame`].
+    pub fn push_frames(&mut self, position: Position, count: u32) {
         if let Some(last) = self.extents.last_mut() {
             let joined_end = position.end();
             if last.file == position.segment
                 && position.offset >= last.end()
                 && position.offset - last.end() <= MAX_EXTENT_GAP_BYTES
                 && joined_end - last.offset <= MAX_SEGMENT_EXTENT_BYTES
-                && last.count < u32::MAX
             {
-                last.bytes = joined_end - last.offset;
-                last.count += 1;
-                self.events += 1;
-                return;
+                if let Some(joined_count) = last.count.checked_add(count) {
+                    last.bytes = joined_end - last.offset;
+                    last.count = joined_count;
+                    self.events += u64::from(count);
+                    return;
+                }
             }
         }
         self.push_extent(Extent {
             file: position.segment,
             offset: position.offset,
             bytes: u64::from(position.frame_bytes),
-            count: 1,
+            count,
         });
     }
 

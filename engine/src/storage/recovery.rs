@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::storage::catalog::{Catalog, Extent, Position, Seed};
 use crate::storage::coding::checked_u32;
-use crate::storage::frame::{EventRecord, Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
+use crate::storage::frame::{Record, FRAME_HEADER_BYTES, NO_SEED_PARENT};
 use crate::storage::index::{
     check_open_prefix, load_checkpoint, Checkpoint, CoveredSegment, OpenPrefix,
 };
@@ -798,6 +798,13 @@ fn corrupt(segment: u64, offset: u64, reason: &str) -> Error {
 /// Bytes of a commit frame.
 const COMMIT_FRAME_BYTES: u64 = FRAME_HEADER_BYTES as u64 + 24;
 
+/// What a batch's checks need of an event frame or of a row entry's first member.
+struct RecordShape {
+    session: u32,
+    seq: u64,
+    type_number: u32,
+}
+
 impl<'a> SegmentReplay<'a> {
     /// The end of a segment whose scan stopped without evidence of damage: a clean end, or
     /// a torn tail of the bytes from the committed end to the last non-zero byte.
@@ -807,13 +814,18 @@ impl<'a> SegmentReplay<'a> {
         let dropped_events = self
             .pending
             .iter()
-            .filter(|(_, record)| matches!(record, Record::Event(_)))
-            .count() as u64;
+            .map(|(_, record)| match record {
+                Record::Event(_) => 1,
+                Record::Row(row) => u64::from(row.member_count),
+                _ => 0,
+            })
+            .sum();
         let mut dropped_sessions: Vec<u32> = self
             .pending
             .iter()
             .filter_map(|(_, record)| match record {
                 Record::Event(event) => Some(event.session),
+                Record::Row(row) => Some(row.session),
                 _ => None,
             })
             .collect();
@@ -901,8 +913,36 @@ impl<'a> SegmentReplay<'a> {
                         .map_err(|reason| corrupt(segment, offset, &reason))?;
                     self.progress.defined_types.insert(type_number);
                 }
+                Record::Row(row) => {
+                    let member = RecordShape {
+                        session: row.session,
+                        seq: row.first_seq,
+                        type_number: row.type_number,
+                    };
+                    self.check_event(&member, session, next_seq)
+                        .map_err(|reason| corrupt(segment, offset, reason))?;
+                    let position = Position {
+                        segment,
+                        offset,
+                        frame_bytes: checked_u32(
+                            FRAME_HEADER_BYTES + row.payload_bytes(),
+                            "row entry frame",
+                        )?,
+                    };
+                    catalog
+                        .push_events(session, next_seq, position, row.member_count)
+                        .map_err(|reason| corrupt(segment, offset, &reason))?;
+                    next_seq = next_seq
+                        .checked_add(u64::from(row.member_count))
+                        .ok_or_else(|| corrupt(segment, offset, "row entry seqs overflow"))?;
+                }
                 Record::Event(event) => {
-                    self.check_event(&event, session, next_seq)
+                    let shape = RecordShape {
+                        session: event.session,
+                        seq: event.seq,
+                        type_number: event.type_number,
+                    };
+                    self.check_event(&shape, session, next_seq)
                         .map_err(|reason| corrupt(segment, offset, reason))?;
                     let position = Position {
                         segment,
@@ -963,7 +1003,7 @@ impl<'a> SegmentReplay<'a> {
 
     fn check_event(
         &self,
-        event: &EventRecord<'_>,
+        event: &RecordShape,
         session: u32,
         expected_seq: u64,
     ) -> std::result::Result<(), &'static str> {

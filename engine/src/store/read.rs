@@ -219,21 +219,24 @@ struct RowWalk {
 impl RowWalk {
     /// Visits the wanted members of the row entry `frame` (decoded only when one is wanted)
     /// and returns how many of the extent's events it holds (0 for another session's).
+    /// `salt` is the segment's for a row entry of a segment (F-02-20), `None` in a run.
+    #[allow(clippy::too_many_arguments)]
     fn visit(
         &self,
         frame: &[u8],
+        salt: Option<u64>,
         position: &Position,
         types: &HashMap<u32, String>,
         member_data: &mut Vec<u8>,
         visit: &mut impl FnMut(&EventRecord<'_>, &str, &Position) -> Result<()>,
         whole_rows: &mut WholeRows<'_>,
     ) -> Result<u64> {
-        let damaged = |reason: &str| Error::CorruptRun {
-            run: position.segment,
-            offset: position.offset,
-            reason: reason.to_string(),
-        };
-        let decoded = decode_run_frame(frame).map_err(|error| damaged(&format!("{error:?}")))?;
+        let damaged = |reason: &str| damage_at(position, salt, reason.to_string());
+        let decoded = match salt {
+            None => decode_run_frame(frame),
+            Some(salt) => decode_frame(frame, salt),
+        }
+        .map_err(|error| damaged(&format!("{error:?}")))?;
         let (session, count) = peek_row_entry(decoded.payload).map_err(|error| damaged(error.0))?;
         if session != self.session {
             return Ok(0);
@@ -496,7 +499,7 @@ impl Store {
                 .filter(|rest| !rest.is_empty())
                 .ok_or_else(|| corrupt(offset, "extent holds fewer events than indexed"))?;
             let peek = peek_frame(frame).map_err(|error| corrupt(offset, &format!("{error:?}")))?;
-            if form == FrameForm::RunWithRows && peek.kind == ROW_ENTRY_KIND {
+            if form != FrameForm::Run && peek.kind == ROW_ENTRY_KIND {
                 let position = Position {
                     segment: extent.file,
                     offset,
@@ -510,6 +513,7 @@ impl Store {
                 };
                 seen += walk.visit(
                     &frame[..peek.total_bytes],
+                    salt,
                     &position,
                     types,
                     &mut member_data,
@@ -692,14 +696,9 @@ impl Store {
     }
 }
 
-/// Decodes the event frame at the start of `bytes`: a write-ahead frame checked against its
-/// segment's `salt`, or (no salt) a frame of a run block.
-fn decode_record<'a>(
-    bytes: &'a [u8],
-    position: &Position,
-    salt: Option<u64>,
-) -> Result<EventRecord<'a>> {
-    let corrupt = |reason: String| match salt {
+/// Damage at `position`: of a segment when its frames carry a `salt`, else of a run.
+fn damage_at(position: &Position, salt: Option<u64>, reason: String) -> Error {
+    match salt {
         None => Error::CorruptRun {
             run: position.segment,
             offset: position.offset,
@@ -710,7 +709,17 @@ fn decode_record<'a>(
             offset: position.offset,
             reason,
         },
-    };
+    }
+}
+
+/// Decodes the event frame at the start of `bytes`: a write-ahead frame checked against its
+/// segment's `salt`, or (no salt) a frame of a run block.
+fn decode_record<'a>(
+    bytes: &'a [u8],
+    position: &Position,
+    salt: Option<u64>,
+) -> Result<EventRecord<'a>> {
+    let corrupt = |reason: String| damage_at(position, salt, reason);
     let frame = match salt {
         None => decode_run_frame(bytes),
         Some(salt) => decode_frame(bytes, salt),

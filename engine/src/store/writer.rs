@@ -8,6 +8,7 @@ use crate::storage::catalog::{Catalog, Position, Seed};
 use crate::storage::coding::{checked_count_u32, checked_u32, widen};
 use crate::storage::commit::{Durability, Log, SegmentContext};
 use crate::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
+use crate::storage::run::rows::{encode_row_frame, row_groups};
 use serde_json::value::RawValue;
 
 impl SessionWriter {
@@ -329,6 +330,24 @@ fn type_numbers_of(catalog: &mut Catalog, events: &[NewEvent<'_>]) -> Vec<u32> {
     numbers
 }
 
+/// Where the frame just encoded into `out` from `start` on will lie in its segment, with
+/// the events it holds.
+fn framed_at(
+    context: &SegmentContext,
+    out: &[u8],
+    start: usize,
+    count: u32,
+) -> Result<(Position, u32)> {
+    Ok((
+        Position {
+            segment: context.segment,
+            offset: context.base_offset + widen(start),
+            frame_bytes: checked_u32(out.len() - start, "event frame")?,
+        },
+        count,
+    ))
+}
+
 impl Store {
     /// Commits `events` (possibly none, for a new session's header) to session `number`.
     pub(super) fn commit_batch(
@@ -367,6 +386,29 @@ impl Store {
             .iter()
             .map(|event| EVENT_FRAME_ESTIMATE_BYTES + event.data.len() + event.envelope.len())
             .sum();
+        let now_or = |time: Option<i64>| time.unwrap_or(now);
+        let records: Vec<EventRecord<'_>> = events
+            .iter()
+            .zip(&type_numbers)
+            .zip(first_seq..)
+            .map(|((event, type_number), seq)| EventRecord {
+                session: number,
+                seq,
+                time: now_or(event.time),
+                type_number: *type_number,
+                flags: event.flags,
+                data: event.data.as_bytes(),
+                envelope: event.envelope.as_bytes(),
+            })
+            .collect();
+        // Stretches that share a row shape (a DSH row's chunks, F-06-31's rule) go to the
+        // log as one row entry each (F-02-20): an import writes a row once, not once per
+        // chunk with the shared text repeated.
+        let groups = if records.len() >= 2 {
+            row_groups(&records)
+        } else {
+            Vec::new()
+        };
         let submitted = log.submit(durability, |context, out| {
             // One reservation instead of the buffer regrowing frame by frame.
             out.reserve(estimated_bytes);
@@ -386,24 +428,22 @@ impl Store {
                     .encode(out, context.salt)?;
                 }
             }
-            let mut positions = Vec::with_capacity(events.len());
-            for (index, (event, type_number)) in events.iter().zip(&type_numbers).enumerate() {
-                let start = out.len();
-                EventRecord {
-                    session: number,
-                    seq: first_seq + index as u64,
-                    time: event.time.unwrap_or(now),
-                    type_number: *type_number,
-                    flags: event.flags,
-                    data: event.data.as_bytes(),
-                    envelope: event.envelope.as_bytes(),
+            let mut positions = Vec::with_capacity(records.len());
+            let mut next = 0usize;
+            let end = std::iter::once(records.len()..records.len());
+            for group in groups.iter().cloned().chain(end) {
+                for record in &records[next..group.start] {
+                    let start = out.len();
+                    record.encode(out, context.salt)?;
+                    positions.push(framed_at(context, out, start, 1)?);
                 }
-                .encode(out, context.salt)?;
-                positions.push(Position {
-                    segment: context.segment,
-                    offset: context.base_offset + widen(start),
-                    frame_bytes: checked_u32(out.len() - start, "event frame")?,
-                });
+                if !group.is_empty() {
+                    let start = out.len();
+                    encode_row_frame(&records[group.clone()], out, context.salt)?;
+                    let count = checked_count_u32(group.len(), "row entry", "events")?;
+                    positions.push(framed_at(context, out, start, count)?);
+                }
+                next = group.end;
             }
             let count = checked_count_u32(events.len(), "batch", "events")?;
             encode_commit(context, out, number, first_seq, count)?;
@@ -419,8 +459,8 @@ impl Store {
             }
         };
         if let Some(entry) = inner.catalog.write().sessions.get_mut(&number) {
-            for position in positions {
-                entry.events.push_frame(position);
+            for (position, count) in positions {
+                entry.events.push_frames(position, count);
             }
             entry.defined_in.get_or_insert(submitted.segment);
         }

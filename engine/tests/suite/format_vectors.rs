@@ -13,6 +13,7 @@ use dshdb::storage::frame::{decode_frame, EventRecord, FrameError, Record, FLAG_
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::storage::io::Storage;
 use dshdb::storage::manifest::{Manifest, SegmentEntry};
+use dshdb::storage::run::rows::encode_row_frame;
 use dshdb::storage::segment::{check_header, encode_header, scan_frames, segment_path};
 use dshdb::store::{Event, Options, Store};
 use serde_json::Value;
@@ -32,7 +33,8 @@ const RECORD_FRAMES: [&str; 8] = [
 ];
 
 /// Every single-frame vector (the flip check runs over all of them).
-const ALL_FRAMES: [&str; 9] = [
+const ALL_FRAMES: [&str; 10] = [
+    "frame-row-entry",
     "frame-session-header",
     "frame-type-definition",
     "frame-event",
@@ -172,6 +174,87 @@ fn record_frames_decode_to_their_json_and_re_encode_identically() {
             );
         }
     }
+}
+
+/// An event's fields, its texts owned: (session, seq, time, type, flags, data, envelope).
+type MemberFields = (u32, u64, i64, u32, u8, Vec<u8>, Vec<u8>);
+
+fn member_fields(event: &EventRecord<'_>) -> MemberFields {
+    (
+        event.session,
+        event.seq,
+        event.time,
+        event.type_number,
+        event.flags,
+        event.data.to_vec(),
+        event.envelope.to_vec(),
+    )
+}
+
+/// The members of a `row_entry` vector as the events they stand for (F-06-30), their
+/// `data` built in `data` (one string per member).
+fn row_members_from_json<'d>(json: &Value, data: &'d [String]) -> Vec<EventRecord<'d>> {
+    let first_seq = uint(&json["first_seq"]);
+    json["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .zip(data)
+        .zip(first_seq..)
+        .enumerate()
+        .map(|(index, ((member, data), seq))| EventRecord {
+            session: u32_of(&json["session"]),
+            seq,
+            time: member["time"].as_i64().expect("i64 time"),
+            type_number: u32_of(&json["type_number"]),
+            flags: u8::try_from(uint(match index {
+                0 => &json["first_flags"],
+                _ => &json["member_flags"],
+            }))
+            .expect("u8 flags"),
+            data: data.as_bytes(),
+            envelope: b"",
+        })
+        .collect()
+}
+
+#[test]
+fn a_row_entry_frame_decodes_to_its_members_and_re_encodes_identically() {
+    let (bytes, json) = load("frame-row-entry");
+    let salt = hex(&json["salt"]);
+    check_frame_header(&bytes, &json["frame"], salt);
+    let frame = decode_frame(&bytes, salt).expect("valid frame");
+    let Ok(Some(Record::Row(entry))) = Record::decode(&frame) else {
+        panic!("frame-row-entry does not decode as a row entry");
+    };
+    let record = &json["record"];
+    let (prefix, suffix) = (text(&record["prefix"]), text(&record["suffix"]));
+    assert_eq!(entry.session, u32_of(&record["session"]));
+    assert_eq!(entry.first_seq, uint(&record["first_seq"]));
+    assert_eq!(entry.type_number, u32_of(&record["type_number"]));
+    assert_eq!(u64::from(entry.first_flags), uint(&record["first_flags"]));
+    assert_eq!(u64::from(entry.member_flags), uint(&record["member_flags"]));
+    assert_eq!(
+        (entry.prefix, entry.suffix),
+        (prefix.as_bytes(), suffix.as_bytes())
+    );
+    let data: Vec<String> = record["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|member| format!("{prefix}{}{suffix}", text(&member["payload"])))
+        .collect();
+    let expected = row_members_from_json(record, &data);
+    let mut rebuilt = Vec::new();
+    let decoded: Vec<MemberFields> = entry
+        .members()
+        .map(|member| member_fields(&entry.member_event(&member, &mut rebuilt)))
+        .collect();
+    let wanted: Vec<MemberFields> = expected.iter().map(member_fields).collect();
+    assert_eq!(decoded, wanted, "the members the entry stands for");
+    let mut encoded = Vec::new();
+    encode_row_frame(&expected, &mut encoded, salt).expect("encode");
+    assert_eq!(encoded, bytes, "re-encoding the members differs");
 }
 
 #[test]
@@ -507,6 +590,25 @@ fn regenerate_vectors_with_engine_encoders() {
             .expect("encode");
         write(name, &bytes);
     }
+    let json = load_json("frame-row-entry");
+    let record = &json["record"];
+    let data: Vec<String> = record["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|member| {
+            let (prefix, suffix) = (text(&record["prefix"]), text(&record["suffix"]));
+            format!("{prefix}{}{suffix}", text(&member["payload"]))
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    encode_row_frame(
+        &row_members_from_json(record, &data),
+        &mut bytes,
+        hex(&json["salt"]),
+    )
+    .expect("encode");
+    write("frame-row-entry", &bytes);
     let json = load_json("frame-unknown-skippable");
     let mut bytes = Vec::new();
     dshdb::storage::frame::encode_frame(

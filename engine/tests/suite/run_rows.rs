@@ -13,11 +13,13 @@ use dshdb::exchange::{
 };
 use dshdb::limits::MAX_ROW_ENTRY_BYTES;
 use dshdb::storage::commit::Durability;
+use dshdb::storage::frame::Record;
 use dshdb::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
 use dshdb::storage::io::sim::{CrashImage, SimStorage};
 use dshdb::storage::io::Storage;
 use dshdb::storage::manifest::Manifest;
 use dshdb::storage::run::{run_path, walk_block, BlockItem, RunReader, DEFINITIONS_SESSION};
+use dshdb::storage::segment::{read_segment, scan_frames};
 use dshdb::store::{NewEvent, Options, Store};
 
 const SESSIONS: usize = 2;
@@ -425,4 +427,177 @@ fn append_big_row(
         views.push(vec![(plain, false, false)]);
         views
     }
+}
+
+/// The planned events of `session` cut into batches, one per turn: each batch holds the
+/// turn's imported row and live stretch, which the log stores as row entries (F-02-20).
+fn planned_batches(session: usize) -> Vec<Vec<Planned>> {
+    let mut batches: Vec<Vec<Planned>> = Vec::new();
+    for event in planned(session) {
+        if event.0 == "turn/start" || batches.is_empty() {
+            batches.push(Vec::new());
+        }
+        if let Some(batch) = batches.last_mut() {
+            batch.push(event);
+        }
+    }
+    batches
+}
+
+/// What a batched population acknowledged: per session id, the events acknowledged
+/// durable and every batch end it attempted.
+#[derive(Default)]
+struct BatchLedger {
+    durable: std::collections::BTreeMap<String, u64>,
+    attempted: std::collections::BTreeMap<String, Vec<u64>>,
+}
+
+/// Appends every session's planned events one turn per batch, sessions interleaved, each
+/// batch durable before the next; stops at the first error (a power cut).
+fn populate_batched(store: &Store) -> BatchLedger {
+    let mut ledger = BatchLedger::default();
+    let plans: Vec<Vec<Vec<Planned>>> = (0..SESSIONS).map(planned_batches).collect();
+    let mut writers = Vec::new();
+    for session in 0..SESSIONS {
+        match store.create_session_with_id(&session_id(session)) {
+            Ok(writer) => writers.push(writer),
+            Err(_) => return ledger,
+        }
+    }
+    let longest = plans.iter().map(Vec::len).max().unwrap_or(0);
+    for turn in 0..longest {
+        for (session, writer) in writers.iter_mut().enumerate() {
+            let Some(batch) = plans[session].get(turn) else {
+                continue;
+            };
+            let id = session_id(session);
+            let length = ledger.durable.get(&id).copied().unwrap_or(0);
+            let end = length + batch.len() as u64;
+            ledger.attempted.entry(id.clone()).or_default().push(end);
+            let events: Vec<NewEvent<'_>> = batch
+                .iter()
+                .map(|(event_type, time, flags, data)| NewEvent {
+                    event_type,
+                    time: Some(*time),
+                    data,
+                    envelope: "",
+                    flags: *flags,
+                })
+                .collect();
+            if writer.append_batch(&events).is_err() {
+                return ledger;
+            }
+            ledger.durable.insert(id, end);
+        }
+    }
+    ledger
+}
+
+/// Row entries in the segments the manifest names: (entries, events they stand for).
+fn segment_row_entries(disk: &SimStorage) -> (u64, u64) {
+    let manifest = Manifest::read(disk).expect("manifest").expect("present");
+    let (mut entries, mut members) = (0, 0);
+    for segment in &manifest.segments {
+        let bytes = read_segment(disk, segment.id).expect("segment");
+        scan_frames(&bytes, segment.id, segment.salt, |_, record| {
+            if let Record::Row(row) = record {
+                entries += 1;
+                members += u64::from(row.member_count);
+            }
+            Ok(())
+        })
+        .expect("scan");
+    }
+    (entries, members)
+}
+
+#[test]
+fn rows_written_to_the_log_read_back_exactly_after_reopening_and_sealing() {
+    let mut ledger = BatchLedger::default();
+    let disk = SimStorage::from_image(&closed_image(|store| ledger = populate_batched(store)));
+    assert_eq!(ledger.durable.len(), SESSIONS, "every session written");
+    // Each turn's imported row (3..=6 members) and live stretch (2..=4) is one entry.
+    let (entries, members) = segment_row_entries(&disk);
+    assert!(
+        entries >= 2 * (SESSIONS as u64) * TURNS && members >= 2 * entries,
+        "{entries} row entries in the log holding {members} events"
+    );
+    for use_checkpoint in [true, false] {
+        let reader = open_sim(&disk, sim_read_only(use_checkpoint)).expect("reopen");
+        check_contents(&reader).expect("contents of the log");
+    }
+    let before: Vec<Vec<Line>> = {
+        let store = open_sim(&disk, sim_options(Durability::Sync)).expect("open");
+        let lines = every_export_view(&store);
+        assert!(store.maintain().expect("maintain").segments_sealed > 0);
+        check_contents(&store).expect("contents after sealing");
+        assert_eq!(every_export_view(&store), lines, "export after sealing");
+        store.close().expect("close");
+        lines
+    };
+    assert!(row_entries(&disk).0 > 0, "sealing keeps rows as entries");
+    let reader = open_sim(&disk, sim_read_only(false)).expect("reopen");
+    check_contents(&reader).expect("contents after sealing and reopening");
+    assert_eq!(every_export_view(&reader), before, "export after reopening");
+}
+
+/// Power cut at every storage operation while batches of rows are appended (and two past
+/// the last), every torn last write included: every image opens, keeps every acknowledged
+/// event, ends each session at the end of a batch it attempted, and holds exactly the
+/// planned events (F-02-20 with chapter 05's invariants).
+#[test]
+fn a_power_cut_at_every_write_of_row_entries_keeps_acknowledged_events_and_invents_nothing() {
+    let reference = SimStorage::new();
+    if let Ok(store) = open_sim(&reference, sim_options(Durability::Sync)) {
+        populate_batched(&store);
+        store.close().expect("close");
+    }
+    assert!(
+        segment_row_entries(&reference).0 > 0,
+        "the workload writes rows"
+    );
+    let operations = reference.operation_count();
+    let mut images_checked = 0;
+    for cut in 0..operations + 2 {
+        let disk = SimStorage::new();
+        disk.crash_at(cut);
+        let ledger = match open_sim(&disk, sim_options(Durability::Sync)) {
+            Ok(store) => {
+                let ledger = populate_batched(&store);
+                let _ = store.close();
+                ledger
+            }
+            Err(_) => BatchLedger::default(),
+        };
+        for image in &disk.take_crash_images() {
+            let label = format!("cut {cut}, {}", image.label);
+            let recovered = SimStorage::from_image(image);
+            let store = open_sim(&recovered, sim_options(Durability::Sync))
+                .unwrap_or_else(|error| panic!("{label}: reopen failed: {error}"));
+            for session in 0..SESSIONS {
+                let id = session_id(session);
+                let acknowledged = ledger.durable.get(&id).copied().unwrap_or(0);
+                let Ok(summary) = store.session(&id) else {
+                    assert_eq!(acknowledged, 0, "{label}: {id} lost");
+                    continue;
+                };
+                let ends = ledger.attempted.get(&id).cloned().unwrap_or_default();
+                assert!(summary.events >= acknowledged, "{label}: {id} lost events");
+                assert!(
+                    summary.events == 0 || ends.contains(&summary.events),
+                    "{label}: {id} ends at {} inside a batch",
+                    summary.events
+                );
+                let read = read_planned(&store, &id, 0, u64::MAX)
+                    .unwrap_or_else(|violation| panic!("{label}: {violation}"));
+                let plan = planned(session);
+                assert_eq!(read, plan[..read.len()], "{label}: {id} differs");
+            }
+            images_checked += 1;
+        }
+    }
+    assert!(
+        images_checked > operations,
+        "{images_checked} images checked"
+    );
 }

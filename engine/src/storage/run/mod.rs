@@ -185,8 +185,25 @@ pub fn build_run(
     let mut uncommitted = 0usize;
     let mut dropped_events = 0u64;
     let mut dropped_bytes = 0u64;
+    let mut records = Vec::new();
     let scan = scan_frames(segment_bytes, segment, segment_salt, |offset, record| {
-        match &record {
+        records.push((offset, record));
+        Ok(())
+    })?;
+    // A row entry of the segment (F-02-20) is laid out again from its members, so that
+    // retention cuts it like any events and the run's own grouping decides its entries.
+    let rows_data: Vec<Vec<u8>> = records
+        .iter()
+        .filter_map(|(_, record)| match record {
+            Record::Row(row) => Some(row.members_data()),
+            _ => None,
+        })
+        .collect();
+    let mut rows_data = rows_data.iter();
+    for (offset, record) in &records {
+        let offset = *offset;
+        let members;
+        let events: &[EventRecord<'_>] = match record {
             // Headers and tombstones stay (a few bytes each): older runs still hold the
             // deleted session's header, and only its tombstone keeps it deleted.
             Record::SessionHeader { .. }
@@ -196,42 +213,52 @@ pub fn build_run(
                 record.encode(&mut definitions, run_salt)?;
                 clear_checksum(&mut definitions[start..]);
                 uncommitted += 1;
+                continue;
             }
-            Record::Event(event)
-                if retained
-                    .get(&event.session)
-                    .is_some_and(|kept| event.seq >= *kept) =>
+            Record::Commit { .. } => {
+                uncommitted = 0;
+                continue;
+            }
+            Record::Seal { .. } => continue,
+            Record::Event(event) => std::slice::from_ref(event),
+            Record::Row(row) => {
+                let data = rows_data
+                    .next()
+                    .ok_or_else(|| corrupt(segment, offset, "row entry data missing"))?;
+                members = row.member_records(data);
+                &members
+            }
+        };
+        uncommitted += 1;
+        for event in events {
+            if retained
+                .get(&event.session)
+                .is_some_and(|kept| event.seq >= *kept)
             {
                 dropped_events += 1;
                 dropped_bytes += (FRAME_HEADER_BYTES + event.payload_bytes()) as u64;
-                uncommitted += 1;
+                continue;
             }
-            Record::Event(event) => {
-                let slot = *slot_of.entry(event.session).or_insert_with(|| {
-                    sessions.push(SessionEvents {
-                        session: event.session,
-                        first_seq: event.seq,
-                        events: Vec::new(),
-                    });
-                    sessions.len() - 1
+            let slot = *slot_of.entry(event.session).or_insert_with(|| {
+                sessions.push(SessionEvents {
+                    session: event.session,
+                    first_seq: event.seq,
+                    events: Vec::new(),
                 });
-                let gathered = &mut sessions[slot];
-                let expected = gathered.first_seq + widen(gathered.events.len());
-                if event.seq != expected {
-                    return Err(corrupt(
-                        segment,
-                        offset,
-                        "event seq not contiguous in segment",
-                    ));
-                }
-                gathered.events.push(*event);
-                uncommitted += 1;
+                sessions.len() - 1
+            });
+            let gathered = &mut sessions[slot];
+            let expected = gathered.first_seq + widen(gathered.events.len());
+            if event.seq != expected {
+                return Err(corrupt(
+                    segment,
+                    offset,
+                    "event seq not contiguous in segment",
+                ));
             }
-            Record::Commit { .. } => uncommitted = 0,
-            Record::Seal { .. } => {}
+            gathered.events.push(*event);
         }
-        Ok(())
-    })?;
+    }
     if !scan.sealed {
         return Err(corrupt(segment, scan.valid_end, "segment is not sealed"));
     }

@@ -13,264 +13,14 @@
 use crate::error::{Error, Result};
 use crate::limits::{MAX_ROW_ENTRY_BYTES, MIN_ROW_ENTRY_MEMBERS};
 use crate::storage::coding::{
-    checked_count_u32, checked_u32, push_varint, read_varint, u32_to_usize, unzigzag, widen,
-    zigzag, Reader, ShortInput, Writer, MAX_VARINT_BYTES,
+    checked_count_u32, push_varint, u32_to_usize, widen, zigzag, MAX_VARINT_BYTES,
 };
-use crate::storage::frame::{encode_frame, EventRecord, EVENT_FLAG_ROW_START, KNOWN_EVENT_FLAGS};
+pub use crate::storage::frame::row::{
+    peek_row_entry, RowEntry, RowEntryError, RowMember, RowMembers, ROW_ENTRY_FIXED_BYTES,
+    ROW_ENTRY_KIND,
+};
+use crate::storage::frame::{EventRecord, EVENT_FLAG_ROW_START};
 use std::ops::Range;
-
-/// Frame kind of a row entry; valid only in the event blocks of a version-2 run (F-06-30).
-pub const ROW_ENTRY_KIND: u8 = 7;
-/// Bytes of a row entry payload's fixed fields, before its prefix (F-06-30).
-pub const ROW_ENTRY_FIXED_BYTES: usize = 38;
-
-/// A decoded, checked row entry payload. Its members are read with [`RowEntry::members`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowEntry<'a> {
-    pub session: u32,
-    pub first_seq: u64,
-    pub member_count: u32,
-    pub type_number: u32,
-    /// Event flags of the first member.
-    pub first_flags: u8,
-    /// Event flags of every later member.
-    pub member_flags: u8,
-    pub first_time: i64,
-    /// The text every member's `data` starts with.
-    pub prefix: &'a [u8],
-    /// The text every member's `data` ends with.
-    pub suffix: &'a [u8],
-    /// `member_count − 1` zigzag varints: each member's time minus the previous one's.
-    gaps: &'a [u8],
-    /// `member_count` varints: each member's payload length in bytes.
-    lengths: &'a [u8],
-    /// The payloads back to back.
-    payloads: &'a [u8],
-}
-
-/// One member of a row entry: an event whose `data` is `prefix ‖ payload ‖ suffix` and
-/// whose envelope is empty.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowMember<'a> {
-    pub seq: u64,
-    pub time: i64,
-    pub flags: u8,
-    pub payload: &'a [u8],
-}
-
-impl From<ShortInput> for RowEntryError {
-    fn from(short: ShortInput) -> Self {
-        RowEntryError(short.field)
-    }
-}
-
-/// Why a row entry payload does not match its layout (the run is then corrupt, F-06-6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowEntryError(pub &'static str);
-
-impl<'a> RowEntry<'a> {
-    /// Decodes and checks a row entry payload (F-06-30, F-06-32): every field present, at
-    /// least [`MIN_ROW_ENTRY_MEMBERS`] members, defined flags only, seqs and times that do
-    /// not overflow, canonical varints, and payload lengths that add up to exactly the
-    /// bytes left.
-    pub fn decode(payload: &'a [u8]) -> std::result::Result<Self, RowEntryError> {
-        let mut reader = Reader::new(payload);
-        let session = reader.u32("row session")?;
-        let first_seq = reader.u64("row first seq")?;
-        let member_count = reader.u32("row member count")?;
-        let type_number = reader.u32("row type number")?;
-        let first_flags = reader.u8("row first flags")?;
-        let member_flags = reader.u8("row member flags")?;
-        let first_time = reader.i64("row first time")?;
-        let prefix_bytes = u32_to_usize(reader.u32("row prefix bytes")?);
-        let suffix_bytes = u32_to_usize(reader.u32("row suffix bytes")?);
-        let prefix = reader.bytes(prefix_bytes, "row prefix")?;
-        let suffix = reader.bytes(suffix_bytes, "row suffix")?;
-        let columns = reader.rest();
-        if member_count < MIN_ROW_ENTRY_MEMBERS {
-            return Err(RowEntryError("row entry of fewer than two members"));
-        }
-        if (first_flags | member_flags) & !KNOWN_EVENT_FLAGS != 0 {
-            return Err(RowEntryError("undefined event flags in a row entry"));
-        }
-        if first_seq.checked_add(u64::from(member_count - 1)).is_none() {
-            return Err(RowEntryError("row entry seqs overflow"));
-        }
-        let mut at = 0usize;
-        let mut time = first_time;
-        for _ in 1..member_count {
-            let (gap, used) = next_varint(columns, at, "row time gap")?;
-            time = time
-                .checked_add(unzigzag(gap))
-                .ok_or(RowEntryError("row member time overflows"))?;
-            at += used;
-        }
-        let gaps_end = at;
-        let mut payload_total = 0u64;
-        for _ in 0..member_count {
-            let (length, used) = next_varint(columns, at, "row payload length")?;
-            payload_total = payload_total
-                .checked_add(length)
-                .ok_or(RowEntryError("row payload lengths overflow"))?;
-            at += used;
-        }
-        let payloads = &columns[at..];
-        if widen(payloads.len()) != payload_total {
-            return Err(RowEntryError(
-                "row payload lengths do not add up to the bytes left",
-            ));
-        }
-        Ok(RowEntry {
-            session,
-            first_seq,
-            member_count,
-            type_number,
-            first_flags,
-            member_flags,
-            first_time,
-            prefix,
-            suffix,
-            gaps: &columns[..gaps_end],
-            lengths: &columns[gaps_end..at],
-            payloads,
-        })
-    }
-
-    /// The members in seq order.
-    pub fn members(&self) -> RowMembers<'_, 'a> {
-        RowMembers {
-            entry: self,
-            index: 0,
-            time: self.first_time,
-            gap_at: 0,
-            length_at: 0,
-            payload_at: 0,
-        }
-    }
-
-    /// Whether every member's payload is UTF-8 (F-02-16), checked in one pass over the
-    /// payloads column: the column is UTF-8, and no payload starts inside a character
-    /// (on a continuation byte), so each piece is UTF-8 too. One long check instead of one
-    /// per member, whose payloads are a few bytes each.
-    pub fn payloads_are_utf8(&self) -> bool {
-        const CONTINUATION_MASK: u8 = 0b1100_0000;
-        const CONTINUATION_BITS: u8 = 0b1000_0000;
-        if std::str::from_utf8(self.payloads).is_err() {
-            return false;
-        }
-        // The lengths column alone gives where each payload starts (the gaps are not read).
-        let mut at = 0usize;
-        let mut start = 0usize;
-        for _ in 0..self.member_count {
-            let Some((length, used)) = self.lengths.get(at..).and_then(read_varint) else {
-                return false;
-            };
-            at += used;
-            let starts_a_character = self
-                .payloads
-                .get(start)
-                .is_none_or(|byte| byte & CONTINUATION_MASK != CONTINUATION_BITS);
-            let Some(end) = usize::try_from(length)
-                .ok()
-                .and_then(|length| start.checked_add(length))
-            else {
-                return false;
-            };
-            if !starts_a_character {
-                return false;
-            }
-            start = end;
-        }
-        true
-    }
-
-    /// Member `member` as the event it stands for, its `data` rebuilt in `data`.
-    pub fn member_event<'b>(
-        &self,
-        member: &RowMember<'_>,
-        data: &'b mut Vec<u8>,
-    ) -> EventRecord<'b> {
-        data.clear();
-        data.extend_from_slice(self.prefix);
-        data.extend_from_slice(member.payload);
-        data.extend_from_slice(self.suffix);
-        EventRecord {
-            session: self.session,
-            seq: member.seq,
-            time: member.time,
-            type_number: self.type_number,
-            flags: member.flags,
-            data,
-            envelope: &[],
-        }
-    }
-}
-
-/// The session and member count of a row entry payload, read without decoding the rest:
-/// for a reader that steps over entries of other sessions or before its range.
-pub fn peek_row_entry(payload: &[u8]) -> std::result::Result<(u32, u32), RowEntryError> {
-    let mut reader = Reader::new(payload);
-    let session = reader.u32("row session")?;
-    let _first_seq = reader.u64("row first seq")?;
-    let member_count = reader.u32("row member count")?;
-    Ok((session, member_count))
-}
-
-/// The varint at `at` of `column`, or the reason it is not one.
-fn next_varint(
-    column: &[u8],
-    at: usize,
-    field: &'static str,
-) -> std::result::Result<(u64, usize), RowEntryError> {
-    column
-        .get(at..)
-        .and_then(read_varint)
-        .ok_or(RowEntryError(field))
-}
-
-/// Iterator over a decoded entry's members ([`RowEntry::members`]).
-pub struct RowMembers<'e, 'a> {
-    entry: &'e RowEntry<'a>,
-    index: u32,
-    time: i64,
-    gap_at: usize,
-    length_at: usize,
-    payload_at: usize,
-}
-
-impl<'a> Iterator for RowMembers<'_, 'a> {
-    type Item = RowMember<'a>;
-
-    /// The columns were checked by [`RowEntry::decode`], so no step fails; a `None` from a
-    /// failed step would end the walk early, which the caller's count check reports.
-    fn next(&mut self) -> Option<RowMember<'a>> {
-        let entry = self.entry;
-        if self.index >= entry.member_count {
-            return None;
-        }
-        if self.index > 0 {
-            let (gap, used) = read_varint(entry.gaps.get(self.gap_at..)?)?;
-            self.time = self.time.checked_add(unzigzag(gap))?;
-            self.gap_at += used;
-        }
-        let (length, used) = read_varint(entry.lengths.get(self.length_at..)?)?;
-        self.length_at += used;
-        let end = self.payload_at.checked_add(usize::try_from(length).ok()?)?;
-        let payload = entry.payloads.get(self.payload_at..end)?;
-        self.payload_at = end;
-        let member = RowMember {
-            seq: entry.first_seq + u64::from(self.index),
-            time: self.time,
-            flags: match self.index {
-                0 => entry.first_flags,
-                _ => entry.member_flags,
-            },
-            payload,
-        };
-        self.index += 1;
-        Some(member)
-    }
-}
 
 /// Where the payload of `data` lies: its last JSON string token (quotes included), found
 /// by one forward scan that steps over escapes. `None` when `data` holds no whole string
@@ -396,6 +146,15 @@ fn group_end(events: &[EventRecord<'_>], start: usize) -> usize {
 /// Appends `members` (a stretch [`row_groups`] returned) as one row entry frame (F-06-30),
 /// with a zero checksum field as every frame in a run (F-06-13).
 pub fn encode_row_entry(members: &[EventRecord<'_>], out: &mut Vec<u8>) -> Result<()> {
+    let start = out.len();
+    encode_row_frame(members, out, 0)?;
+    out[start..start + 4].copy_from_slice(&[0; 4]);
+    Ok(())
+}
+
+/// Appends `members` (a stretch [`row_groups`] returned) as one row entry frame
+/// checksummed under `salt`: a segment's frame (F-02-20).
+pub fn encode_row_frame(members: &[EventRecord<'_>], out: &mut Vec<u8>, salt: u64) -> Result<()> {
     let not_a_row = || Error::InvalidInput {
         reason: "events given as a row entry do not share one row shape".to_string(),
     };
@@ -422,35 +181,21 @@ pub fn encode_row_entry(members: &[EventRecord<'_>], out: &mut Vec<u8>) -> Resul
         push_varint(&mut lengths, widen(payload.len()));
         payloads.extend_from_slice(payload);
     }
-    let member_count = checked_count_u32(members.len(), "row entry", "events")?;
-    let mut fixed = Vec::with_capacity(ROW_ENTRY_FIXED_BYTES);
-    Writer::new(&mut fixed)
-        .u32(first.session)
-        .u64(first.seq)
-        .u32(member_count)
-        .u32(first.type_number)
-        .u8(first.flags)
-        .u8(member_flags)
-        .i64(first.time)
-        .u32(checked_u32(leader.prefix.len(), "row prefix")?)
-        .u32(checked_u32(leader.suffix.len(), "row suffix")?);
-    let start = out.len();
-    encode_frame(
-        out,
-        0,
-        ROW_ENTRY_KIND,
-        0,
-        &[
-            &fixed,
-            leader.prefix,
-            leader.suffix,
-            &gaps,
-            &lengths,
-            &payloads,
-        ],
-    )?;
-    out[start..start + 4].copy_from_slice(&[0; 4]);
-    Ok(())
+    RowEntry {
+        session: first.session,
+        first_seq: first.seq,
+        member_count: checked_count_u32(members.len(), "row entry", "events")?,
+        type_number: first.type_number,
+        first_flags: first.flags,
+        member_flags,
+        first_time: first.time,
+        prefix: leader.prefix,
+        suffix: leader.suffix,
+        gaps: &gaps,
+        lengths: &lengths,
+        payloads: &payloads,
+    }
+    .encode(out, salt)
 }
 
 #[cfg(test)]

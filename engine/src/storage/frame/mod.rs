@@ -15,8 +15,11 @@ use crate::storage::coding::{
     checked_u32, u32_at, u32_to_usize, widen, Reader, ShortInput, Writer,
 };
 
+pub mod row;
+
 pub use crate::limits::FRAME_HEADER_BYTES;
 pub use crate::limits::MAX_PAYLOAD_BYTES;
+use row::RowEntry;
 /// Frame flag: a reader that does not know the kind skips the record (F-02-7).
 pub const FLAG_SKIPPABLE: u8 = 1;
 
@@ -52,6 +55,8 @@ pub enum Kind {
     Commit = 4,
     Seal = 5,
     Tombstone = 6,
+    /// A row entry (F-02-20, F-06-30): several consecutive events of one session.
+    RowEntry = 7,
 }
 
 impl Kind {
@@ -63,6 +68,7 @@ impl Kind {
             4 => Some(Kind::Commit),
             5 => Some(Kind::Seal),
             6 => Some(Kind::Tombstone),
+            7 => Some(Kind::RowEntry),
             _ => None,
         }
     }
@@ -124,6 +130,8 @@ pub enum Record<'a> {
     Tombstone {
         session: u32,
     },
+    /// Consecutive events of one session as one row entry (F-02-20, F-06-30).
+    Row(RowEntry<'a>),
 }
 
 /// The event record payload (F-02-10).
@@ -335,6 +343,9 @@ impl<'a> Record<'a> {
                     session: reader.u32("tombstone session")?,
                 }
             }
+            Kind::RowEntry => Record::Row(
+                RowEntry::decode(payload).map_err(|error| FrameError::BadPayload(error.0))?,
+            ),
         };
         Ok(Some(record))
     }
@@ -401,6 +412,7 @@ impl<'a> Record<'a> {
                 0,
                 &[&session.to_le_bytes()],
             ),
+            Record::Row(entry) => entry.encode(out, salt),
         }
     }
 }
