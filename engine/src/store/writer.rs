@@ -386,29 +386,31 @@ impl Store {
             .iter()
             .map(|event| EVENT_FRAME_ESTIMATE_BYTES + event.data.len() + event.envelope.len())
             .sum();
-        let now_or = |time: Option<i64>| time.unwrap_or(now);
-        let records: Vec<EventRecord<'_>> = events
-            .iter()
-            .zip(&type_numbers)
-            .zip(first_seq..)
-            .map(|((event, type_number), seq)| EventRecord {
+        let record_at = |index: usize, seq: u64| {
+            let (event, type_number) = (&events[index], type_numbers[index]);
+            EventRecord {
                 session: number,
                 seq,
-                time: now_or(event.time),
-                type_number: *type_number,
+                time: event.time.unwrap_or(now),
+                type_number,
                 flags: event.flags,
                 data: event.data.as_bytes(),
                 envelope: event.envelope.as_bytes(),
-            })
-            .collect();
+            }
+        };
         // Stretches that share a row shape (a DSH row's chunks, F-06-31's rule) go to the
         // log as one row entry each (F-02-20): an import writes a row once, not once per
-        // chunk with the shared text repeated.
-        let groups = if records.len() >= 2 {
-            row_groups(&records)
+        // chunk with the shared text repeated. A batch of one event (a live append) has
+        // none, and builds no list for it.
+        let records: Vec<EventRecord<'_>> = if events.len() >= 2 {
+            (0..events.len())
+                .zip(first_seq..)
+                .map(|(index, seq)| record_at(index, seq))
+                .collect()
         } else {
             Vec::new()
         };
+        let groups = row_groups(&records);
         let submitted = log.submit(durability, |context, out| {
             // One reservation instead of the buffer regrowing frame by frame.
             out.reserve(estimated_bytes);
@@ -428,13 +430,13 @@ impl Store {
                     .encode(out, context.salt)?;
                 }
             }
-            let mut positions = Vec::with_capacity(records.len());
+            let mut positions = Vec::with_capacity(events.len());
             let mut next = 0usize;
-            let end = std::iter::once(records.len()..records.len());
+            let end = std::iter::once(events.len()..events.len());
             for group in groups.iter().cloned().chain(end) {
-                for record in &records[next..group.start] {
+                for (index, seq) in (next..group.start).zip(first_seq + widen(next)..) {
                     let start = out.len();
-                    record.encode(out, context.salt)?;
+                    record_at(index, seq).encode(out, context.salt)?;
                     positions.push(framed_at(context, out, start, 1)?);
                 }
                 if !group.is_empty() {

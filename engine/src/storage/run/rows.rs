@@ -29,19 +29,18 @@ use std::ops::Range;
 fn payload_span(data: &[u8]) -> Option<Range<usize>> {
     let mut last = None;
     let mut at = 0usize;
-    while at < data.len() {
-        if data[at] != b'"' {
-            at += 1;
-            continue;
-        }
-        let start = at;
-        at += 1;
+    // Jumps from quote to quote (and over escapes) instead of stepping byte by byte: a
+    // chunk's data is mostly the text of its string.
+    while let Some(found) = data.get(at..).and_then(|rest| memchr::memchr(b'"', rest)) {
+        let start = at + found;
+        at = start + 1;
         loop {
-            match data.get(at)? {
-                b'\\' => at += 2,
-                b'"' => break,
-                _ => at += 1,
+            let stop = at + memchr::memchr2(b'"', b'\\', data.get(at..)?)?;
+            if data[stop] == b'"' {
+                at = stop;
+                break;
             }
+            at = stop + 2;
         }
         at += 1;
         last = Some(start..at);
@@ -202,6 +201,44 @@ pub fn encode_row_frame(members: &[EventRecord<'_>], out: &mut Vec<u8>, salt: u6
 mod tests {
     use super::*;
     use crate::storage::frame::{decode_run_frame, EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER};
+    use proptest::prelude::*;
+
+    /// F-06-31's split read literally: one byte at a time from the start, a string from a
+    /// `"` to the next `"` not escaped by `\\`.
+    fn payload_span_byte_by_byte(data: &[u8]) -> Option<Range<usize>> {
+        let mut last = None;
+        let mut at = 0usize;
+        while at < data.len() {
+            if data[at] != b'"' {
+                at += 1;
+                continue;
+            }
+            let start = at;
+            at += 1;
+            loop {
+                match data.get(at)? {
+                    b'\\' => at += 2,
+                    b'"' => break,
+                    _ => at += 1,
+                }
+            }
+            at += 1;
+            last = Some(start..at);
+        }
+        last
+    }
+
+    proptest! {
+        #[test]
+        fn the_payload_split_is_the_byte_by_byte_reading(
+            data in proptest::collection::vec(
+                prop_oneof![Just(b'"'), Just(b'\\'), Just(b'a'), Just(b'{'), any::<u8>()],
+                0..48,
+            )
+        ) {
+            prop_assert_eq!(payload_span(&data), payload_span_byte_by_byte(&data));
+        }
+    }
 
     fn chunk(seq: u64, time: i64, flags: u8, text: &str) -> (u64, i64, u8, String) {
         (
