@@ -100,7 +100,12 @@ pub(crate) fn read_canonical_row(line: &str) -> Option<CanonicalRow<'_>> {
 /// The `dt` entries (after `[`, through `]`) as the members' times from `time0`: every gap
 /// and every running time a safe integer, as the general reader requires.
 fn split_times(time0: i64, text: &str) -> Option<(Vec<i64>, &str)> {
-    let mut times = vec![time0];
+    // Sized once from the commas before the list's end (a row has tens of members: growing
+    // the list one push at a time reallocated it at every power of two).
+    let listed = memchr::memchr(b']', text.as_bytes()).unwrap_or(text.len());
+    let gaps = memchr::memchr_iter(b',', &text.as_bytes()[..listed]).count() + 1;
+    let mut times = Vec::with_capacity(gaps + 1);
+    times.push(time0);
     if let Some(rest) = text.strip_prefix(']') {
         return Some((times, rest));
     }
