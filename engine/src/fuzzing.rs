@@ -580,9 +580,9 @@ fn accepted_prefix<'input>(
     &input[..end.min(input.len())]
 }
 
-/// An event as a run entry walk yields it: (session, seq, time, type, flags, data,
-/// envelope).
-type WalkedEvent = (u32, u64, i64, u32, u8, Vec<u8>, Vec<u8>);
+/// An event as a run entry walk yields it, its texts owned: (session, seq, time, type,
+/// flags, data, envelope).
+pub type WalkedEvent = (u32, u64, i64, u32, u8, Vec<u8>, Vec<u8>);
 
 /// The events of a decompressed event block of a version-2 run, or `None` when it is not a
 /// valid one. Each row entry must yield exactly its `member_count` members.
@@ -628,7 +628,8 @@ fn walked_events(raw: &[u8]) -> Option<Vec<WalkedEvent>> {
     walked.ok().map(|()| events)
 }
 
-fn walked_event(event: &EventRecord<'_>) -> WalkedEvent {
+/// `event` with its texts copied: for comparing events decoded by different readers.
+pub fn walked_event(event: &EventRecord<'_>) -> WalkedEvent {
     (
         event.session,
         event.seq,

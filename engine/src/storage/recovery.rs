@@ -805,6 +805,14 @@ struct RecordShape {
     type_number: u32,
 }
 
+/// A frame of a batch that holds events: the first one's shape, the payload's size and
+/// how many events it holds (1 for an event frame, the members of a row entry).
+struct FrameEvents {
+    first: RecordShape,
+    payload_bytes: usize,
+    count: u32,
+}
+
 impl<'a> SegmentReplay<'a> {
     /// The end of a segment whose scan stopped without evidence of damage: a clean end, or
     /// a torn tail of the bytes from the committed end to the last non-zero byte.
@@ -914,48 +922,30 @@ impl<'a> SegmentReplay<'a> {
                     self.progress.defined_types.insert(type_number);
                 }
                 Record::Row(row) => {
-                    let member = RecordShape {
-                        session: row.session,
-                        seq: row.first_seq,
-                        type_number: row.type_number,
+                    let frame = FrameEvents {
+                        first: RecordShape {
+                            session: row.session,
+                            seq: row.first_seq,
+                            type_number: row.type_number,
+                        },
+                        payload_bytes: row.payload_bytes(),
+                        count: row.member_count,
                     };
-                    self.check_event(&member, session, next_seq)
-                        .map_err(|reason| corrupt(segment, offset, reason))?;
-                    let position = Position {
-                        segment,
-                        offset,
-                        frame_bytes: checked_u32(
-                            FRAME_HEADER_BYTES + row.payload_bytes(),
-                            "row entry frame",
-                        )?,
-                    };
-                    catalog
-                        .push_events(session, next_seq, position, row.member_count)
-                        .map_err(|reason| corrupt(segment, offset, &reason))?;
-                    next_seq = next_seq
-                        .checked_add(u64::from(row.member_count))
-                        .ok_or_else(|| corrupt(segment, offset, "row entry seqs overflow"))?;
+                    next_seq =
+                        self.index_events(catalog, (segment, offset), session, next_seq, frame)?;
                 }
                 Record::Event(event) => {
-                    let shape = RecordShape {
-                        session: event.session,
-                        seq: event.seq,
-                        type_number: event.type_number,
+                    let frame = FrameEvents {
+                        first: RecordShape {
+                            session: event.session,
+                            seq: event.seq,
+                            type_number: event.type_number,
+                        },
+                        payload_bytes: event.payload_bytes(),
+                        count: 1,
                     };
-                    self.check_event(&shape, session, next_seq)
-                        .map_err(|reason| corrupt(segment, offset, reason))?;
-                    let position = Position {
-                        segment,
-                        offset,
-                        frame_bytes: checked_u32(
-                            FRAME_HEADER_BYTES + event.payload_bytes(),
-                            "event frame",
-                        )?,
-                    };
-                    catalog
-                        .push_event(session, next_seq, position)
-                        .map_err(|reason| corrupt(segment, offset, &reason))?;
-                    next_seq += 1;
+                    next_seq =
+                        self.index_events(catalog, (segment, offset), session, next_seq, frame)?;
                 }
                 Record::Tombstone { session: number } => {
                     if number != session {
@@ -999,6 +989,32 @@ impl<'a> SegmentReplay<'a> {
             ));
         }
         Ok(())
+    }
+
+    /// Checks a frame of the batch of `session` that holds `frame.count` events from
+    /// `next_seq` on (an event frame, or a row entry, F-02-20) and indexes them at
+    /// `(segment, offset)`; returns the seq after them.
+    fn index_events(
+        &self,
+        catalog: &mut Catalog,
+        (segment, offset): (u64, u64),
+        session: u32,
+        next_seq: u64,
+        frame: FrameEvents,
+    ) -> Result<u64> {
+        self.check_event(&frame.first, session, next_seq)
+            .map_err(|reason| corrupt(segment, offset, reason))?;
+        let position = Position {
+            segment,
+            offset,
+            frame_bytes: checked_u32(FRAME_HEADER_BYTES + frame.payload_bytes, "event frame")?,
+        };
+        catalog
+            .push_events(session, next_seq, position, frame.count)
+            .map_err(|reason| corrupt(segment, offset, &reason))?;
+        next_seq
+            .checked_add(u64::from(frame.count))
+            .ok_or_else(|| corrupt(segment, offset, "event seqs overflow"))
     }
 
     fn check_event(

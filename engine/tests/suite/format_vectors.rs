@@ -9,6 +9,7 @@
 //! files with the engine's encoders; `git diff format-spec/vectors` must then stay empty.
 
 use dshdb::error::Error;
+use dshdb::fuzzing::{walked_event, WalkedEvent};
 use dshdb::storage::frame::{decode_frame, EventRecord, FrameError, Record, FLAG_SKIPPABLE};
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::storage::io::Storage;
@@ -176,21 +177,6 @@ fn record_frames_decode_to_their_json_and_re_encode_identically() {
     }
 }
 
-/// An event's fields, its texts owned: (session, seq, time, type, flags, data, envelope).
-type MemberFields = (u32, u64, i64, u32, u8, Vec<u8>, Vec<u8>);
-
-fn member_fields(event: &EventRecord<'_>) -> MemberFields {
-    (
-        event.session,
-        event.seq,
-        event.time,
-        event.type_number,
-        event.flags,
-        event.data.to_vec(),
-        event.envelope.to_vec(),
-    )
-}
-
 /// The members of a `row_entry` vector as the events they stand for (F-06-30), their
 /// `data` built in `data` (one string per member).
 fn row_members_from_json<'d>(json: &Value, data: &'d [String]) -> Vec<EventRecord<'d>> {
@@ -246,11 +232,11 @@ fn a_row_entry_frame_decodes_to_its_members_and_re_encodes_identically() {
         .collect();
     let expected = row_members_from_json(record, &data);
     let mut rebuilt = Vec::new();
-    let decoded: Vec<MemberFields> = entry
+    let decoded: Vec<WalkedEvent> = entry
         .members()
-        .map(|member| member_fields(&entry.member_event(&member, &mut rebuilt)))
+        .map(|member| walked_event(&entry.member_event(&member, &mut rebuilt)))
         .collect();
-    let wanted: Vec<MemberFields> = expected.iter().map(member_fields).collect();
+    let wanted: Vec<WalkedEvent> = expected.iter().map(walked_event).collect();
     assert_eq!(decoded, wanted, "the members the entry stands for");
     let mut encoded = Vec::new();
     encode_row_frame(&expected, &mut encoded, salt).expect("encode");
