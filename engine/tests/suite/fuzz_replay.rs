@@ -19,7 +19,9 @@ use dshdb::storage::frame::{EventRecord, Record, NO_SEED_PARENT};
 use dshdb::storage::io::sim::SimStorage;
 use dshdb::storage::io::Storage;
 use dshdb::storage::manifest::{Manifest, RunEntry};
+use dshdb::storage::run::rows::encode_row_frame;
 use dshdb::storage::run::{decode_block, run_path, RunIndex};
+use dshdb::storage::segment::encode_header;
 use dshdb::store::NewEvent;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -146,6 +148,57 @@ fn encoded_records() -> Vec<u8> {
     out
 }
 
+/// A batch whose first three events are one row entry (F-02-20), then an event frame: the
+/// records of a segment after its header, under [`FUZZ_SALT`].
+fn encoded_row_batch() -> Vec<u8> {
+    let mut out = Vec::new();
+    Record::SessionHeader {
+        session: 0,
+        seed_parent: NO_SEED_PARENT,
+        seed_length: 0,
+        header_json: br#"{"version":0,"id":"r","createdAt":1}"#,
+    }
+    .encode(&mut out, FUZZ_SALT)
+    .expect("encode");
+    Record::TypeDefinition {
+        type_number: 0,
+        name: b"assistant/chunk",
+    }
+    .encode(&mut out, FUZZ_SALT)
+    .expect("encode");
+    let texts = [
+        r#"{"t":"a"}"#,
+        r#"{"t":"bc"}"#,
+        r#"{"t":"d"e"}"#,
+        r#"{"u":1}"#,
+    ];
+    let events: Vec<EventRecord<'_>> = (0u64..)
+        .zip(texts)
+        .map(|(seq, data)| EventRecord {
+            session: 0,
+            seq,
+            time: 5 + 3 * i64::try_from(seq).expect("small") - 4 * i64::from(seq == 2),
+            type_number: 0,
+            flags: 0,
+            data: data.as_bytes(),
+            envelope: b"",
+        })
+        .collect();
+    encode_row_frame(&events[..3], &mut out, FUZZ_SALT).expect("encode row entry");
+    Record::Event(events[3])
+        .encode(&mut out, FUZZ_SALT)
+        .expect("encode");
+    Record::Commit {
+        session: 0,
+        first_seq: 0,
+        event_count: 4,
+        durable_offset: 64,
+    }
+    .encode(&mut out, FUZZ_SALT)
+    .expect("encode");
+    out
+}
+
 /// The decompressed event block of the row-entry run vector (format-spec/vectors/run-rows).
 fn rows_vector_event_block() -> Vec<u8> {
     let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../format-spec/vectors");
@@ -262,6 +315,11 @@ fn encoder_seeds(target: &str) -> Seeds {
             let mut salted = FUZZ_SALT.to_le_bytes().to_vec();
             salted.extend(encoded_records());
             seeds.insert("engine-records.bin".into(), salted);
+            // The row-entry vector under its salt: the target decodes the first frame.
+            let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../format-spec/vectors");
+            let mut salted = 0x0123_4567_89ab_cdef_u64.to_le_bytes().to_vec();
+            salted.extend(std::fs::read(vectors.join("frame-row-entry.bin")).expect("vector"));
+            seeds.insert("vector-frame-row-entry.bin".into(), salted);
         }
         "run_entries" => {
             seeds.insert(
@@ -272,6 +330,10 @@ fn encoder_seeds(target: &str) -> Seeds {
         }
         "segment_recovery" => {
             seeds.insert("engine-records.bin".into(), encoded_records());
+            // A whole segment file (the target reads its id and salt from the header).
+            let mut segment = encode_header(1, FUZZ_SALT);
+            segment.extend(encoded_row_batch());
+            seeds.insert("engine-row-batch.bin".into(), segment);
             seeds.insert("empty.bin".into(), Vec::new());
             let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("../format-spec/vectors");
             for name in ["segment-two-sessions.bin", "segment-fork.bin"] {
