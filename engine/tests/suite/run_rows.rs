@@ -13,13 +13,11 @@ use dshdb::exchange::{
 };
 use dshdb::limits::MAX_ROW_ENTRY_BYTES;
 use dshdb::storage::commit::Durability;
-use dshdb::storage::frame::Record;
 use dshdb::storage::frame::{EVENT_FLAG_BATCH_START, EVENT_FLAG_ROW_MEMBER, EVENT_FLAG_ROW_START};
 use dshdb::storage::io::sim::{CrashImage, SimStorage};
 use dshdb::storage::io::Storage;
 use dshdb::storage::manifest::Manifest;
 use dshdb::storage::run::{run_path, walk_block, BlockItem, RunReader, DEFINITIONS_SESSION};
-use dshdb::storage::segment::{read_segment, scan_frames};
 use dshdb::store::{NewEvent, Options, Store};
 
 const SESSIONS: usize = 2;
@@ -491,24 +489,6 @@ fn populate_batched(store: &Store) -> BatchLedger {
         }
     }
     ledger
-}
-
-/// Row entries in the segments the manifest names: (entries, events they stand for).
-fn segment_row_entries(disk: &SimStorage) -> (u64, u64) {
-    let manifest = Manifest::read(disk).expect("manifest").expect("present");
-    let (mut entries, mut members) = (0, 0);
-    for segment in &manifest.segments {
-        let bytes = read_segment(disk, segment.id).expect("segment");
-        scan_frames(&bytes, segment.id, segment.salt, |_, record| {
-            if let Record::Row(row) = record {
-                entries += 1;
-                members += u64::from(row.member_count);
-            }
-            Ok(())
-        })
-        .expect("scan");
-    }
-    (entries, members)
 }
 
 #[test]

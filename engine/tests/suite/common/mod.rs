@@ -193,3 +193,23 @@ pub fn check_acknowledged(
     }
     Ok(contents)
 }
+
+/// Row entries in the segments the manifest names: (entries, events they stand for).
+pub fn segment_row_entries(disk: &SimStorage) -> (u64, u64) {
+    let manifest = dshdb::storage::manifest::Manifest::read(disk)
+        .expect("manifest")
+        .expect("present");
+    let (mut entries, mut members) = (0, 0);
+    for segment in &manifest.segments {
+        let bytes = dshdb::storage::segment::read_segment(disk, segment.id).expect("segment");
+        dshdb::storage::segment::scan_frames(&bytes, segment.id, segment.salt, |_, record| {
+            if let dshdb::storage::frame::Record::Row(row) = record {
+                entries += 1;
+                members += u64::from(row.member_count);
+            }
+            Ok(())
+        })
+        .expect("scan");
+    }
+    (entries, members)
+}
