@@ -108,13 +108,15 @@ fn committed_seeds(target: &str) -> Seeds {
     seeds
 }
 
-fn encoded_records() -> Vec<u8> {
+/// Session 0's header (`header_json`) and type 0 = `assistant/chunk`, under [`FUZZ_SALT`]:
+/// what a segment holds before the session's first batch of chunks.
+fn session_definitions(header_json: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     Record::SessionHeader {
         session: 0,
         seed_parent: NO_SEED_PARENT,
         seed_length: 0,
-        header_json: br#"{"version":0,"id":"f","createdAt":1}"#,
+        header_json,
     }
     .encode(&mut out, FUZZ_SALT)
     .expect("encode");
@@ -124,6 +126,11 @@ fn encoded_records() -> Vec<u8> {
     }
     .encode(&mut out, FUZZ_SALT)
     .expect("encode");
+    out
+}
+
+fn encoded_records() -> Vec<u8> {
+    let mut out = session_definitions(br#"{"version":0,"id":"f","createdAt":1}"#);
     for seq in 0..3 {
         Record::Event(EventRecord {
             session: 0,
@@ -151,21 +158,7 @@ fn encoded_records() -> Vec<u8> {
 /// A batch whose first three events are one row entry (F-02-20), then an event frame: the
 /// records of a segment after its header, under [`FUZZ_SALT`].
 fn encoded_row_batch() -> Vec<u8> {
-    let mut out = Vec::new();
-    Record::SessionHeader {
-        session: 0,
-        seed_parent: NO_SEED_PARENT,
-        seed_length: 0,
-        header_json: br#"{"version":0,"id":"r","createdAt":1}"#,
-    }
-    .encode(&mut out, FUZZ_SALT)
-    .expect("encode");
-    Record::TypeDefinition {
-        type_number: 0,
-        name: b"assistant/chunk",
-    }
-    .encode(&mut out, FUZZ_SALT)
-    .expect("encode");
+    let mut out = session_definitions(br#"{"version":0,"id":"r","createdAt":1}"#);
     let texts = [
         r#"{"t":"a"}"#,
         r#"{"t":"bc"}"#,

@@ -9,7 +9,7 @@
 use crate::error::Result as EngineResult;
 use crate::limits::MIN_ROW_ENTRY_MEMBERS;
 use crate::storage::coding::{
-    read_varint, u32_to_usize, unzigzag, widen, Reader, ShortInput, Writer,
+    checked_u32, read_varint, u32_to_usize, unzigzag, widen, Reader, ShortInput, Writer,
 };
 use crate::storage::frame::{encode_frame, EventRecord, KNOWN_EVENT_FLAGS};
 
@@ -143,14 +143,8 @@ impl<'a> RowEntry<'a> {
             .u8(self.first_flags)
             .u8(self.member_flags)
             .i64(self.first_time)
-            .u32(crate::storage::coding::checked_u32(
-                self.prefix.len(),
-                "row prefix",
-            )?)
-            .u32(crate::storage::coding::checked_u32(
-                self.suffix.len(),
-                "row suffix",
-            )?);
+            .u32(checked_u32(self.prefix.len(), "row prefix")?)
+            .u32(checked_u32(self.suffix.len(), "row suffix")?);
         encode_frame(
             out,
             salt,
